@@ -1,0 +1,241 @@
+//! Reading the conntrack map: garbage collection and live flows per
+//! backend (for the drain manager and `sluice lb list`).
+//!
+//! The datapath never deletes entries. A scan marks as stale:
+//! - forward entries idle longer than their state's timeout;
+//! - entries whose backend is gone or now belongs to another service port;
+//! - reply entries whose forward entry is gone or stale (so a flow where
+//!   only the client talks keeps its reply entry).
+
+use std::{collections::HashMap, time::Duration};
+
+use sluice_common::{
+    conntrack::{timeouts, CT_F_SEEN_REPLY},
+    maps as names, Backend, Ct4Key, CtEntry, CtKind, IPPROTO_TCP,
+};
+
+use crate::datapath::{DatapathError, Maps};
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    // SAFETY: clock_gettime fills the timespec we own.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// How long an entry may stay idle.
+pub fn timeout(key: &Ct4Key, entry: &CtEntry) -> Duration {
+    let secs = if key.proto != IPPROTO_TCP {
+        timeouts::UDP_S
+    } else if entry.is_closing() {
+        timeouts::TCP_CLOSING_S
+    } else if entry.flags & CT_F_SEEN_REPLY == 0 {
+        timeouts::TCP_SYN_S
+    } else {
+        timeouts::TCP_ESTABLISHED_S
+    };
+    Duration::from_secs(secs)
+}
+
+/// The key of the forward entry a reply entry belongs to.
+pub fn forward_key_of_reply(key: &Ct4Key, entry: &CtEntry) -> Ct4Key {
+    let frontend = [
+        entry.nat_addr[0],
+        entry.nat_addr[1],
+        entry.nat_addr[2],
+        entry.nat_addr[3],
+    ];
+    Ct4Key::new(key.dst, frontend, key.dport, entry.nat_port, key.proto)
+}
+
+#[derive(Debug, Default)]
+pub struct CtScan {
+    /// Live (not closing, not expired) forward entries per backend id.
+    pub flows: HashMap<u32, u32>,
+    /// Entries to delete.
+    pub stale: Vec<Ct4Key>,
+    /// Entries read.
+    pub entries: usize,
+}
+
+/// Every entry of the IPv4 conntrack map.
+pub fn read_all(maps: &Maps) -> Result<Vec<(Ct4Key, CtEntry)>, DatapathError> {
+    let mut all = Vec::new();
+    for item in maps.conntrack_v4.iter() {
+        match item {
+            Ok(kv) => all.push(kv),
+            // An entry may vanish (LRU) between listing its key and reading it.
+            Err(aya::maps::MapError::KeyNotFound) => continue,
+            Err(source) => {
+                return Err(DatapathError::Map {
+                    name: names::CONNTRACK_V4,
+                    source,
+                })
+            }
+        }
+    }
+    Ok(all)
+}
+
+/// Judges every entry against the programmed backends at `now_ns`.
+pub fn scan(
+    entries: &[(Ct4Key, CtEntry)],
+    backends: &HashMap<u32, Backend>,
+    now_ns: u64,
+) -> CtScan {
+    let mut out = CtScan {
+        entries: entries.len(),
+        ..CtScan::default()
+    };
+    let valid = |e: &CtEntry| {
+        backends
+            .get(&e.backend_id)
+            .is_some_and(|b| b.svc_id == e.svc_id)
+    };
+    let fresh = |k: &Ct4Key, e: &CtEntry| {
+        Duration::from_nanos(now_ns.saturating_sub(e.last_seen_ns)) <= timeout(k, e)
+    };
+    let mut live_forward: HashMap<Ct4Key, u32> = HashMap::new();
+    for (key, entry) in entries {
+        if entry.kind != CtKind::Forward as u8 {
+            continue;
+        }
+        if valid(entry) && fresh(key, entry) {
+            live_forward.insert(*key, entry.backend_id);
+            if !entry.is_closing() {
+                *out.flows.entry(entry.backend_id).or_default() += 1;
+            }
+        } else {
+            out.stale.push(*key);
+        }
+    }
+    for (key, entry) in entries {
+        if entry.kind == CtKind::Forward as u8 {
+            continue;
+        }
+        let keep = entry.kind == CtKind::Reply as u8
+            && valid(entry)
+            && live_forward.get(&forward_key_of_reply(key, entry)) == Some(&entry.backend_id);
+        if !keep {
+            out.stale.push(*key);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_common::conntrack::{CT_F_RST, CT_F_RX_CLOSING, CT_F_TX_CLOSING};
+
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn backend(svc_id: u32) -> Backend {
+        Backend {
+            svc_id,
+            ..Backend::default()
+        }
+    }
+
+    /// A flow client:40000 -> 10.96.0.1:80 on backend 10.1.1.2:8080.
+    fn flow(proto: u8, backend_id: u32, flags: u8, last_seen_ns: u64) -> [(Ct4Key, CtEntry); 2] {
+        let fwd_key = Ct4Key::new([10, 0, 0, 1], [10, 96, 0, 1], 40000, 80, proto);
+        let rev_key = Ct4Key::new([10, 1, 1, 2], [10, 0, 0, 1], 8080, 40000, proto);
+        let mut fwd = CtEntry {
+            last_seen_ns,
+            backend_id,
+            svc_id: 1,
+            nat_port: 8080,
+            kind: CtKind::Forward as u8,
+            flags,
+            ..CtEntry::default()
+        };
+        fwd.nat_addr[..4].copy_from_slice(&[10, 1, 1, 2]);
+        let mut rev = CtEntry {
+            kind: CtKind::Reply as u8,
+            nat_port: 80,
+            flags: 0,
+            ..fwd
+        };
+        rev.nat_addr = [0; 16];
+        rev.nat_addr[..4].copy_from_slice(&[10, 96, 0, 1]);
+        [(fwd_key, fwd), (rev_key, rev)]
+    }
+
+    #[test]
+    fn live_flow_is_counted_and_kept() {
+        let backends = HashMap::from([(5, backend(1))]);
+        let scan = scan(
+            &flow(IPPROTO_TCP, 5, CT_F_SEEN_REPLY, 100 * S),
+            &backends,
+            101 * S,
+        );
+        assert_eq!(scan.flows.get(&5), Some(&1));
+        assert!(scan.stale.is_empty());
+    }
+
+    #[test]
+    fn closing_flow_is_not_live_and_expires_after_close_timeout() {
+        let backends = HashMap::from([(5, backend(1))]);
+        let closed = CT_F_SEEN_REPLY | CT_F_TX_CLOSING | CT_F_RX_CLOSING;
+        let s = scan(&flow(IPPROTO_TCP, 5, closed, 100 * S), &backends, 101 * S);
+        assert!(s.flows.is_empty());
+        assert!(s.stale.is_empty());
+        let s = scan(&flow(IPPROTO_TCP, 5, CT_F_RST, 100 * S), &backends, 111 * S);
+        assert_eq!(s.stale.len(), 2, "forward and its reply entry both go");
+    }
+
+    #[test]
+    fn half_closed_flow_is_still_live() {
+        let backends = HashMap::from([(5, backend(1))]);
+        let s = scan(
+            &flow(IPPROTO_TCP, 5, CT_F_SEEN_REPLY | CT_F_TX_CLOSING, 100 * S),
+            &backends,
+            101 * S,
+        );
+        assert_eq!(s.flows.get(&5), Some(&1));
+    }
+
+    #[test]
+    fn entries_of_removed_or_reassigned_backends_are_stale() {
+        let s = scan(
+            &flow(IPPROTO_TCP, 5, CT_F_SEEN_REPLY, 100 * S),
+            &HashMap::new(),
+            101 * S,
+        );
+        assert_eq!(s.stale.len(), 2);
+        let s = scan(
+            &flow(IPPROTO_TCP, 5, CT_F_SEEN_REPLY, 100 * S),
+            &HashMap::from([(5, backend(2))]),
+            101 * S,
+        );
+        assert_eq!(s.stale.len(), 2);
+    }
+
+    #[test]
+    fn udp_expires_after_its_timeout() {
+        let backends = HashMap::from([(5, backend(1))]);
+        let s = scan(
+            &flow(17, 5, 0, 100 * S),
+            &backends,
+            (100 + timeouts::UDP_S) * S,
+        );
+        assert!(s.stale.is_empty());
+        let s = scan(
+            &flow(17, 5, 0, 100 * S),
+            &backends,
+            (101 + timeouts::UDP_S) * S,
+        );
+        assert_eq!(s.stale.len(), 2);
+    }
+
+    #[test]
+    fn orphan_reply_entry_is_stale() {
+        let backends = HashMap::from([(5, backend(1))]);
+        let [_, reply] = flow(IPPROTO_TCP, 5, 0, 100 * S);
+        let s = scan(&[reply], &backends, 101 * S);
+        assert_eq!(s.stale, vec![reply.0]);
+    }
+}

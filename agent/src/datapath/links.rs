@@ -1,0 +1,203 @@
+//! Attaching the programs to devices with pinned TCX links.
+//!
+//! Each device gets two links, pinned as `<root>/links/<device>_ingress` and
+//! `_egress` (bpffs reserves names with dots, so a `.` in a device name is
+//! written `%2e`), so the datapath keeps forwarding while no agent runs. A
+//! restarted or upgraded agent swaps its programs into the existing links
+//! (`bpf_link_update`): no instant without a program.
+
+use std::{
+    ffi::CString,
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    programs::{
+        links::{FdLink, LinkError, PinnedLink},
+        tc::{SchedClassifierLink, TcAttachOptions},
+        LinkOrder, ProgramError, SchedClassifier, TcAttachType,
+    },
+    sys::SyscallError,
+};
+use tracing::{info, warn};
+
+use super::{Datapath, DatapathError, LINKS_DIR};
+
+/// The two attach points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    Ingress,
+    Egress,
+}
+
+impl Hook {
+    pub const ALL: [Hook; 2] = [Hook::Ingress, Hook::Egress];
+
+    pub const fn program(self) -> &'static str {
+        match self {
+            Hook::Ingress => "sl_ingress",
+            Hook::Egress => "sl_egress",
+        }
+    }
+
+    const fn attach_type(self) -> TcAttachType {
+        match self {
+            Hook::Ingress => TcAttachType::Ingress,
+            Hook::Egress => TcAttachType::Egress,
+        }
+    }
+
+    const fn suffix(self) -> &'static str {
+        match self {
+            Hook::Ingress => "ingress",
+            Hook::Egress => "egress",
+        }
+    }
+}
+
+/// Whether `attach` created links or replaced the programs in existing ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attached {
+    Fresh,
+    Replaced,
+}
+
+fn device_exists(device: &str) -> bool {
+    let Ok(name) = CString::new(device) else {
+        return false;
+    };
+    // SAFETY: valid NUL-terminated string.
+    unsafe { libc::if_nametoindex(name.as_ptr()) != 0 }
+}
+
+impl Datapath {
+    /// Attaches both programs to `device` (in the caller's network
+    /// namespace), replacing the programs of existing pinned links in place.
+    pub fn attach(&mut self, device: &str) -> Result<Attached, DatapathError> {
+        if !device_exists(device) {
+            return Err(DatapathError::NoDevice(device.to_owned()));
+        }
+        let mut outcome = Attached::Replaced;
+        for hook in Hook::ALL {
+            let pin = pin_path(&self.root, device, hook);
+            let name = hook.program();
+            let program: &mut SchedClassifier = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(DatapathError::MissingProgram(name))?
+                .try_into()
+                .map_err(|source| DatapathError::Program { name, source })?;
+            let attach_err = |source: ProgramError| DatapathError::Attach {
+                device: device.to_owned(),
+                source,
+            };
+            if replace(program, &pin, device)? {
+                continue;
+            }
+            outcome = Attached::Fresh;
+            let id = program
+                .attach_with_options(
+                    device,
+                    hook.attach_type(),
+                    TcAttachOptions::TcxOrder(LinkOrder::default()),
+                )
+                .map_err(attach_err)?;
+            let link = program.take_link(id).map_err(attach_err)?;
+            let link: FdLink = link.try_into().map_err(|source| DatapathError::Link {
+                device: device.to_owned(),
+                source,
+            })?;
+            link.pin(&pin).map_err(|e| DatapathError::Io {
+                path: pin.clone(),
+                source: io::Error::other(e),
+            })?;
+        }
+        Ok(outcome)
+    }
+}
+
+/// Swaps `program` into the link pinned at `pin`. Returns false when there
+/// is no usable link (none pinned, or its device is gone: then the stale
+/// pin is removed).
+fn replace(program: &mut SchedClassifier, pin: &Path, device: &str) -> Result<bool, DatapathError> {
+    let link_err = |source| DatapathError::Link {
+        device: device.to_owned(),
+        source,
+    };
+    let old = match PinnedLink::from_pin(pin) {
+        Ok(old) => old,
+        Err(LinkError::SyscallError(SyscallError { io_error, .. }))
+            if io_error.kind() == io::ErrorKind::NotFound =>
+        {
+            return Ok(false)
+        }
+        Err(e) => return Err(link_err(e)),
+    };
+    let link: SchedClassifierLink = FdLink::from(old).try_into().map_err(link_err)?;
+    match program.attach_to_link(link) {
+        Ok(id) => {
+            // The kernel link stays pinned; our handle just closes.
+            drop(
+                program
+                    .take_link(id)
+                    .map_err(|source| DatapathError::Attach {
+                        device: device.to_owned(),
+                        source,
+                    })?,
+            );
+            info!(device, pin = %pin.display(), "replaced program in pinned link");
+            Ok(true)
+        }
+        Err(e) => {
+            warn!(device, pin = %pin.display(), error = %e, "pinned link is stale, attaching afresh");
+            let _ = fs::remove_file(pin);
+            Ok(false)
+        }
+    }
+}
+
+/// Where the link of `device` at `hook` is pinned.
+fn pin_path(root: &Path, device: &str, hook: Hook) -> PathBuf {
+    let escaped = device.replace('%', "%25").replace('.', "%2e");
+    root.join(LINKS_DIR)
+        .join(format!("{escaped}_{}", hook.suffix()))
+}
+
+fn unescape(name: &str) -> String {
+    name.replace("%2e", ".").replace("%25", "%")
+}
+
+/// Devices with link pins under `root`.
+pub fn attached_devices(root: &Path) -> Vec<String> {
+    let mut devices: Vec<String> = fs::read_dir(root.join(LINKS_DIR))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let (device, _) = name.rsplit_once('_')?;
+            Some(unescape(device))
+        })
+        .collect();
+    devices.sort();
+    devices.dedup();
+    devices
+}
+
+/// Detaches `device` by removing its link pins (the pins hold the links).
+pub fn detach_device(root: &Path, device: &str) -> Result<(), DatapathError> {
+    for hook in Hook::ALL {
+        let pin = pin_path(root, device, hook);
+        match fs::remove_file(&pin) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(DatapathError::Io {
+                    path: pin,
+                    source: e,
+                })
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}

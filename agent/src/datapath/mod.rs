@@ -1,0 +1,26 @@
+//! Everything that touches the kernel's BPF objects: loading the programs,
+//! adopting pinned maps, attaching to devices, and the one writer of the
+//! maps.
+
+mod error;
+mod links;
+mod loader;
+mod maps;
+mod writer;
+
+pub use error::{DatapathError, WriteError};
+pub use links::{attached_devices, detach_device, Attached, Hook};
+pub use loader::{Datapath, MapSizes};
+pub use maps::{read_map_state, Maps};
+pub use writer::MapWriter;
+
+/// The eBPF object built by `cargo xtask build-ebpf`, embedded at build time
+/// (empty when the agent was built without it).
+pub static BPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sluice.bpf.o"));
+
+/// Default bpffs directory for one agent instance's pins.
+pub const DEFAULT_BPF_ROOT: &str = "/sys/fs/bpf/sluice";
+
+/// Subdirectory of the bpffs root that holds link pins.
+pub const LINKS_DIR: &str = "links";

@@ -1,0 +1,214 @@
+//! The only code that writes the datapath maps.
+//!
+//! Every write keeps the datapath consistent at every instant, after
+//! Cilium's `lb.h` discipline: a backend exists before any slot names it, a
+//! slot exists before a master count covers it, surplus slots go only after
+//! the master stopped covering them, and a backend goes only after no slot
+//! names it (the reconciler orders whole frontends and backends that way).
+//! Each call updates the caller's record of what is programmed write by
+//! write, so the record stays exact even when a write fails half way.
+
+use std::net::IpAddr;
+
+use aya::maps::MapError;
+use sluice_common::{maps as names, Backend, Config, Ct4Key, Svc4Key, SvcValue};
+
+use super::{Maps, WriteError};
+use crate::{model::FrontendKey, state::FrontendState};
+
+pub struct MapWriter {
+    maps: Maps,
+    writes: u64,
+}
+
+fn v4_key(frontend: &FrontendKey, slot: u16) -> Result<Svc4Key, WriteError> {
+    match frontend.addr {
+        IpAddr::V4(a) => Ok(Svc4Key::new(
+            a.octets(),
+            frontend.port,
+            frontend.proto.number(),
+            slot,
+        )),
+        IpAddr::V6(_) => Err(WriteError::Ipv6Unsupported(frontend.to_string())),
+    }
+}
+
+fn is_missing(e: &MapError) -> bool {
+    match e {
+        MapError::KeyNotFound | MapError::ElementNotFound => true,
+        MapError::SyscallError(sys) => sys.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}
+
+impl MapWriter {
+    pub fn new(maps: Maps) -> Self {
+        Self { maps, writes: 0 }
+    }
+
+    /// Successful updates and deletions so far.
+    pub fn writes(&self) -> u64 {
+        self.writes
+    }
+
+    /// Read access for the reconciler's conntrack scans.
+    pub fn maps(&self) -> &Maps {
+        &self.maps
+    }
+
+    pub fn write_config(&mut self, config: &Config) -> Result<(), WriteError> {
+        self.maps
+            .config
+            .set(0, config, 0)
+            .map_err(|e| WriteError::from_map(names::CONFIG, e))?;
+        self.writes += 1;
+        Ok(())
+    }
+
+    pub fn put_backend(&mut self, id: u32, backend: &Backend) -> Result<(), WriteError> {
+        self.maps
+            .backends
+            .insert(id, backend, 0)
+            .map_err(|e| WriteError::from_map(names::BACKENDS, e))?;
+        self.writes += 1;
+        Ok(())
+    }
+
+    /// Removes a backend; a missing one counts as removed.
+    pub fn delete_backend(&mut self, id: u32) -> Result<(), WriteError> {
+        let result = self.maps.backends.remove(&id);
+        self.settle(names::BACKENDS, result)
+    }
+
+    /// Brings one frontend from `current` to `target`: changed slots first,
+    /// then the master entry, then trims the slots it no longer covers.
+    /// On failure `current` is marked unknown (`svc_id` 0) so the next call
+    /// rewrites everything.
+    pub fn sync_frontend(
+        &mut self,
+        frontend: &FrontendKey,
+        current: &mut FrontendState,
+        target: &FrontendState,
+    ) -> Result<(), WriteError> {
+        let result = self.sync_frontend_inner(frontend, current, target);
+        if result.is_err() {
+            current.svc_id = 0;
+        }
+        result
+    }
+
+    fn sync_frontend_inner(
+        &mut self,
+        frontend: &FrontendKey,
+        current: &mut FrontendState,
+        target: &FrontendState,
+    ) -> Result<(), WriteError> {
+        let owner_changed = current.svc_id != target.svc_id;
+        for (i, &backend_id) in target.slots.iter().enumerate() {
+            if !owner_changed && current.slots.get(i) == Some(&backend_id) {
+                continue;
+            }
+            let key = v4_key(frontend, slot_number(i))?;
+            let value = SvcValue {
+                svc_id: target.svc_id,
+                backend_id,
+                ..SvcValue::default()
+            };
+            self.maps
+                .services_v4
+                .insert(key, value, 0)
+                .map_err(|e| WriteError::from_map(names::SERVICES_V4, e))?;
+            self.writes += 1;
+            if current.slots.len() <= i {
+                current.slots.resize(i + 1, 0);
+            }
+            current.slots[i] = backend_id;
+        }
+        let master_changed = owner_changed
+            || current.flags != target.flags
+            || current.active != target.active
+            || current.fallback != target.fallback
+            || current.slots.len() != target.slots.len();
+        if master_changed {
+            let value = SvcValue {
+                svc_id: target.svc_id,
+                backend_id: 0,
+                active: target.active,
+                fallback: target.fallback,
+                total: target.slots.len() as u16,
+                flags: target.flags,
+            };
+            self.maps
+                .services_v4
+                .insert(v4_key(frontend, 0)?, value, 0)
+                .map_err(|e| WriteError::from_map(names::SERVICES_V4, e))?;
+            self.writes += 1;
+            current.svc_id = target.svc_id;
+            current.flags = target.flags;
+            current.active = target.active;
+            current.fallback = target.fallback;
+        }
+        while current.slots.len() > target.slots.len() {
+            let i = current.slots.len() - 1;
+            if current.slots[i] != 0 {
+                self.delete_service_entry(v4_key(frontend, slot_number(i))?)?;
+            }
+            current.slots.pop();
+        }
+        Ok(())
+    }
+
+    /// Removes a frontend: the master first (new flows stop matching), then
+    /// its slots. `current` shrinks as entries go.
+    pub fn delete_frontend(
+        &mut self,
+        frontend: &FrontendKey,
+        current: &mut FrontendState,
+    ) -> Result<(), WriteError> {
+        self.delete_service_entry(v4_key(frontend, 0)?)?;
+        current.svc_id = 0;
+        while let Some(&id) = current.slots.last() {
+            if id != 0 {
+                self.delete_service_entry(v4_key(frontend, slot_number(current.slots.len() - 1))?)?;
+            }
+            current.slots.pop();
+        }
+        Ok(())
+    }
+
+    /// Removes a raw service-map entry (also used for entries the agent
+    /// cannot interpret).
+    pub fn delete_service_entry(&mut self, key: Svc4Key) -> Result<(), WriteError> {
+        let result = self.maps.services_v4.remove(&key);
+        self.settle(names::SERVICES_V4, result)
+    }
+
+    /// Removes a conntrack entry; a missing one counts as removed.
+    pub fn delete_conntrack(&mut self, key: &Ct4Key) -> Result<(), WriteError> {
+        let result = self.maps.conntrack_v4.remove(key);
+        self.settle(names::CONNTRACK_V4, result)
+    }
+}
+
+impl MapWriter {
+    /// A deletion that found nothing to delete is fine (and not a write).
+    fn settle(
+        &mut self,
+        map: &'static str,
+        result: Result<(), MapError>,
+    ) -> Result<(), WriteError> {
+        match result {
+            Ok(()) => {
+                self.writes += 1;
+                Ok(())
+            }
+            Err(e) if is_missing(&e) => Ok(()),
+            Err(e) => Err(WriteError::from_map(map, e)),
+        }
+    }
+}
+
+/// Slot number of slot index `i` (slot 0 is the master).
+fn slot_number(i: usize) -> u16 {
+    (i + 1) as u16
+}

@@ -1,0 +1,8 @@
+//! The sluice agent: Kubernetes Services and EndpointSlices in, BPF maps
+//! out. See `docs/architecture.md`.
+
+pub mod conntrack;
+pub mod datapath;
+pub mod model;
+pub mod reconcile;
+pub mod state;

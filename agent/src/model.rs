@@ -1,0 +1,127 @@
+//! The desired datapath state, as the translation from Kubernetes objects
+//! produces it. Plain data, independent of both Kubernetes and BPF types.
+
+use std::{collections::BTreeMap, fmt, net::IpAddr};
+
+pub use sluice_common::{BackendState, FrontendKind};
+
+/// Transport protocols the datapath balances.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    /// The IP protocol number.
+    pub const fn number(self) -> u8 {
+        match self {
+            Proto::Tcp => sluice_common::IPPROTO_TCP,
+            Proto::Udp => sluice_common::IPPROTO_UDP,
+        }
+    }
+
+    pub const fn from_number(n: u8) -> Option<Self> {
+        match n {
+            sluice_common::IPPROTO_TCP => Some(Proto::Tcp),
+            sluice_common::IPPROTO_UDP => Some(Proto::Udp),
+            _ => None,
+        }
+    }
+
+    /// The Kubernetes spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "TCP",
+            Proto::Udp => "UDP",
+        }
+    }
+}
+
+impl fmt::Display for Proto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A service frontend: the address, port and protocol clients connect to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FrontendKey {
+    pub addr: IpAddr,
+    pub port: u16,
+    pub proto: Proto,
+}
+
+impl fmt::Display for FrontendKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.addr {
+            IpAddr::V4(a) => write!(f, "{a}:{}/{}", self.port, self.proto),
+            IpAddr::V6(a) => write!(f, "[{a}]:{}/{}", self.port, self.proto),
+        }
+    }
+}
+
+/// A frontend and what kind of address it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Frontend {
+    pub key: FrontendKey,
+    pub kind: FrontendKind,
+}
+
+/// A backend address: pod IP and target port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint {
+    pub addr: IpAddr,
+    pub port: u16,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.addr {
+            IpAddr::V4(a) => write!(f, "{a}:{}", self.port),
+            IpAddr::V6(a) => write!(f, "[{a}]:{}", self.port),
+        }
+    }
+}
+
+/// One endpoint of a service port with the state its conditions give it.
+/// `Draining` never appears here: it is what the reconciler makes of a
+/// programmed backend that is no longer desired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DesiredBackend {
+    pub endpoint: Endpoint,
+    pub state: BackendState,
+}
+
+/// The identity of one Kubernetes service port.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServicePortName {
+    pub namespace: String,
+    pub name: String,
+    /// The port's name, or its number when unnamed.
+    pub port: String,
+    pub proto: Proto,
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}/{}:{}/{}",
+            self.namespace, self.name, self.port, self.proto
+        )
+    }
+}
+
+/// One service port: its frontends share one backend set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DesiredService {
+    pub frontends: Vec<Frontend>,
+    pub backends: Vec<DesiredBackend>,
+}
+
+/// Everything the datapath should balance.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DesiredState {
+    pub services: BTreeMap<ServicePortName, DesiredService>,
+}

@@ -1,0 +1,44 @@
+//! The content of the service and backend maps in compact form. The
+//! reconciler keeps one `MapState` for what is programmed (read back from
+//! the pinned maps at start-up, then updated write by write) and computes
+//! another for what should be; the difference is what gets written.
+
+use std::collections::HashMap;
+
+use sluice_common::{service::FRONTEND_KIND_MASK, Backend, FrontendKind};
+
+use crate::model::FrontendKey;
+
+/// One frontend: its master entry and its slots.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FrontendState {
+    /// Owner service port; 0 means the master entry is missing or its state
+    /// is unknown (forces a full rewrite).
+    pub svc_id: u32,
+    /// `SvcValue::flags` of the master entry.
+    pub flags: u16,
+    pub active: u16,
+    pub fallback: u16,
+    /// Backend id of slot `i + 1`; 0 for a missing slot entry.
+    pub slots: Vec<u32>,
+}
+
+impl FrontendState {
+    pub fn kind(&self) -> FrontendKind {
+        FrontendKind::from_bits(self.flags & FRONTEND_KIND_MASK)
+    }
+}
+
+/// `sl_svc4` (+ later `sl_svc6`) and `sl_backends`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MapState {
+    pub frontends: HashMap<FrontendKey, FrontendState>,
+    pub backends: HashMap<u32, Backend>,
+}
+
+impl MapState {
+    /// Entries this state occupies in the service map (masters + slots).
+    pub fn service_entries(&self) -> usize {
+        self.frontends.values().map(|f| 1 + f.slots.len()).sum()
+    }
+}

@@ -1,0 +1,18 @@
+//! `sl_config`: a one-entry array the agent writes before it attaches any
+//! program, and keeps across restarts.
+
+use crate::{assert_size, user_pod};
+
+/// Value of `sl_config[0]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Config {
+    /// `ABI_VERSION` of the agent that created the maps.
+    pub abi_version: u32,
+    /// Seed of the flow hash that picks backends; random per node, kept
+    /// across restarts so that a flow hashes to the same slot.
+    pub hash_seed: u32,
+}
+assert_size!(Config, 8);
+
+user_pod!(Config);

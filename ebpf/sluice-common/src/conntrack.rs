@@ -1,0 +1,113 @@
+//! `sl_ct4`: connection tracking for IPv4 service flows (LRU hash).
+//!
+//! Each flow has two entries, both keyed by a full 5-tuple including the
+//! protocol:
+//! - the forward entry, keyed by the tuple the client sent
+//!   (client -> VIP), records the chosen backend and the TCP state;
+//! - the reply entry, keyed by the tuple the backend sends back
+//!   (backend -> client), records the VIP and port to restore as source.
+//!
+//! The two key spaces cannot collide (one has the VIP as destination, the
+//! other the backend as source), so one lookup of the packet's own tuple
+//! finds either kind. The datapath never deletes entries; the agent's
+//! garbage collector removes expired ones and those of removed backends.
+
+use crate::{assert_size, user_pod};
+
+/// Key of `sl_ct4`: the packet's tuple as seen on the wire.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ct4Key {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    /// Host order.
+    pub sport: u16,
+    /// Host order.
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+assert_size!(Ct4Key, 16);
+
+impl Ct4Key {
+    /// A key from its parts.
+    pub const fn new(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, proto: u8) -> Self {
+        Self {
+            src,
+            dst,
+            sport,
+            dport,
+            proto,
+            _pad: [0; 3],
+        }
+    }
+}
+
+/// Value of `sl_ct4`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtEntry {
+    /// `CLOCK_MONOTONIC` nanoseconds of the last packet, refreshed at most
+    /// once per `CT_REFRESH_NS` or when `flags` change.
+    pub last_seen_ns: u64,
+    /// Backend the flow was assigned to.
+    pub backend_id: u32,
+    /// Service port (`SvcValue::svc_id`) the flow was assigned by.
+    pub svc_id: u32,
+    /// Forward: the backend's address. Reply: the frontend address to
+    /// restore as source. Network order, IPv4 in the first 4 bytes.
+    pub nat_addr: [u8; 16],
+    /// Port matching `nat_addr`, host order.
+    pub nat_port: u16,
+    /// A `CtKind` value.
+    pub kind: u8,
+    /// `CT_F_*` bits (kept on the forward entry).
+    pub flags: u8,
+    pub _pad: [u8; 4],
+}
+assert_size!(CtEntry, 40);
+
+impl CtEntry {
+    /// Both directions have closed (FIN each way) or a RST was seen.
+    pub const fn is_closing(&self) -> bool {
+        self.flags & CT_F_RST != 0
+            || (self.flags & CT_F_TX_CLOSING != 0 && self.flags & CT_F_RX_CLOSING != 0)
+    }
+}
+
+/// Which side of a flow an entry describes.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CtKind {
+    Forward = 1,
+    Reply = 2,
+}
+
+/// The client sent a SYN.
+pub const CT_F_SYN: u8 = 1 << 0;
+/// The client sent a FIN.
+pub const CT_F_TX_CLOSING: u8 = 1 << 1;
+/// The backend sent a FIN.
+pub const CT_F_RX_CLOSING: u8 = 1 << 2;
+/// Either side sent a RST.
+pub const CT_F_RST: u8 = 1 << 3;
+/// The backend has answered at least once.
+pub const CT_F_SEEN_REPLY: u8 = 1 << 4;
+
+/// The datapath rewrites `last_seen_ns` at most this often per entry.
+pub const CT_REFRESH_NS: u64 = 1_000_000_000;
+
+/// Idle timeouts the agent's garbage collector applies (seconds), after
+/// Cilium's defaults.
+pub mod timeouts {
+    /// TCP flow that has seen traffic both ways.
+    pub const TCP_ESTABLISHED_S: u64 = 6 * 3600;
+    /// TCP flow whose backend has not answered yet.
+    pub const TCP_SYN_S: u64 = 60;
+    /// TCP flow closed both ways or reset.
+    pub const TCP_CLOSING_S: u64 = 10;
+    /// UDP (and any other) flow.
+    pub const UDP_S: u64 = 60;
+}
+
+user_pod!(Ct4Key, CtEntry);

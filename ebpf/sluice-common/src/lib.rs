@@ -1,0 +1,66 @@
+//! The datapath ABI: every BPF map's name, key and value layout, shared
+//! verbatim by the kernel programs (`no_std`) and the agent (`user` feature,
+//! which implements `aya::Pod`).
+//!
+//! Layout rules, checked at compile time at the bottom of each module:
+//! - `#[repr(C)]` with every padding byte an explicit field, so a value built
+//!   with `Default`/zeroed is fully initialised and `bpftool` shows all of it;
+//! - addresses are byte arrays in network order (`bpftool map dump` prints
+//!   `[10,96,0,10]`), ports are host-order `u16` (it prints `80`);
+//! - IPv4 and IPv6 get their own key types (`Svc4Key`, `Ct4Key`, and the `6`
+//!   variants reserved below); values carry 16-byte addresses so one value
+//!   type serves both families.
+//!
+//! `docs/maps.md` describes the schema for operators.
+#![no_std]
+
+pub mod backend;
+pub mod config;
+pub mod conntrack;
+pub mod hash;
+pub mod maps;
+pub mod service;
+pub mod stats;
+
+pub use backend::{Backend, BackendState};
+pub use config::Config;
+pub use conntrack::{Ct4Key, CtEntry, CtKind};
+pub use service::{FrontendKind, Svc4Key, SvcValue};
+pub use stats::Stat;
+
+/// IP protocol numbers the datapath balances.
+pub const IPPROTO_TCP: u8 = 6;
+/// IP protocol number of UDP.
+pub const IPPROTO_UDP: u8 = 17;
+
+/// Address family tag stored in values that hold a 16-byte address.
+pub const FAMILY_V4: u8 = 4;
+/// Address family tag for IPv6 addresses.
+pub const FAMILY_V6: u8 = 6;
+
+/// Bumped whenever a key or value layout changes. The agent refuses to adopt
+/// pinned maps written with another version (see `Config::abi_version`).
+pub const ABI_VERSION: u32 = 1;
+
+/// Implements `aya::Pod` for ABI types when building for userspace.
+macro_rules! user_pod {
+    ($($t:ty),+ $(,)?) => {
+        $(
+            #[cfg(feature = "user")]
+            // SAFETY: the type is `#[repr(C)]`, `Copy`, has no implicit
+            // padding (asserted next to its definition) and every bit
+            // pattern is a valid value.
+            unsafe impl aya::Pod for $t {}
+        )+
+    };
+}
+pub(crate) use user_pod;
+
+/// Fails compilation when a type's size differs from the documented one,
+/// which is how implicit padding would show up.
+macro_rules! assert_size {
+    ($t:ty, $n:expr) => {
+        const _: () = assert!(core::mem::size_of::<$t>() == $n);
+    };
+}
+pub(crate) use assert_size;

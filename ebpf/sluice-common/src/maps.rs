@@ -1,0 +1,33 @@
+//! Names and default sizes of the pinned maps.
+//!
+//! Names are at most 15 characters (the kernel's `BPF_OBJ_NAME_LEN` - 1) and
+//! start with `sl_`, so `bpftool map list` shows them whole and grouped. The
+//! agent pins each map under its bpffs directory (default
+//! `/sys/fs/bpf/sluice`) with exactly this name.
+
+/// Service frontends and their backend slots: `Svc4Key` -> `SvcValue`.
+pub const SERVICES_V4: &str = "sl_svc4";
+/// Backends by id: `u32` -> `Backend`.
+pub const BACKENDS: &str = "sl_backends";
+/// Connection tracking for IPv4 flows: `Ct4Key` -> `CtEntry` (LRU).
+pub const CONNTRACK_V4: &str = "sl_ct4";
+/// Per-CPU counters indexed by `Stat`.
+pub const STATS: &str = "sl_stats";
+/// Single-entry array holding `Config`.
+pub const CONFIG: &str = "sl_config";
+
+/// Every map the agent pins, in the order it creates them.
+pub const ALL: [&str; 5] = [CONFIG, STATS, BACKENDS, SERVICES_V4, CONNTRACK_V4];
+
+/// Default capacity of `sl_svc4`: one entry per frontend plus one per
+/// backend slot (a frontend with 10 backends uses 11). Not preallocated.
+pub const DEFAULT_SERVICES_MAX: u32 = 262_144;
+/// Default capacity of `sl_backends`. Not preallocated.
+pub const DEFAULT_BACKENDS_MAX: u32 = 131_072;
+/// Default capacity of `sl_ct4`: two entries per flow (forward and reply),
+/// so 131,072 flows, kube-proxy's default `conntrack-min`. Preallocated (LRU).
+pub const DEFAULT_CONNTRACK_MAX: u32 = 262_144;
+
+/// Largest number of backend slots one frontend may have (slot is a `u16`
+/// and slot 0 is the master entry).
+pub const MAX_SLOTS: u32 = 65_534;

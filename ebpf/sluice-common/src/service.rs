@@ -1,0 +1,118 @@
+//! `sl_svc4`: service frontends, modelled on Cilium's `lb4_services`.
+//!
+//! A frontend (VIP, port, protocol) owns slots `0..=total`. Slot 0 is the
+//! master entry: it says how many slots there are and which are selectable.
+//! Slots `1..=active` hold ready backends, the next `fallback` slots hold
+//! terminating-but-serving backends (used only when `active` is 0, as
+//! kube-proxy does since KEP-1669), and the remaining slots up to `total`
+//! hold backends that are never selected for new flows (terminating, not
+//! ready, draining) so that operators can still see them.
+//!
+//! The writer orders its updates so that a packet never sees a slot whose
+//! backend is missing or a master count that covers a missing slot:
+//! backends first, then slots, then the master entry, then surplus slots are
+//! trimmed.
+
+use crate::{assert_size, user_pod};
+
+/// Key of `sl_svc4`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Svc4Key {
+    /// Frontend address, network order.
+    pub addr: [u8; 4],
+    /// Frontend port, host order.
+    pub port: u16,
+    /// 0 for the master entry, 1.. for backend slots.
+    pub slot: u16,
+    /// IP protocol (`IPPROTO_TCP` / `IPPROTO_UDP`).
+    pub proto: u8,
+    /// Reserved for traffic-policy scopes; always 0 today.
+    pub scope: u8,
+    pub _pad: [u8; 2],
+}
+assert_size!(Svc4Key, 12);
+
+impl Svc4Key {
+    /// The key of `slot` of the frontend `addr:port/proto`.
+    pub const fn new(addr: [u8; 4], port: u16, proto: u8, slot: u16) -> Self {
+        Self {
+            addr,
+            port,
+            slot,
+            proto,
+            scope: 0,
+            _pad: [0; 2],
+        }
+    }
+
+    /// The same frontend's master entry.
+    pub const fn master(&self) -> Self {
+        Self::new(self.addr, self.port, self.proto, 0)
+    }
+}
+
+/// Value of `sl_svc4`. In the master entry (slot 0) `backend_id` is 0 and
+/// the counts are set; in a backend slot only `svc_id` and `backend_id`
+/// are.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SvcValue {
+    /// The service port this frontend belongs to. Every frontend of one
+    /// Kubernetes service port (ClusterIP, NodePort, ...) shares it, and
+    /// conntrack entries record it to detect a VIP that changed owner.
+    pub svc_id: u32,
+    /// Backend in this slot (slots >= 1), 0 in the master entry.
+    pub backend_id: u32,
+    /// Master: slots `1..=active` hold ready backends.
+    pub active: u16,
+    /// Master: slots `active+1..=active+fallback` hold terminating but
+    /// serving backends, selected only when `active` is 0.
+    pub fallback: u16,
+    /// Master: slots `1..=total` exist; those past `active+fallback` are
+    /// never selected.
+    pub total: u16,
+    /// Master: `FrontendKind` in the low 4 bits, `SVC_F_*` above.
+    pub flags: u16,
+}
+assert_size!(SvcValue, 16);
+
+impl SvcValue {
+    /// The kind of frontend this master entry describes.
+    pub const fn kind(&self) -> FrontendKind {
+        FrontendKind::from_bits(self.flags & FRONTEND_KIND_MASK)
+    }
+}
+
+/// Bits of `SvcValue::flags` that hold the `FrontendKind`.
+pub const FRONTEND_KIND_MASK: u16 = 0x000f;
+
+/// Master flag: the frontend's service port is gone; the entry stays (with
+/// no selectable backend, so new flows are refused) only until the flows
+/// of its draining backends end.
+pub const SVC_F_DRAINING: u16 = 1 << 4;
+
+/// What kind of address a frontend is, for operators (`sluice lb list`).
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FrontendKind {
+    ClusterIp = 0,
+    NodePort = 1,
+    LoadBalancer = 2,
+    ExternalIp = 3,
+}
+
+impl FrontendKind {
+    /// Decodes the low bits of `SvcValue::flags`; unknown values read as
+    /// `ClusterIp`.
+    pub const fn from_bits(bits: u16) -> Self {
+        match bits {
+            1 => Self::NodePort,
+            2 => Self::LoadBalancer,
+            3 => Self::ExternalIp,
+            _ => Self::ClusterIp,
+        }
+    }
+}
+
+user_pod!(Svc4Key, SvcValue);

@@ -1,0 +1,71 @@
+//! `sl_stats`: per-CPU counters, one array slot per `Stat`. Every drop and
+//! every unusual decision in the datapath has its own counter.
+
+/// Index into `sl_stats`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Stat {
+    /// A new flow was assigned a backend and DNATed.
+    NewFlow = 0,
+    /// A packet of a tracked flow was DNATed to its recorded backend.
+    Established = 1,
+    /// A reply was reverse-NATed to the frontend address.
+    ReplyNat = 2,
+    /// A SYN hit a closing, non-active or stale entry and got a fresh pick.
+    Reselected = 3,
+    /// A TCP packet of a flow whose backend or service is gone got a RST.
+    StaleReset = 4,
+    /// A frontend had no selectable backend: ICMP port unreachable sent.
+    NoBackend = 5,
+    /// An IPv4 fragment to a frontend passed untouched (not balanced).
+    Fragment = 6,
+    /// Recording a flow in conntrack failed; the packet was still NATed.
+    CtInsertFailed = 7,
+    /// A master entry covered a missing slot or backend (must stay 0).
+    Dangling = 8,
+    /// A checksum or store helper failed; the packet was dropped.
+    NatFailed = 9,
+    /// Building a RST or ICMP reply failed; the packet was dropped.
+    RejectFailed = 10,
+    /// A header was truncated; the packet passed untouched.
+    Truncated = 11,
+}
+
+/// Number of counters (the `max_entries` of `sl_stats`).
+pub const STAT_COUNT: u32 = 12;
+
+impl Stat {
+    /// Every counter, in index order.
+    pub const ALL: [Stat; STAT_COUNT as usize] = [
+        Stat::NewFlow,
+        Stat::Established,
+        Stat::ReplyNat,
+        Stat::Reselected,
+        Stat::StaleReset,
+        Stat::NoBackend,
+        Stat::Fragment,
+        Stat::CtInsertFailed,
+        Stat::Dangling,
+        Stat::NatFailed,
+        Stat::RejectFailed,
+        Stat::Truncated,
+    ];
+
+    /// The name used in metrics and `sluice status`.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Stat::NewFlow => "new_flow",
+            Stat::Established => "established",
+            Stat::ReplyNat => "reply_nat",
+            Stat::Reselected => "reselected",
+            Stat::StaleReset => "stale_reset",
+            Stat::NoBackend => "no_backend",
+            Stat::Fragment => "fragment",
+            Stat::CtInsertFailed => "ct_insert_failed",
+            Stat::Dangling => "dangling",
+            Stat::NatFailed => "nat_failed",
+            Stat::RejectFailed => "reject_failed",
+            Stat::Truncated => "truncated",
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! Verdicts and the typed errors that map to them.
+
+use aya_ebpf::bindings::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC};
+use sluice_common::Stat;
+
+/// What a program tells the kernel to do with the packet.
+#[derive(Clone, Copy)]
+pub enum Verdict {
+    /// Carry on: the next TCX program, then the normal stack
+    /// (`TCX_NEXT`/`TC_ACT_UNSPEC`), so sluice composes with a CNI's programs.
+    Next,
+    /// Drop the packet.
+    Drop,
+    /// The packet was redirected with `bpf_redirect`.
+    Redirect,
+}
+
+impl Verdict {
+    #[inline(always)]
+    pub fn code(self) -> i32 {
+        match self {
+            Verdict::Next => TC_ACT_UNSPEC,
+            Verdict::Drop => TC_ACT_SHOT,
+            Verdict::Redirect => TC_ACT_REDIRECT,
+        }
+    }
+}
+
+/// Why a packet could not be handled.
+#[derive(Clone, Copy)]
+pub enum Error {
+    /// A header was cut short; not ours to judge, so it passes.
+    Truncated,
+    /// A master entry covered a slot or backend that is missing.
+    Dangling,
+    /// A rewrite helper failed half way; the packet is inconsistent.
+    Nat,
+    /// A RST or ICMP reply could not be built.
+    Reject,
+}
+
+impl Error {
+    #[inline(always)]
+    pub fn stat(self) -> Stat {
+        match self {
+            Error::Truncated => Stat::Truncated,
+            Error::Dangling => Stat::Dangling,
+            Error::Nat => Stat::NatFailed,
+            Error::Reject => Stat::RejectFailed,
+        }
+    }
+
+    #[inline(always)]
+    pub fn verdict(self) -> Verdict {
+        match self {
+            Error::Truncated => Verdict::Next,
+            Error::Dangling | Error::Nat | Error::Reject => Verdict::Drop,
+        }
+    }
+}

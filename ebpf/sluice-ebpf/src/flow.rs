@@ -1,0 +1,132 @@
+//! Parsing one IPv4 TCP/UDP packet into the fields the datapath needs.
+
+use aya_ebpf::programs::TcContext;
+use sluice_common::{Ct4Key, IPPROTO_TCP, IPPROTO_UDP};
+
+use crate::{
+    error::Error,
+    headers::{
+        EthHdr, Ipv4Hdr, TcpHdr, UdpHdr, ETH_LEN, ETH_P_IP, IPV4_LEN, IP_MF_OFFSET, TCP_ACK,
+        TCP_LEN, TCP_SYN, UDP_LEN,
+    },
+};
+
+/// An IPv4 TCP or UDP packet, addresses in network order, ports host order.
+pub struct Flow4 {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    /// TCP flags byte; 0 for UDP.
+    pub tcp_flags: u8,
+    /// Offset of the L4 header (Ethernet + IPv4 header with options).
+    pub l4_off: usize,
+}
+
+pub enum Parsed {
+    Flow(Flow4),
+    /// An IPv4 fragment: ports unknown, so it cannot be balanced.
+    Fragment,
+    /// Anything else (not IPv4, not TCP/UDP): not ours.
+    Other,
+}
+
+/// Makes `len` bytes readable through direct packet access, pulling
+/// non-linear data in if needed. Invalidates earlier packet pointers.
+#[inline(always)]
+fn ensure(ctx: &TcContext, len: usize) -> bool {
+    if ctx.data() + len <= ctx.data_end() {
+        return true;
+    }
+    if (ctx.len() as usize) < len || ctx.pull_data(len as u32).is_err() {
+        return false;
+    }
+    ctx.data() + len <= ctx.data_end()
+}
+
+/// Copies a `T` out of the packet at `off`, bounds-checked.
+#[inline(always)]
+fn read<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
+    let start = ctx.data();
+    if start + off + core::mem::size_of::<T>() > ctx.data_end() {
+        return None;
+    }
+    // SAFETY: bounds checked against data_end just above; T is a
+    // byte-aligned header struct, so any address is suitably aligned.
+    Some(unsafe { *((start + off) as *const T) })
+}
+
+impl Flow4 {
+    #[inline(always)]
+    pub fn parse(ctx: &TcContext) -> Result<Parsed, Error> {
+        if !ensure(ctx, ETH_LEN + IPV4_LEN) {
+            return Ok(Parsed::Other);
+        }
+        let Some(eth) = read::<EthHdr>(ctx, 0) else {
+            return Ok(Parsed::Other);
+        };
+        if eth.ether_type != ETH_P_IP {
+            return Ok(Parsed::Other);
+        }
+        let ip = read::<Ipv4Hdr>(ctx, ETH_LEN).ok_or(Error::Truncated)?;
+        let proto = ip.proto;
+        if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
+            return Ok(Parsed::Other);
+        }
+        if u16::from_be_bytes(ip.frag_off) & IP_MF_OFFSET != 0 {
+            return Ok(Parsed::Fragment);
+        }
+        let ihl = ((ip.vihl & 0x0f) as usize) * 4;
+        if ihl < IPV4_LEN {
+            return Err(Error::Truncated);
+        }
+        let l4_off = ETH_LEN + ihl;
+        let (sport, dport, tcp_flags) = if proto == IPPROTO_TCP {
+            if !ensure(ctx, l4_off + TCP_LEN) {
+                return Err(Error::Truncated);
+            }
+            let tcp = read::<TcpHdr>(ctx, l4_off).ok_or(Error::Truncated)?;
+            (tcp.sport, tcp.dport, tcp.flags)
+        } else {
+            if !ensure(ctx, l4_off + UDP_LEN) {
+                return Err(Error::Truncated);
+            }
+            let udp = read::<UdpHdr>(ctx, l4_off).ok_or(Error::Truncated)?;
+            (udp.sport, udp.dport, 0)
+        };
+        Ok(Parsed::Flow(Flow4 {
+            src: ip.src,
+            dst: ip.dst,
+            sport: u16::from_be_bytes(sport),
+            dport: u16::from_be_bytes(dport),
+            proto,
+            tcp_flags,
+            l4_off,
+        }))
+    }
+
+    /// The conntrack key of this packet's own tuple.
+    #[inline(always)]
+    pub fn ct_key(&self) -> Ct4Key {
+        Ct4Key::new(self.src, self.dst, self.sport, self.dport, self.proto)
+    }
+
+    /// A TCP SYN without ACK: the first packet of a new connection.
+    #[inline(always)]
+    pub fn is_syn(&self) -> bool {
+        self.proto == IPPROTO_TCP && self.tcp_flags & TCP_SYN != 0 && self.tcp_flags & TCP_ACK == 0
+    }
+
+    #[inline(always)]
+    pub fn has_tcp_flag(&self, flag: u8) -> bool {
+        self.proto == IPPROTO_TCP && self.tcp_flags & flag != 0
+    }
+}
+
+/// Reads header `T` at `off` for the reject builders (after `parse`
+/// ensured the headers are linear).
+#[inline(always)]
+pub fn header<T: Copy>(ctx: &TcContext, off: usize) -> Result<T, Error> {
+    read::<T>(ctx, off).ok_or(Error::Truncated)
+}

@@ -1,0 +1,61 @@
+//! Address and port rewriting with incremental checksum updates.
+//!
+//! The L4 checksum covers the pseudo header, so an address change updates
+//! it with `BPF_F_PSEUDO_HDR`; the kernel helpers also keep a
+//! `CHECKSUM_PARTIAL` skb (veth with TX offload) consistent. A UDP
+//! checksum of 0 means "none" and stays 0 (`BPF_F_MARK_MANGLED_0`).
+
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    programs::TcContext,
+};
+use sluice_common::IPPROTO_TCP;
+
+use crate::{error::Error, flow::Flow4, headers::ETH_LEN};
+
+/// Which end of the packet to rewrite.
+pub enum Side {
+    Src,
+    Dst,
+}
+
+const IP_CSUM_OFF: usize = ETH_LEN + 10;
+const IP_SRC_OFF: usize = ETH_LEN + 12;
+const IP_DST_OFF: usize = ETH_LEN + 16;
+
+#[inline(always)]
+pub fn rewrite(
+    ctx: &TcContext,
+    flow: &Flow4,
+    side: Side,
+    addr: [u8; 4],
+    port: u16,
+) -> Result<(), Error> {
+    let (addr_off, port_off, old_addr, old_port) = match side {
+        Side::Src => (IP_SRC_OFF, flow.l4_off, flow.src, flow.sport),
+        Side::Dst => (IP_DST_OFF, flow.l4_off + 2, flow.dst, flow.dport),
+    };
+    let (csum_off, mangled) = if flow.proto == IPPROTO_TCP {
+        (flow.l4_off + 16, 0)
+    } else {
+        (flow.l4_off + 6, BPF_F_MARK_MANGLED_0 as u64)
+    };
+    if old_addr != addr {
+        let from = u32::from_ne_bytes(old_addr) as u64;
+        let to = u32::from_ne_bytes(addr) as u64;
+        ctx.l4_csum_replace(csum_off, from, to, BPF_F_PSEUDO_HDR as u64 | mangled | 4)
+            .map_err(|_| Error::Nat)?;
+        ctx.l3_csum_replace(IP_CSUM_OFF, from, to, 4)
+            .map_err(|_| Error::Nat)?;
+        ctx.store(addr_off, &addr, 0).map_err(|_| Error::Nat)?;
+    }
+    if old_port != port {
+        let from = old_port.to_be() as u64;
+        let to = port.to_be() as u64;
+        ctx.l4_csum_replace(csum_off, from, to, mangled | 2)
+            .map_err(|_| Error::Nat)?;
+        ctx.store(port_off, &port.to_be(), 0)
+            .map_err(|_| Error::Nat)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,119 @@
+//! Clients that run inside a pod namespace.
+
+use std::{
+    io::{self, BufRead, BufReader, Write},
+    net::{SocketAddr, SocketAddrV4, TcpStream, UdpSocket},
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::netns::Netns;
+
+pub const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Connects to `addr` and reads the greeting: the name of the backend
+/// that answered.
+pub fn hello(stream: TcpStream) -> io::Result<String> {
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line)?;
+    if line.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "closed before greeting",
+        ));
+    }
+    Ok(line.trim_end().to_owned())
+}
+
+/// One TCP connection from inside `ns`: which backend answered.
+pub fn tcp_hello(ns: &Netns, addr: SocketAddrV4) -> Result<String> {
+    ns.run(move || TcpStream::connect_timeout(&addr.into(), TIMEOUT).and_then(hello))?
+        .with_context(|| format!("TCP hello to {addr}"))
+}
+
+/// `n` sequential TCP connections from inside `ns`, each with its own
+/// outcome (the backend's name, or the error).
+pub fn tcp_hellos(ns: &Netns, addr: SocketAddrV4, n: usize) -> Result<Vec<io::Result<String>>> {
+    ns.run(move || {
+        (0..n)
+            .map(|_| TcpStream::connect_timeout(&addr.into(), TIMEOUT).and_then(hello))
+            .collect()
+    })
+}
+
+/// A TCP connection from a fixed source port (SO_REUSEADDR), to exercise
+/// source-port reuse.
+pub fn tcp_hello_from_port(ns: &Netns, addr: SocketAddrV4, port: u16) -> Result<String> {
+    ns.run(move || -> io::Result<String> {
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&SocketAddr::from(([0, 0, 0, 0], port)).into())?;
+        socket.connect_timeout(&SocketAddr::V4(addr).into(), TIMEOUT)?;
+        hello(socket.into())
+    })?
+    .with_context(|| format!("TCP hello to {addr} from port {port}"))
+}
+
+/// A long-lived connection that exchanges lines with an echoing backend.
+pub struct Stream {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+    /// The backend that greeted this connection.
+    pub backend: String,
+    seq: u64,
+}
+
+impl Stream {
+    pub fn connect(ns: &Netns, addr: SocketAddrV4) -> Result<Self> {
+        let stream = ns
+            .run(move || TcpStream::connect_timeout(&addr.into(), TIMEOUT))?
+            .with_context(|| format!("connecting to {addr}"))?;
+        stream.set_read_timeout(Some(TIMEOUT))?;
+        let writer = stream.try_clone()?;
+        let mut reader = BufReader::new(stream);
+        let mut backend = String::new();
+        reader.read_line(&mut backend)?;
+        Ok(Self {
+            reader,
+            writer,
+            backend: backend.trim_end().to_owned(),
+            seq: 0,
+        })
+    }
+
+    /// Sends one line and expects it back.
+    pub fn ping(&mut self) -> Result<()> {
+        self.seq += 1;
+        let msg = format!("ping {}\n", self.seq);
+        self.writer.write_all(msg.as_bytes())?;
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        if line != msg {
+            bail!("echo mismatch: sent {msg:?}, got {line:?}");
+        }
+        Ok(())
+    }
+
+    /// The local (client) address.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.writer.local_addr()?)
+    }
+}
+
+/// One UDP request from inside `ns`: the answer and where it came from.
+pub fn udp_hello(ns: &Netns, addr: SocketAddrV4) -> Result<(String, SocketAddr)> {
+    ns.run(move || -> io::Result<(String, SocketAddr)> {
+        let socket = UdpSocket::bind("0.0.0.0:0")?;
+        socket.set_read_timeout(Some(TIMEOUT))?;
+        // Not connected: a reply from any source is received and reported,
+        // so a test can check that it carries the frontend address.
+        socket.send_to(b"hello", addr)?;
+        let mut buf = [0u8; 512];
+        let (n, from) = socket.recv_from(&mut buf)?;
+        Ok((String::from_utf8_lossy(&buf[..n]).into_owned(), from))
+    })?
+    .with_context(|| format!("UDP hello to {addr}"))
+}

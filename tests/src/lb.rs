@@ -1,0 +1,129 @@
+//! A datapath loaded into a [`Topology`]'s node, driven through the same
+//! reconciler the agent uses, plus builders for desired state.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddrV4},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use sluice::{
+    datapath::{Datapath, MapSizes, MapWriter, Maps},
+    model::{
+        BackendState, DesiredBackend, DesiredService, DesiredState, Endpoint, Frontend,
+        FrontendKey, FrontendKind, Proto, ServicePortName,
+    },
+    reconcile::{Reconciler, Report},
+};
+use sluice_common::Stat;
+
+use crate::topology::Topology;
+
+/// The loaded datapath of one topology.
+pub struct Lb {
+    pub datapath: Datapath,
+    pub reconciler: Reconciler,
+    pub desired: DesiredState,
+}
+
+impl Lb {
+    /// Loads the programs with default map sizes, attaches them to every
+    /// device of the node and adopts the maps.
+    pub fn load(topo: &Topology) -> Result<Self> {
+        Self::load_with(topo, MapSizes::default(), Duration::from_secs(60))
+    }
+
+    pub fn load_with(topo: &Topology, sizes: MapSizes, drain_timeout: Duration) -> Result<Self> {
+        let (mut datapath, maps) = Datapath::load(topo.bpf.path(), &sizes)?;
+        let devices = topo.devices();
+        topo.node.run(|| -> Result<()> {
+            for dev in &devices {
+                datapath.attach(dev)?;
+            }
+            Ok(())
+        })??;
+        let reconciler = Reconciler::new(MapWriter::new(maps), &sizes, drain_timeout)?;
+        Ok(Self {
+            datapath,
+            reconciler,
+            desired: DesiredState::default(),
+        })
+    }
+
+    /// Sets (or replaces) one service port and reconciles.
+    pub fn set(&mut self, svc: (ServicePortName, DesiredService)) -> Report {
+        self.desired.services.insert(svc.0, svc.1);
+        self.apply()
+    }
+
+    /// Removes one service port and reconciles.
+    pub fn remove(&mut self, name: &ServicePortName) -> Report {
+        self.desired.services.remove(name);
+        self.apply()
+    }
+
+    /// Reconciles the current desired state.
+    pub fn apply(&mut self) -> Report {
+        self.reconciler.reconcile(&self.desired, Instant::now())
+    }
+
+    /// Scans conntrack (GC + live flows) and reconciles, as the agent's
+    /// drain tick does.
+    pub fn drain_tick(&mut self) -> Result<Report> {
+        self.reconciler.scan_conntrack(Instant::now())?;
+        Ok(self.apply())
+    }
+
+    /// A fresh read-only view of the pinned maps.
+    pub fn maps(&self) -> Result<Maps> {
+        Ok(Maps::open_pinned(self.datapath.root())?)
+    }
+
+    pub fn stat(&self, stat: Stat) -> Result<u64> {
+        self.maps()?.stat(stat).context("reading sl_stats")
+    }
+}
+
+/// A ClusterIP service port `ns/name:port/proto` with `backends`.
+pub fn cluster_ip(
+    name: &str,
+    vip: Ipv4Addr,
+    port: u16,
+    proto: Proto,
+    backends: &[(Ipv4Addr, u16, BackendState)],
+) -> (ServicePortName, DesiredService) {
+    let (namespace, name) = name.split_once('/').unwrap_or(("default", name));
+    (
+        ServicePortName {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            port: port.to_string(),
+            proto,
+        },
+        DesiredService {
+            frontends: vec![Frontend {
+                key: FrontendKey {
+                    addr: IpAddr::V4(vip),
+                    port,
+                    proto,
+                },
+                kind: FrontendKind::ClusterIp,
+            }],
+            backends: backends
+                .iter()
+                .map(|(addr, port, state)| DesiredBackend {
+                    endpoint: Endpoint {
+                        addr: IpAddr::V4(*addr),
+                        port: *port,
+                    },
+                    state: *state,
+                })
+                .collect(),
+        },
+    )
+}
+
+/// `vip:port` as a socket address.
+pub fn vip(addr: Ipv4Addr, port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(addr, port)
+}

@@ -1,0 +1,30 @@
+//! Test support for sluice, used by every integration test and by the demo:
+//! network namespaces as the node and its pods ([`netns`], [`topology`]),
+//! small servers and clients that run inside them ([`servers`],
+//! [`clients`]), and cleanup of what a killed test run left behind
+//! ([`sweep`]).
+//!
+//! All traffic stays inside namespaces this crate creates; nothing touches
+//! the root namespace's routes or firewall. Everything is removed on drop,
+//! including while unwinding from a failed assertion.
+
+pub mod clients;
+pub mod lb;
+pub mod netns;
+pub mod servers;
+pub mod sweep;
+pub mod topology;
+
+pub use netns::Netns;
+pub use topology::{Pod, Topology};
+
+/// Fails with a clear message when not running as root.
+pub fn require_root() -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        anyhow::bail!(
+            "sluice's integration tests need root (network namespaces, BPF): run `cargo xtask test` as root"
+        );
+    }
+    Ok(())
+}

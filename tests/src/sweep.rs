@@ -1,0 +1,43 @@
+//! Removes namespaces and bpffs directories left by test processes that
+//! no longer exist (a test run killed with SIGKILL cannot clean up after
+//! itself). Names carry the creating pid: `sluice-t<pid>-...`.
+
+use std::{fs, path::Path, process::Command, sync::Once};
+
+use crate::netns::PREFIX;
+
+/// The bpffs directory tests pin under.
+pub const BPFFS: &str = "/sys/fs/bpf";
+
+fn owner_alive(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(PREFIX) else {
+        return true;
+    };
+    let pid = rest.split('-').next().unwrap_or("");
+    match pid.parse::<u32>() {
+        Ok(pid) => Path::new("/proc").join(pid.to_string()).exists(),
+        Err(_) => true,
+    }
+}
+
+/// Sweeps once per process.
+pub fn once() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(sweep);
+}
+
+/// Deletes every stale namespace and bpffs directory.
+pub fn sweep() {
+    for entry in fs::read_dir("/run/netns").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(PREFIX) && !owner_alive(&name) {
+            let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        }
+    }
+    for entry in fs::read_dir(BPFFS).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(PREFIX) && !owner_alive(&name) {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! `cargo xtask`: the project's build, test and demo entry points.
+//!
+//! - `setup`: make this machine able to build eBPF code (idempotent).
+//! - `build-ebpf`: build the kernel programs to `target/bpf/sluice.bpf.o`.
+//! - `test`: everything a contributor runs before submitting.
+//! - `demo`: sluice's main job on an embedded default, in namespaces.
+
+mod ebpf;
+mod exec;
+mod test;
+mod toolchain;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "sluice's build, test and demo tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what building eBPF code needs (toolchain, bpf-linker, bpffs).
+    Setup,
+    /// Build the eBPF object to target/bpf/sluice.bpf.o.
+    BuildEbpf,
+    /// Formatting, clippy (user and eBPF side), unit and integration tests.
+    Test(test::TestArgs),
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Setup => toolchain::setup().map(|_| ()),
+        Command::BuildEbpf => {
+            let tc = toolchain::setup()?;
+            ebpf::build(&tc)
+        }
+        Command::Test(args) => test::run_tests(&args),
+    }
+}

@@ -1,0 +1,50 @@
+//! `cargo xtask test`: what must pass before a change lands.
+
+use std::process::Command;
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+use crate::{
+    ebpf,
+    exec::{is_root, output, root, run},
+    toolchain,
+};
+
+#[derive(Args)]
+pub struct TestArgs {
+    /// Extra arguments for the test runner (e.g. a test name filter).
+    #[arg(trailing_var_arg = true)]
+    pub runner_args: Vec<String>,
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root());
+    cmd
+}
+
+pub fn run_tests(args: &TestArgs) -> Result<()> {
+    if !is_root() {
+        bail!(
+            "cargo xtask test runs privileged integration tests (network namespaces, BPF programs): run it as root"
+        );
+    }
+    let tc = toolchain::setup()?;
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    ebpf::clippy(&tc)?;
+    ebpf::build(&tc)?;
+    let nextest = output(Command::new("cargo").args(["nextest", "--version"])).is_some();
+    if nextest {
+        run(cargo().args(["test", "--doc", "--quiet"]))?;
+        run(cargo()
+            .args(["nextest", "run", "--no-fail-fast"])
+            .args(&args.runner_args))
+    } else {
+        eprintln!("cargo-nextest not found: falling back to cargo test");
+        run(cargo()
+            .args(["test", "--no-fail-fast"])
+            .args(&args.runner_args))
+    }
+}
