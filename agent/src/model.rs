@@ -61,11 +61,27 @@ impl fmt::Display for FrontendKey {
     }
 }
 
-/// A frontend and what kind of address it is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// What a frontend does with a new flow when it has no selectable backend
+/// (kube-proxy: REJECT when the service has no usable endpoint at all,
+/// DROP when endpoints exist but none may serve this traffic, e.g. traffic
+/// policy Local on a node without local endpoints).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WhenEmpty {
+    #[default]
+    Reject,
+    Drop,
+}
+
+/// A frontend, the endpoints it may send new flows to, and what it does
+/// when none is selectable. Frontends of one service port share backend
+/// ids (by endpoint) but each has its own selection: traffic policies and
+/// topology hints give different frontends different subsets.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frontend {
     pub key: FrontendKey,
     pub kind: FrontendKind,
+    pub backends: Vec<DesiredBackend>,
+    pub when_empty: WhenEmpty,
 }
 
 /// A backend address: pod IP and target port.
@@ -113,11 +129,10 @@ impl fmt::Display for ServicePortName {
     }
 }
 
-/// One service port: its frontends share one backend set.
+/// One service port: its frontends share backend ids and drain together.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DesiredService {
     pub frontends: Vec<Frontend>,
-    pub backends: Vec<DesiredBackend>,
 }
 
 /// Everything the datapath should balance.

@@ -11,7 +11,7 @@ use sluice::{
     datapath::{Datapath, MapSizes, MapWriter, Maps},
     model::{
         BackendState, DesiredBackend, DesiredService, DesiredState, Endpoint, Frontend,
-        FrontendKey, FrontendKind, Proto, ServicePortName,
+        FrontendKey, FrontendKind, Proto, ServicePortName, WhenEmpty,
     },
     reconcile::{Reconciler, Report},
 };
@@ -108,17 +108,18 @@ pub fn cluster_ip(
                     proto,
                 },
                 kind: FrontendKind::ClusterIp,
+                backends: backends
+                    .iter()
+                    .map(|(addr, port, state)| DesiredBackend {
+                        endpoint: Endpoint {
+                            addr: IpAddr::V4(*addr),
+                            port: *port,
+                        },
+                        state: *state,
+                    })
+                    .collect(),
+                when_empty: WhenEmpty::Reject,
             }],
-            backends: backends
-                .iter()
-                .map(|(addr, port, state)| DesiredBackend {
-                    endpoint: Endpoint {
-                        addr: IpAddr::V4(*addr),
-                        port: *port,
-                    },
-                    state: *state,
-                })
-                .collect(),
         },
     )
 }

@@ -3,18 +3,23 @@
 //! draining backends may go.
 
 use std::{
-    collections::{BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fmt,
     net::IpAddr,
 };
 
 use sluice_common::{
-    maps::MAX_SLOTS, service::SVC_F_DRAINING, Backend, BackendState, FAMILY_V4, FAMILY_V6,
+    maps::MAX_SLOTS,
+    service::{SVC_F_DRAINING, SVC_F_DROP_EMPTY},
+    Backend, BackendState, FAMILY_V4, FAMILY_V6,
 };
 
 use super::ids::Ids;
 use crate::{
-    model::{DesiredBackend, DesiredService, DesiredState, Endpoint, FrontendKey, ServicePortName},
+    model::{
+        DesiredBackend, DesiredService, DesiredState, Endpoint, FrontendKey, ServicePortName,
+        WhenEmpty,
+    },
     state::{FrontendState, MapState},
 };
 
@@ -134,12 +139,17 @@ pub fn endpoint_of(backend: &Backend) -> Endpoint {
 /// Orders backends into slots: active, then terminating-but-serving, then
 /// the never-selected rest; deterministic so that an unchanged input gives
 /// unchanged slots.
-fn frontend_state(svc_id: u32, flags: u16, backends: &[(u32, Backend)]) -> FrontendState {
-    let mut order: Vec<(u8, Endpoint, u32)> = backends
+fn frontend_state(
+    svc_id: u32,
+    flags: u16,
+    members: &[(u32, Endpoint, BackendState)],
+) -> FrontendState {
+    let mut order: Vec<(u8, Endpoint, u32)> = members
         .iter()
-        .map(|(id, b)| (rank(BackendState::from_u8(b.state)), endpoint_of(b), *id))
+        .map(|(id, ep, state)| (rank(*state), *ep, *id))
         .collect();
     order.sort();
+    order.dedup_by_key(|(_, _, id)| *id);
     let count = |r: u8| order.iter().filter(|(rank, _, _)| *rank == r).count() as u16;
     FrontendState {
         svc_id,
@@ -148,6 +158,32 @@ fn frontend_state(svc_id: u32, flags: u16, backends: &[(u32, Backend)]) -> Front
         fallback: count(1),
         slots: order.into_iter().map(|(_, _, id)| id).collect(),
     }
+}
+
+/// The most selectable of two states of one endpoint.
+fn better(a: BackendState, b: BackendState) -> BackendState {
+    let order = |s: BackendState| match s {
+        BackendState::Active => 0,
+        BackendState::TerminatingServing => 1,
+        BackendState::NotReady => 2,
+        BackendState::Terminating => 3,
+        BackendState::Draining => 4,
+    };
+    if order(b) < order(a) {
+        b
+    } else {
+        a
+    }
+}
+
+fn dedup_best(list: &[DesiredBackend]) -> BTreeMap<Endpoint, BackendState> {
+    let mut out: BTreeMap<Endpoint, BackendState> = BTreeMap::new();
+    for b in list {
+        out.entry(b.endpoint)
+            .and_modify(|s| *s = better(*s, b.state))
+            .or_insert(b.state);
+    }
+    out
 }
 
 /// Programmed backends of each service port, keyed by endpoint.
@@ -163,61 +199,76 @@ struct Pass<'a> {
 
 impl Pass<'_> {
     fn plan_desired(&mut self, svc_id: u32, svc: &DesiredService) -> Plan {
-        // One desired state per endpoint: the most selectable one wins.
-        let mut wanted: Vec<DesiredBackend> = svc.backends.clone();
-        wanted.sort_by_key(|b| (b.endpoint, rank(b.state), b.state as u8));
-        wanted.dedup_by_key(|b| b.endpoint);
+        // Backend entries are per service port: one per endpoint that any
+        // frontend wants, in its most selectable state.
+        let all: Vec<DesiredBackend> = svc
+            .frontends
+            .iter()
+            .flat_map(|f| f.backends.iter().copied())
+            .collect();
+        let wanted = dedup_best(&all);
 
         let existing = self.by_svc.get(&svc_id).cloned().unwrap_or_default();
         let mut by_endpoint: HashMap<Endpoint, u32> = HashMap::new();
         for (id, b) in &existing {
             by_endpoint.entry(endpoint_of(b)).or_insert(*id);
         }
-        let mut used = HashSet::new();
+        let mut ids: HashMap<Endpoint, u32> = HashMap::new();
         let mut backends = Vec::new();
-        for want in &wanted {
-            let current = by_endpoint.get(&want.endpoint).copied();
-            let state = match want.state {
-                BackendState::Terminating | BackendState::Draining => {
-                    // Never added; kept only while its flows drain.
-                    match current {
-                        Some(id) if !self.removable.contains(&id) => {
-                            used.insert(id);
-                            backends.push((
-                                id,
-                                backend_value(&want.endpoint, BackendState::Terminating, svc_id),
-                            ));
-                        }
-                        _ => {}
-                    }
-                    continue;
+        for (endpoint, state) in &wanted {
+            let current = by_endpoint.get(endpoint).copied();
+            let id = match (state, current) {
+                // A terminating endpoint is never added, only kept while
+                // its flows drain.
+                (BackendState::Terminating | BackendState::Draining, Some(id))
+                    if !self.removable.contains(&id) =>
+                {
+                    id
                 }
-                state => state,
-            };
-            let id = match current {
-                Some(id) => id,
-                None => {
+                (BackendState::Terminating | BackendState::Draining, _) => continue,
+                (_, Some(id)) => id,
+                (_, None) => {
                     let id = self.ids.backend(self.programmed, &self.new_backend_ids);
                     self.new_backend_ids.insert(id);
                     id
                 }
             };
-            used.insert(id);
-            backends.push((id, backend_value(&want.endpoint, state, svc_id)));
+            let state = if *state == BackendState::Draining {
+                BackendState::Terminating
+            } else {
+                *state
+            };
+            ids.insert(*endpoint, id);
+            backends.push((id, backend_value(endpoint, state, svc_id)));
         }
-        // Programmed but no longer wanted: drain.
+        // Programmed but no longer wanted by any frontend: drain.
+        let used: HashSet<u32> = ids.values().copied().collect();
+        let mut draining = Vec::new();
         for (id, b) in &existing {
             if !used.contains(id) && !self.removable.contains(id) {
+                let endpoint = endpoint_of(b);
                 backends.push((
                     *id,
-                    backend_value(&endpoint_of(b), BackendState::Draining, svc_id),
+                    backend_value(&endpoint, BackendState::Draining, svc_id),
                 ));
+                draining.push((*id, endpoint, BackendState::Draining));
             }
         }
         let frontends = svc
             .frontends
             .iter()
-            .map(|fe| (fe.key, frontend_state(svc_id, fe.kind as u16, &backends)))
+            .map(|fe| {
+                let mut members: Vec<(u32, Endpoint, BackendState)> = dedup_best(&fe.backends)
+                    .into_iter()
+                    .filter_map(|(ep, state)| ids.get(&ep).map(|id| (*id, ep, state)))
+                    .collect();
+                members.extend(draining.iter().copied());
+                let mut flags = fe.kind as u16;
+                if fe.when_empty == WhenEmpty::Drop {
+                    flags |= SVC_F_DROP_EMPTY;
+                }
+                (fe.key, frontend_state(svc_id, flags, &members))
+            })
             .collect();
         Plan {
             frontends,
@@ -244,6 +295,10 @@ impl Pass<'_> {
         if backends.is_empty() {
             return Plan::default();
         }
+        let members: Vec<(u32, Endpoint, BackendState)> = backends
+            .iter()
+            .map(|(id, b)| (*id, endpoint_of(b), BackendState::Draining))
+            .collect();
         let frontends = self
             .programmed
             .frontends
@@ -253,7 +308,7 @@ impl Pass<'_> {
                 let kind = fe.flags & sluice_common::service::FRONTEND_KIND_MASK;
                 (
                     *key,
-                    frontend_state(svc_id, kind | SVC_F_DRAINING, &backends),
+                    frontend_state(svc_id, kind | SVC_F_DRAINING, &members),
                 )
             })
             .collect();
@@ -339,7 +394,12 @@ pub fn compute(
             taken.insert(fe.key, name.clone());
         }
         let plan = pass.plan_desired(svc_id, svc);
-        let slots = plan.backends.len();
+        let slots = plan
+            .frontends
+            .iter()
+            .map(|(_, f)| f.slots.len())
+            .max()
+            .unwrap_or(0);
         if slots > MAX_SLOTS as usize {
             refused.push((name.clone(), Refusal::TooManyBackends(slots)));
             wanted.push((name, svc_id, pass.plan_unchanged(svc_id, name, &taken)));

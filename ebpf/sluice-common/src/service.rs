@@ -92,6 +92,11 @@ pub const FRONTEND_KIND_MASK: u16 = 0x000f;
 /// of its draining backends end.
 pub const SVC_F_DRAINING: u16 = 1 << 4;
 
+/// Master flag: with no selectable backend, drop new flows silently instead
+/// of rejecting them (kube-proxy's DROP for traffic that has endpoints but
+/// none it may use).
+pub const SVC_F_DROP_EMPTY: u16 = 1 << 5;
+
 /// What kind of address a frontend is, for operators (`sluice lb list`).
 #[repr(u16)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
