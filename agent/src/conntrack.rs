@@ -5,7 +5,10 @@
 //! - forward entries idle longer than their state's timeout;
 //! - entries whose backend is gone or now belongs to another service port;
 //! - reply entries whose forward entry is gone or stale (so a flow where
-//!   only the client talks keeps its reply entry).
+//!   only the client talks keeps its reply entry), once they have been idle
+//!   for `ORPHAN_GRACE`: the datapath inserts a flow's reply entry just
+//!   before its forward entry, and a scan may read the one without the
+//!   other.
 
 use std::{collections::HashMap, time::Duration};
 
@@ -23,6 +26,9 @@ pub fn monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// How long a reply entry without a live forward entry survives.
+pub const ORPHAN_GRACE: Duration = Duration::from_secs(timeouts::TCP_CLOSING_S);
 
 /// How long an entry may stay idle.
 pub fn timeout(key: &Ct4Key, entry: &CtEntry) -> Duration {
@@ -114,9 +120,11 @@ pub fn scan(
         if entry.kind == CtKind::Forward as u8 {
             continue;
         }
+        let idle = Duration::from_nanos(now_ns.saturating_sub(entry.last_seen_ns));
         let keep = entry.kind == CtKind::Reply as u8
             && valid(entry)
-            && live_forward.get(&forward_key_of_reply(key, entry)) == Some(&entry.backend_id);
+            && (live_forward.get(&forward_key_of_reply(key, entry)) == Some(&entry.backend_id)
+                || idle <= ORPHAN_GRACE);
         if !keep {
             out.stale.push(*key);
         }
@@ -232,10 +240,12 @@ mod tests {
     }
 
     #[test]
-    fn orphan_reply_entry_is_stale() {
+    fn orphan_reply_entry_is_stale_after_a_grace_period() {
         let backends = HashMap::from([(5, backend(1))]);
         let [_, reply] = flow(IPPROTO_TCP, 5, 0, 100 * S);
-        let s = scan(&[reply], &backends, 101 * S);
-        assert_eq!(s.stale, vec![reply.0]);
+        // Just inserted, its forward entry may not be visible yet.
+        assert!(scan(&[reply], &backends, 101 * S).stale.is_empty());
+        let later = 100 * S + ORPHAN_GRACE.as_nanos() as u64 + 1;
+        assert_eq!(scan(&[reply], &backends, later).stale, vec![reply.0]);
     }
 }

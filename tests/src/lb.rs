@@ -128,3 +128,24 @@ pub fn cluster_ip(
 pub fn vip(addr: Ipv4Addr, port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(addr, port)
 }
+
+impl Lb {
+    /// The backend id the maps hold for `addr:port`, if any.
+    pub fn backend_id(&self, addr: Ipv4Addr, port: u16) -> Option<u32> {
+        self.reconciler
+            .programmed()
+            .backends
+            .iter()
+            .find(|(_, b)| b.addr_v4() == addr.octets() && b.port == port)
+            .map(|(id, _)| *id)
+    }
+
+    /// Conntrack entries (forward and reply) that name backend `id`.
+    pub fn conntrack_entries_of(&self, id: u32) -> Result<usize> {
+        let maps = self.maps()?;
+        Ok(sluice::conntrack::read_all(&maps)?
+            .iter()
+            .filter(|(_, e)| e.backend_id == id)
+            .count())
+    }
+}

@@ -14,6 +14,11 @@ use sluice_common::BackendState;
 
 use crate::state::MapState;
 
+/// A scan only judges a backend if it started this long after the backend
+/// stopped being selectable: a packet that picked the backend just before
+/// may still be inserting its conntrack entry.
+pub const SETTLE: Duration = Duration::from_millis(100);
+
 /// Live flows per backend, from one conntrack scan.
 #[derive(Debug, Clone)]
 pub struct FlowCounts {
@@ -54,7 +59,8 @@ impl Drain {
             .filter(|(id, since)| {
                 now.duration_since(**since) >= self.timeout
                     || self.last_scan.as_ref().is_some_and(|scan| {
-                        scan.started > **since && scan.flows.get(id).copied().unwrap_or(0) == 0
+                        scan.started >= **since + SETTLE
+                            && scan.flows.get(id).copied().unwrap_or(0) == 0
                     })
             })
             .map(|(id, _)| *id)

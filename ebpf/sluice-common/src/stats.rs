@@ -29,10 +29,13 @@ pub enum Stat {
     RejectFailed = 10,
     /// A header was truncated; the packet passed untouched.
     Truncated = 11,
+    /// A frontend marked drop-when-empty had no selectable backend: the
+    /// new flow was dropped (kube-proxy's DROP for traffic policy Local).
+    NoBackendDrop = 12,
 }
 
 /// Number of counters (the `max_entries` of `sl_stats`).
-pub const STAT_COUNT: u32 = 12;
+pub const STAT_COUNT: u32 = 13;
 
 impl Stat {
     /// Every counter, in index order.
@@ -49,6 +52,7 @@ impl Stat {
         Stat::NatFailed,
         Stat::RejectFailed,
         Stat::Truncated,
+        Stat::NoBackendDrop,
     ];
 
     /// The name used in metrics and `sluice status`.
@@ -66,6 +70,7 @@ impl Stat {
             Stat::NatFailed => "nat_failed",
             Stat::RejectFailed => "reject_failed",
             Stat::Truncated => "truncated",
+            Stat::NoBackendDrop => "no_backend_drop",
         }
     }
 }

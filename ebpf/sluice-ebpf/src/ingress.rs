@@ -13,6 +13,7 @@ use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_ns, programs::TcContext
 use sluice_common::{
     conntrack::{CT_F_RST, CT_F_SYN, CT_F_TX_CLOSING, CT_REFRESH_NS},
     hash::pick_slot,
+    service::SVC_F_DROP_EMPTY,
     Backend, BackendState, CtEntry, CtKind, Stat, Svc4Key, SvcValue, IPPROTO_TCP, IPPROTO_UDP,
 };
 
@@ -135,6 +136,9 @@ fn new_flow(
         (1, master.active)
     } else if master.fallback > 0 {
         (1 + master.active, master.fallback)
+    } else if master.flags & SVC_F_DROP_EMPTY != 0 {
+        count(Stat::NoBackendDrop);
+        return Ok(Verdict::Drop);
     } else {
         count(Stat::NoBackend);
         return if flow.proto == IPPROTO_TCP {
