@@ -1,0 +1,213 @@
+//! Pinned state: readable with bpftool, adopted by a restarted loader
+//! without a gap or a write, refused when it does not fit, and full maps
+//! refuse a service whole while the others keep working.
+
+use std::{net::Ipv4Addr, process::Command, time::Duration};
+
+use anyhow::{Context, Result};
+use sluice::{
+    datapath::{Attached, Datapath, DatapathError, MapSizes, MapWriter},
+    model::{BackendState, Proto},
+    reconcile::{Reconciler, Refusal},
+};
+use sluice_tests::{
+    clients::{self, Stream},
+    lb::{cluster_ip, vip, Lb},
+    servers, Topology,
+};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 50);
+
+fn bpftool_dump(path: &std::path::Path) -> Result<String> {
+    let out = Command::new("bpftool")
+        .args(["map", "dump", "pinned"])
+        .arg(path)
+        .output()
+        .context("running bpftool")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "bpftool: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn bpftool_shows_field_names_of_every_map() -> Result<()> {
+    let topo = Topology::new(1, 1)?;
+    let b = &topo.backends[0];
+    let _server = servers::tcp_greeter(&b.ns, 8080, &b.name)?;
+    let mut lb = Lb::load(&topo)?;
+    lb.set(cluster_ip(
+        "web",
+        VIP,
+        80,
+        Proto::Tcp,
+        &[(b.ip, 8080, BackendState::Active)],
+    ));
+    clients::tcp_hello(&topo.clients[0].ns, vip(VIP, 80))?;
+    let root = topo.bpf.path();
+    let expect: [(&str, &[&str]); 4] = [
+        (
+            "sl_svc4",
+            &[
+                "\"addr\"",
+                "\"slot\"",
+                "\"svc_id\"",
+                "\"backend_id\"",
+                "\"active\"",
+                "\"fallback\"",
+            ],
+        ),
+        (
+            "sl_backends",
+            &["\"addr\"", "\"port\": 8080", "\"state\"", "\"svc_id\""],
+        ),
+        (
+            "sl_ct4",
+            &[
+                "\"src\"",
+                "\"dport\": 80",
+                "\"nat_port\": 8080",
+                "\"kind\"",
+                "\"last_seen_ns\"",
+            ],
+        ),
+        ("sl_config", &["\"abi_version\": 1", "\"hash_seed\""]),
+    ];
+    for (map, fields) in expect {
+        let dump = bpftool_dump(&root.join(map))?;
+        for field in fields {
+            assert!(dump.contains(field), "{map}: {field} missing in\n{dump}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_second_loader_swaps_programs_in_place_and_adopts_without_writing() -> Result<()> {
+    let topo = Topology::new(1, 2)?;
+    let _servers = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let mut lb = Lb::load(&topo)?;
+    let backends: Vec<_> = topo
+        .backends
+        .iter()
+        .map(|b| (b.ip, 8080, BackendState::Active))
+        .collect();
+    lb.set(cluster_ip("web", VIP, 80, Proto::Tcp, &backends));
+    let mut stream = Stream::connect(&topo.clients[0].ns, vip(VIP, 80))?;
+    stream.ping()?;
+    let desired = lb.desired.clone();
+    let programmed = lb.reconciler.programmed().clone();
+    drop(lb); // the first "agent" exits: links and maps stay pinned
+
+    stream
+        .ping()
+        .context("datapath keeps running with no loader")?;
+
+    let sizes = MapSizes::default();
+    let (mut datapath, maps) = Datapath::load(topo.bpf.path(), &sizes)?;
+    let devices = topo.devices();
+    let outcomes = topo.node.run(|| -> Result<Vec<Attached>> {
+        devices.iter().map(|d| Ok(datapath.attach(d)?)).collect()
+    })??;
+    assert!(
+        outcomes.iter().all(|o| *o == Attached::Replaced),
+        "{outcomes:?}"
+    );
+    stream.ping().context("flow survives the program swap")?;
+
+    let mut reconciler = Reconciler::new(MapWriter::new(maps), &sizes, Duration::from_secs(60))?;
+    assert_eq!(
+        reconciler.programmed(),
+        &programmed,
+        "adopted exactly what was programmed"
+    );
+    let report = reconciler.reconcile(&desired, std::time::Instant::now());
+    assert_eq!(
+        report.writes, 0,
+        "an unchanged desired state writes nothing: {report:?}"
+    );
+    stream.ping()?;
+    clients::tcp_hello(&topo.clients[0].ns, vip(VIP, 80))?;
+    Ok(())
+}
+
+#[test]
+fn pins_of_another_size_are_refused_with_a_clear_error() -> Result<()> {
+    let topo = Topology::new(0, 0)?;
+    let first = Datapath::load(topo.bpf.path(), &MapSizes::default())?;
+    drop(first);
+    let bigger = MapSizes {
+        conntrack: MapSizes::default().conntrack * 2,
+        ..MapSizes::default()
+    };
+    match Datapath::load(topo.bpf.path(), &bigger) {
+        Err(DatapathError::IncompatiblePin {
+            what,
+            pinned,
+            wanted,
+            ..
+        }) => {
+            assert_eq!(what, "max_entries");
+            assert_eq!(
+                (pinned, wanted),
+                (MapSizes::default().conntrack, bigger.conntrack)
+            );
+        }
+        Err(e) => anyhow::bail!("wrong error: {e}"),
+        Ok(_) => anyhow::bail!("adopted pins of another size"),
+    }
+    Ok(())
+}
+
+#[test]
+fn a_service_that_does_not_fit_is_refused_whole_and_others_keep_working() -> Result<()> {
+    let topo = Topology::new(1, 1)?;
+    let b = &topo.backends[0];
+    let _server = servers::tcp_greeter(&b.ns, 8080, &b.name)?;
+    // Room for 8 service entries: "small" takes 2, "big" would take 11.
+    let sizes = MapSizes {
+        services: 8,
+        ..MapSizes::default()
+    };
+    let mut lb = Lb::load_with(&topo, sizes, Duration::from_secs(60))?;
+    lb.set(cluster_ip(
+        "small",
+        VIP,
+        80,
+        Proto::Tcp,
+        &[(b.ip, 8080, BackendState::Active)],
+    ));
+    let many: Vec<_> = (1..=10)
+        .map(|i| (Ipv4Addr::new(10, 30, 0, i), 8080, BackendState::Active))
+        .collect();
+    let report = lb.set(cluster_ip(
+        "big",
+        Ipv4Addr::new(10, 96, 0, 51),
+        80,
+        Proto::Tcp,
+        &many,
+    ));
+    assert_eq!(report.refused.len(), 1, "{report:?}");
+    assert_eq!(report.refused[0].1, Refusal::MapsFull);
+    assert!(
+        report.errors.is_empty(),
+        "refused before any write failed: {:?}",
+        report.errors
+    );
+    assert_eq!(
+        lb.reconciler.programmed().service_entries(),
+        2,
+        "only the small service is programmed"
+    );
+    assert_eq!(
+        clients::tcp_hello(&topo.clients[0].ns, vip(VIP, 80))?,
+        b.name
+    );
+    Ok(())
+}
