@@ -89,7 +89,7 @@ fn rewriting_the_backend_set_in_a_loop_fails_no_connection() -> anyhow::Result<(
         while !done.load(Ordering::Relaxed) {
             let report = lb.set(cluster_ip("churn", VIP, 80, Proto::Tcp, &set(mask)));
             assert!(report.errors.is_empty(), "{:?}", report.errors);
-            if rewrites % 8 == 0 {
+            if rewrites.is_multiple_of(8) {
                 lb.drain_tick().expect("drain tick");
             }
             mask = mask % 15 + 1;

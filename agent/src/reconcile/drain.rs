@@ -124,19 +124,26 @@ mod tests {
         let t1 = t0 + Duration::from_millis(10);
         d.track(&with_backend(7, BackendState::Draining), t1);
         assert!(d.removable(t1).is_empty());
-        // A later scan with a live flow keeps it.
+        // A scan right after the drain began is too early to judge.
         d.record_scan(FlowCounts {
             started: t1 + Duration::from_millis(1),
-            flows: HashMap::from([(7, 1)]),
+            flows: HashMap::new(),
         });
         assert!(d.removable(t1 + Duration::from_millis(2)).is_empty());
+        // A later scan with a live flow keeps it.
+        let t2 = t1 + SETTLE;
+        d.record_scan(FlowCounts {
+            started: t2,
+            flows: HashMap::from([(7, 1)]),
+        });
+        assert!(d.removable(t2).is_empty());
         // A later scan without flows releases it.
         d.record_scan(FlowCounts {
-            started: t1 + Duration::from_millis(3),
+            started: t2 + Duration::from_millis(1),
             flows: HashMap::new(),
         });
         assert_eq!(
-            d.removable(t1 + Duration::from_millis(4)),
+            d.removable(t2 + Duration::from_millis(2)),
             HashSet::from([7])
         );
     }
