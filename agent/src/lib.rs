@@ -3,6 +3,8 @@
 
 pub mod conntrack;
 pub mod datapath;
+pub mod manifests;
 pub mod model;
 pub mod reconcile;
 pub mod state;
+pub mod translate;

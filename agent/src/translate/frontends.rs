@@ -1,0 +1,81 @@
+//! The frontends of one service port, each with its backend list.
+
+use std::net::IpAddr;
+
+use super::{
+    endpoints::{Candidate, Selection},
+    objects::{AddressFamily, PortInfo, ServiceInfo},
+};
+use crate::model::{Frontend, FrontendKey, FrontendKind};
+
+/// The addresses a service's frontends may use, IPv6 ones already removed
+/// when IPv6 is off.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Addresses<'a> {
+    pub cluster: &'a [IpAddr],
+    pub external: &'a [IpAddr],
+    pub load_balancer: &'a [IpAddr],
+    /// This node's addresses, for node ports.
+    pub node: &'a [IpAddr],
+}
+
+/// Whether a service port gets NodePort frontends.
+pub(super) fn wants_node_ports(svc: &ServiceInfo, port: &PortInfo) -> bool {
+    svc.service_type.has_node_ports() && port.node_port.is_some()
+}
+
+/// Every frontend of `port`, sorted by key; where two kinds claim one key
+/// (e.g. an external IP that is also a load balancer ingress IP) the first
+/// kind in `FrontendKind` order keeps it.
+pub(super) fn frontends(
+    svc: &ServiceInfo,
+    port: &PortInfo,
+    addrs: &Addresses<'_>,
+    candidates: &[Candidate<'_>],
+    zone: Option<&str>,
+) -> Vec<Frontend> {
+    let mut wanted: Vec<(IpAddr, u16, FrontendKind)> = Vec::new();
+    let mut add = |list: &[IpAddr], port: u16, kind: FrontendKind| {
+        wanted.extend(list.iter().map(|a| (*a, port, kind)));
+    };
+    add(addrs.cluster, port.port, FrontendKind::ClusterIp);
+    add(addrs.external, port.port, FrontendKind::ExternalIp);
+    add(addrs.load_balancer, port.port, FrontendKind::LoadBalancer);
+    if let (true, Some(np)) = (wants_node_ports(svc, port), port.node_port) {
+        add(addrs.node, np, FrontendKind::NodePort);
+    }
+
+    let mut v4: Option<Selection> = None;
+    let mut v6: Option<Selection> = None;
+    let mut out: Vec<Frontend> = wanted
+        .into_iter()
+        .map(|(addr, p, kind)| {
+            let family = AddressFamily::of(addr);
+            let slot = match family {
+                AddressFamily::V4 => &mut v4,
+                AddressFamily::V6 => &mut v6,
+            };
+            let selection = slot.get_or_insert_with(|| Selection::new(candidates, family, zone));
+            let local = match kind {
+                FrontendKind::ClusterIp => svc.internal_traffic_local,
+                FrontendKind::NodePort | FrontendKind::LoadBalancer | FrontendKind::ExternalIp => {
+                    svc.external_traffic_local
+                }
+            };
+            let (backends, when_empty) = selection.for_policy(local);
+            Frontend {
+                key: FrontendKey {
+                    addr,
+                    port: p,
+                    proto: port.proto,
+                },
+                kind,
+                backends,
+                when_empty,
+            }
+        })
+        .collect();
+    out.sort_by_key(|f| (f.key, f.kind));
+    out.dedup_by_key(|f| f.key);
+    out
+}

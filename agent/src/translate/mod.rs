@@ -1,0 +1,305 @@
+//! Kubernetes objects in, desired datapath state out: a pure, deterministic
+//! function of trimmed Services, EndpointSlices and this node's Node,
+//! following kube-proxy's rules (see `endpoints` for where they differ).
+//!
+//! - `objects`: the trimmed types and their validation.
+//! - `endpoints`: merging slices, traffic policies, topology hints.
+//! - `frontends`: the frontends of a service port.
+//! - `problems`: what is reported instead of failing.
+
+mod endpoints;
+mod frontends;
+mod objects;
+mod problems;
+
+#[cfg(test)]
+mod builders;
+#[cfg(test)]
+mod tests;
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
+
+pub use objects::{
+    AddressFamily, Conditions, IpNet, NodeInfo, ObjectKey, PortInfo, ServiceInfo, ServiceType,
+    SliceEndpoint, SliceInfo, SlicePort, DEFAULT_AFFINITY_TIMEOUT, DEFAULT_NAMESPACE,
+    LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, LABEL_TOPOLOGY_ZONE,
+    MAX_AFFINITY_TIMEOUT,
+};
+pub use problems::{Problem, ProblemReason};
+
+use crate::model::{DesiredService, DesiredState, ServicePortName};
+use frontends::Addresses;
+
+/// What translation needs to know about the node it runs for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TranslateConfig {
+    /// This node's name: endpoints with this `nodeName` are local.
+    pub node_name: String,
+    /// The addresses NodePort frontends listen on, resolved by the caller;
+    /// when empty, the Node object's InternalIP and ExternalIP addresses.
+    pub node_addresses: Vec<IpAddr>,
+    /// Balance IPv6 too. When off, IPv6 frontends and endpoints are
+    /// skipped and reported (`ipv6_unsupported`); the IPv4 side of a
+    /// dual-stack service still works.
+    pub ipv6: bool,
+}
+
+/// The result of one translation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Translation {
+    pub desired: DesiredState,
+    /// Everything left out, sorted: the stored objects' own problems and
+    /// those translation found.
+    pub problems: Vec<Problem>,
+}
+
+/// Translates the current objects into the desired datapath state.
+///
+/// `node` is this node's Node object, if known: it supplies the zone for
+/// topology hints and, unless `config.node_addresses` is set, the NodePort
+/// addresses. Same input, same output: a replayed event gives an equal
+/// `Translation`.
+pub fn translate(
+    services: &BTreeMap<ObjectKey, ServiceInfo>,
+    slices: &BTreeMap<ObjectKey, SliceInfo>,
+    node: Option<&NodeInfo>,
+    config: &TranslateConfig,
+) -> Translation {
+    let mut problems: Vec<Problem> = Vec::new();
+
+    let node = match node {
+        Some(n) if !config.node_name.is_empty() && n.name != config.node_name => {
+            problems.push(Problem::new(
+                format!("Node {}", n.name),
+                ProblemReason::InvalidValue,
+                format!("is not this node ({}), ignored", config.node_name),
+            ));
+            None
+        }
+        other => other,
+    };
+    if let Some(n) = node {
+        problems.extend(n.problems.iter().cloned());
+    }
+    let zone = node.and_then(|n| n.zone.as_deref());
+    let raw_node_addrs: &[IpAddr] = if config.node_addresses.is_empty() {
+        node.map(|n| n.addresses.as_slice()).unwrap_or_default()
+    } else {
+        &config.node_addresses
+    };
+    let (mut node_addrs, node_v6) = split_family(raw_node_addrs, config.ipv6);
+    node_addrs.sort();
+    node_addrs.dedup();
+
+    // Slices by the service they belong to, in slice-name order.
+    let mut by_service: BTreeMap<ObjectKey, Vec<(&ObjectKey, &SliceInfo)>> = BTreeMap::new();
+    for (key, slice) in slices {
+        problems.extend(slice.problems.iter().cloned());
+        by_service
+            .entry(ObjectKey::new(key.namespace.clone(), slice.service.clone()))
+            .or_default()
+            .push((key, slice));
+    }
+
+    let mut desired = DesiredState::default();
+    let mut node_ports_wanted = false;
+    for (key, svc) in services {
+        let object = format!("Service {key}");
+        problems.extend(svc.problems.iter().cloned());
+
+        let (cluster, mut skipped) = split_family(&svc.cluster_ips, config.ipv6);
+        let (external, v6) = split_family(&svc.external_ips, config.ipv6);
+        skipped.extend(v6);
+        let (load_balancer, v6) = split_family(&svc.load_balancer_ips, config.ipv6);
+        skipped.extend(v6);
+        if !skipped.is_empty() {
+            problems.push(Problem::new(
+                object.clone(),
+                ProblemReason::Ipv6Unsupported,
+                format!("IPv6 address(es) get no frontend: {}", join(&skipped)),
+            ));
+        }
+
+        let own_slices = by_service.get(key).map(Vec::as_slice).unwrap_or_default();
+        if !config.ipv6 {
+            for (slice_key, _) in own_slices
+                .iter()
+                .filter(|(_, s)| s.family == AddressFamily::V6)
+            {
+                problems.push(Problem::new(
+                    format!("EndpointSlice {slice_key}"),
+                    ProblemReason::Ipv6Unsupported,
+                    format!("IPv6 endpoints of service {key} are not balanced"),
+                ));
+            }
+        }
+        let slice_refs: Vec<&SliceInfo> = own_slices.iter().map(|(_, s)| *s).collect();
+        let addrs = Addresses {
+            cluster: &cluster,
+            external: &external,
+            load_balancer: &load_balancer,
+            node: &node_addrs,
+        };
+
+        for port in &svc.ports {
+            node_ports_wanted |= frontends::wants_node_ports(svc, port);
+            let candidates = endpoints::collect(
+                &slice_refs,
+                &port.name,
+                port.proto,
+                &config.node_name,
+                config.ipv6,
+            );
+            let list = frontends::frontends(svc, port, &addrs, &candidates, zone);
+            if list.is_empty() {
+                continue;
+            }
+            let name = ServicePortName {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+                port: port.port_name(),
+                proto: port.proto,
+            };
+            if desired.services.contains_key(&name) {
+                problems.push(Problem::new(
+                    object.clone(),
+                    ProblemReason::Duplicate,
+                    format!("service port {name} appears more than once, later one skipped"),
+                ));
+                continue;
+            }
+            desired
+                .services
+                .insert(name, DesiredService { frontends: list });
+        }
+    }
+
+    if node_ports_wanted {
+        let node_object = format!("Node {}", config.node_name);
+        if node_addrs.is_empty() {
+            problems.push(Problem::new(
+                node_object.clone(),
+                ProblemReason::MissingField,
+                "no node address known: NodePort services get no node port frontends",
+            ));
+        }
+        if !node_v6.is_empty() {
+            problems.push(Problem::new(
+                node_object,
+                ProblemReason::Ipv6Unsupported,
+                format!(
+                    "IPv6 node address(es) get no node ports: {}",
+                    join(&node_v6)
+                ),
+            ));
+        }
+    }
+
+    problems.sort();
+    problems.dedup();
+    Translation { desired, problems }
+}
+
+/// Splits addresses into those frontends may use and the IPv6 ones that
+/// are skipped (none when IPv6 is on).
+fn split_family(addrs: &[IpAddr], ipv6: bool) -> (Vec<IpAddr>, Vec<IpAddr>) {
+    addrs.iter().partition(|a| ipv6 || a.is_ipv4())
+}
+
+fn join(addrs: &[IpAddr]) -> String {
+    addrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Objects trimmed into the stores `translate` reads, e.g. from a
+/// manifest directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stores {
+    pub services: BTreeMap<ObjectKey, ServiceInfo>,
+    pub slices: BTreeMap<ObjectKey, SliceInfo>,
+    /// The Node named `node_name`, if among the objects.
+    pub node: Option<NodeInfo>,
+    /// Objects that could not be used at all, and duplicates (the first
+    /// object with a key is kept).
+    pub problems: Vec<Problem>,
+}
+
+impl Stores {
+    pub fn from_objects(
+        services: &[Service],
+        slices: &[EndpointSlice],
+        nodes: &[Node],
+        node_name: &str,
+    ) -> Self {
+        let mut out = Self::default();
+        for svc in services {
+            let Some(key) = ObjectKey::from_meta(&svc.metadata) else {
+                out.problems.extend(ServiceInfo::from_service(svc).err());
+                continue;
+            };
+            match ServiceInfo::from_service(svc) {
+                Ok(Some(info)) => {
+                    insert_first(&mut out.services, key, info, "Service", &mut out.problems)
+                }
+                Ok(None) => {}
+                Err(p) => out.problems.push(p),
+            }
+        }
+        for slice in slices {
+            let Some(key) = ObjectKey::from_meta(&slice.metadata) else {
+                out.problems.extend(SliceInfo::from_slice(slice).err());
+                continue;
+            };
+            match SliceInfo::from_slice(slice) {
+                Ok(Some(info)) => insert_first(
+                    &mut out.slices,
+                    key,
+                    info,
+                    "EndpointSlice",
+                    &mut out.problems,
+                ),
+                Ok(None) => {}
+                Err(p) => out.problems.push(p),
+            }
+        }
+        for node in nodes
+            .iter()
+            .filter(|n| n.metadata.name.as_deref() == Some(node_name))
+        {
+            match NodeInfo::from_node(node) {
+                Ok(info) if out.node.is_none() => out.node = Some(info),
+                Ok(_) => out.problems.push(Problem::new(
+                    format!("Node {node_name}"),
+                    ProblemReason::Duplicate,
+                    "defined more than once, first one used",
+                )),
+                Err(p) => out.problems.push(p),
+            }
+        }
+        out
+    }
+}
+
+fn insert_first<T>(
+    map: &mut BTreeMap<ObjectKey, T>,
+    key: ObjectKey,
+    value: T,
+    kind: &str,
+    problems: &mut Vec<Problem>,
+) {
+    match map.entry(key) {
+        std::collections::btree_map::Entry::Occupied(e) => problems.push(Problem::new(
+            format!("{kind} {}", e.key()),
+            ProblemReason::Duplicate,
+            "defined more than once, first one used",
+        )),
+        std::collections::btree_map::Entry::Vacant(e) => {
+            e.insert(value);
+        }
+    }
+}

@@ -1,0 +1,968 @@
+//! Translation tests: Kubernetes objects built small, translated whole.
+
+use k8s_openapi::{
+    api::{
+        core::v1::{Node, Service},
+        discovery::v1::EndpointSlice,
+    },
+    apimachinery::pkg::util::intstr::IntOrString,
+};
+
+use super::{builders::*, *};
+use crate::model::{Frontend, FrontendKind, Proto, ServicePortName, WhenEmpty};
+
+const NODE: &str = "n1";
+
+fn cfg() -> TranslateConfig {
+    TranslateConfig {
+        node_name: NODE.into(),
+        node_addresses: vec![],
+        ipv6: false,
+    }
+}
+
+fn run_with(
+    services: &[Service],
+    slices: &[EndpointSlice],
+    node: Option<&Node>,
+    config: &TranslateConfig,
+) -> Translation {
+    let nodes: Vec<Node> = node.cloned().into_iter().collect();
+    let stores = Stores::from_objects(services, slices, &nodes, &config.node_name);
+    let mut t = translate(
+        &stores.services,
+        &stores.slices,
+        stores.node.as_ref(),
+        config,
+    );
+    t.problems.extend(stores.problems);
+    t.problems.sort();
+    t
+}
+
+fn run(services: &[Service], slices: &[EndpointSlice]) -> Translation {
+    run_with(services, slices, None, &cfg())
+}
+
+fn spn(name: &str, port: &str, proto: Proto) -> ServicePortName {
+    ServicePortName {
+        namespace: "default".into(),
+        name: name.into(),
+        port: port.into(),
+        proto,
+    }
+}
+
+fn tcp(name: &str, port: &str) -> ServicePortName {
+    spn(name, port, Proto::Tcp)
+}
+
+fn frontends<'a>(t: &'a Translation, name: &ServicePortName) -> &'a [Frontend] {
+    &t.desired
+        .services
+        .get(name)
+        .unwrap_or_else(|| {
+            panic!(
+                "no service port {name}; have {:?}",
+                t.desired.services.keys()
+            )
+        })
+        .frontends
+}
+
+fn frontend<'a>(t: &'a Translation, name: &ServicePortName, key: &str) -> &'a Frontend {
+    frontends(t, name)
+        .iter()
+        .find(|f| f.key.to_string() == key)
+        .unwrap_or_else(|| panic!("no frontend {key} in {name}: {:?}", frontends(t, name)))
+}
+
+fn keys(t: &Translation, name: &ServicePortName) -> Vec<(String, FrontendKind)> {
+    frontends(t, name)
+        .iter()
+        .map(|f| (f.key.to_string(), f.kind))
+        .collect()
+}
+
+fn backends(f: &Frontend) -> Vec<String> {
+    f.backends
+        .iter()
+        .map(|b| format!("{}={}", b.endpoint, b.state.as_str()))
+        .collect()
+}
+
+fn reasons(t: &Translation) -> Vec<(String, ProblemReason)> {
+    t.problems
+        .iter()
+        .map(|p| (p.object.clone(), p.reason))
+        .collect()
+}
+
+fn web() -> Service {
+    mk_service("default", "web", "10.96.0.10", &[port("http", "TCP", 80)])
+}
+
+fn web_slice(
+    name: &str,
+    endpoints: Vec<k8s_openapi::api::discovery::v1::Endpoint>,
+) -> EndpointSlice {
+    mk_slice(
+        "default",
+        name,
+        "web",
+        &[slice_port("http", "TCP", 8080)],
+        endpoints,
+    )
+}
+
+#[test]
+fn cluster_ip_service() {
+    let t = run(
+        &[web()],
+        &[web_slice("web-1", vec![ep("10.0.0.1"), ep("10.0.0.2")])],
+    );
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    assert_eq!(t.desired.services.len(), 1);
+    let f = frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP");
+    assert_eq!(f.kind, FrontendKind::ClusterIp);
+    assert_eq!(f.when_empty, WhenEmpty::Reject);
+    assert_eq!(
+        backends(f),
+        vec!["10.0.0.1:8080=active", "10.0.0.2:8080=active"]
+    );
+}
+
+#[test]
+fn every_state_is_emitted() {
+    let t = run(
+        &[web()],
+        &[web_slice(
+            "web-1",
+            vec![
+                ep("10.0.0.1"),
+                with_conditions(ep("10.0.0.2"), Some(false), Some(true), Some(true)),
+                with_conditions(ep("10.0.0.3"), Some(false), Some(false), Some(true)),
+                with_conditions(ep("10.0.0.4"), Some(false), Some(false), Some(false)),
+                with_conditions(ep("10.0.0.5"), Some(false), None, Some(true)),
+            ],
+        )],
+    );
+    let f = frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP");
+    assert_eq!(
+        backends(f),
+        vec![
+            "10.0.0.1:8080=active",
+            "10.0.0.2:8080=terminating-serving",
+            "10.0.0.3:8080=terminating",
+            "10.0.0.4:8080=not-ready",
+            "10.0.0.5:8080=terminating-serving",
+        ]
+    );
+}
+
+#[test]
+fn several_slices_and_an_endpoint_in_two() {
+    let t = run(
+        &[web()],
+        &[
+            web_slice("web-b", vec![ep("10.0.0.3"), ep("10.0.0.2")]),
+            web_slice(
+                "web-a",
+                vec![
+                    ep("10.0.0.1"),
+                    with_conditions(ep("10.0.0.2"), Some(false), Some(false), Some(true)),
+                ],
+            ),
+        ],
+    );
+    let f = frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP");
+    // 10.0.0.2 is terminating in web-a, ready in web-b: the ready listing wins.
+    assert_eq!(
+        backends(f),
+        vec![
+            "10.0.0.1:8080=active",
+            "10.0.0.2:8080=active",
+            "10.0.0.3:8080=active"
+        ]
+    );
+}
+
+#[test]
+fn named_target_port() {
+    let mut p = port("http", "TCP", 80);
+    p.target_port = Some(IntOrString::String("web".into()));
+    let svc = mk_service("default", "web", "10.96.0.10", &[p]);
+    let t = run(&[svc], &[web_slice("web-1", vec![ep("10.0.0.1")])]);
+    let f = frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP");
+    assert_eq!(backends(f), vec!["10.0.0.1:8080=active"]);
+}
+
+#[test]
+fn unnamed_port_is_named_by_number() {
+    let svc = mk_service("default", "one", "10.96.0.11", &[port("", "TCP", 80)]);
+    let slices = [
+        mk_slice(
+            "default",
+            "one-a",
+            "one",
+            &[slice_port("", "TCP", 8080)],
+            vec![ep("10.0.0.1")],
+        ),
+        mk_slice(
+            "default",
+            "one-b",
+            "one",
+            &[slice_port_unnamed("TCP", 8080)],
+            vec![ep("10.0.0.2")],
+        ),
+    ];
+    let t = run(&[svc], &slices);
+    let f = frontend(&t, &tcp("one", "80"), "10.96.0.11:80/TCP");
+    assert_eq!(
+        backends(f),
+        vec!["10.0.0.1:8080=active", "10.0.0.2:8080=active"]
+    );
+}
+
+#[test]
+fn tcp_udp_sctp() {
+    let svc = mk_service(
+        "default",
+        "dns",
+        "10.96.0.53",
+        &[
+            port("dns", "UDP", 53),
+            port("dns-tcp", "TCP", 53),
+            port("sig", "SCTP", 3868),
+        ],
+    );
+    let slice = mk_slice(
+        "default",
+        "dns-1",
+        "dns",
+        &[
+            slice_port("dns", "UDP", 5353),
+            slice_port("dns-tcp", "TCP", 5354),
+            slice_port("sig", "SCTP", 3868),
+        ],
+        vec![ep("10.0.0.1")],
+    );
+    let t = run(&[svc], &[slice]);
+    assert_eq!(
+        t.desired.services.keys().cloned().collect::<Vec<_>>(),
+        vec![
+            spn("dns", "dns", Proto::Udp),
+            spn("dns", "dns-tcp", Proto::Tcp)
+        ]
+    );
+    let f = frontend(&t, &spn("dns", "dns", Proto::Udp), "10.96.0.53:53/UDP");
+    assert_eq!(backends(f), vec!["10.0.0.1:5353=active"]);
+    let f = frontend(&t, &spn("dns", "dns-tcp", Proto::Tcp), "10.96.0.53:53/TCP");
+    assert_eq!(backends(f), vec!["10.0.0.1:5354=active"]);
+    assert_eq!(
+        reasons(&t),
+        vec![(
+            "Service default/dns".into(),
+            ProblemReason::UnsupportedProtocol
+        )]
+    );
+}
+
+#[test]
+fn skipped_services() {
+    let mut ext = mk_service("default", "ext", "", &[port("", "TCP", 80)]);
+    spec_mut(&mut ext).type_ = Some("ExternalName".into());
+    let headless = mk_service("default", "hl", "None", &[port("", "TCP", 80)]);
+    let mut other = mk_service("default", "other", "10.96.0.20", &[port("", "TCP", 80)]);
+    add_label(
+        &mut other.metadata,
+        LABEL_SERVICE_PROXY_NAME,
+        "someone-else",
+    );
+    let slices: Vec<EndpointSlice> = ["ext", "hl", "other"]
+        .iter()
+        .map(|s| {
+            mk_slice(
+                "default",
+                &format!("{s}-1"),
+                s,
+                &[slice_port("", "TCP", 80)],
+                vec![ep("10.0.0.1")],
+            )
+        })
+        .collect();
+    let t = run(&[ext, headless, other], &slices);
+    assert!(t.desired.services.is_empty());
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+}
+
+#[test]
+fn dual_stack_keeps_ipv4_and_reports_ipv6() {
+    let mut svc = web();
+    spec_mut(&mut svc).cluster_ips = Some(vec!["10.96.0.10".into(), "fd00:96::10".into()]);
+    let t = run(
+        &[svc],
+        &[
+            web_slice("web-v4", vec![ep("10.0.0.1")]),
+            web_slice("web-v6", vec![ep("fd00::1")]),
+        ],
+    );
+    assert_eq!(
+        keys(&t, &tcp("web", "http")),
+        vec![("10.96.0.10:80/TCP".into(), FrontendKind::ClusterIp)]
+    );
+    let f = frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP");
+    assert_eq!(backends(f), vec!["10.0.0.1:8080=active"]);
+    assert_eq!(
+        reasons(&t),
+        vec![
+            (
+                "EndpointSlice default/web-v6".into(),
+                ProblemReason::Ipv6Unsupported
+            ),
+            ("Service default/web".into(), ProblemReason::Ipv6Unsupported),
+        ]
+    );
+}
+
+#[test]
+fn ipv6_enabled_keeps_families_apart() {
+    let mut svc = web();
+    spec_mut(&mut svc).cluster_ips = Some(vec!["10.96.0.10".into(), "fd00:96::10".into()]);
+    let config = TranslateConfig {
+        ipv6: true,
+        ..cfg()
+    };
+    let t = run_with(
+        &[svc],
+        &[
+            web_slice("web-v4", vec![ep("10.0.0.1")]),
+            web_slice("web-v6", vec![ep("fd00::1")]),
+        ],
+        None,
+        &config,
+    );
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    let v4 = frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP");
+    assert_eq!(backends(v4), vec!["10.0.0.1:8080=active"]);
+    let v6 = frontend(&t, &tcp("web", "http"), "[fd00:96::10]:80/TCP");
+    assert_eq!(backends(v6), vec!["[fd00::1]:8080=active"]);
+}
+
+#[test]
+fn service_without_selector_uses_manual_slices() {
+    let mut svc = mk_service(
+        "default",
+        "legacy",
+        "10.96.0.30",
+        &[port("pg", "TCP", 5432)],
+    );
+    spec_mut(&mut svc).selector = None;
+    let slice = mk_slice(
+        "default",
+        "legacy-manual",
+        "legacy",
+        &[slice_port("pg", "TCP", 5432)],
+        vec![ep("192.168.50.5")],
+    );
+    let t = run(&[svc], &[slice]);
+    let f = frontend(&t, &tcp("legacy", "pg"), "10.96.0.30:5432/TCP");
+    assert_eq!(backends(f), vec!["192.168.50.5:5432=active"]);
+}
+
+#[test]
+fn slices_of_other_namespace_or_service_are_not_used() {
+    let slices = [
+        mk_slice(
+            "other",
+            "web-1",
+            "web",
+            &[slice_port("http", "TCP", 8080)],
+            vec![ep("10.0.0.9")],
+        ),
+        mk_slice(
+            "default",
+            "api-1",
+            "api",
+            &[slice_port("http", "TCP", 8080)],
+            vec![ep("10.0.0.8")],
+        ),
+    ];
+    let t = run(&[web()], &slices);
+    let f = frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP");
+    assert!(f.backends.is_empty());
+    assert_eq!(f.when_empty, WhenEmpty::Reject);
+}
+
+fn lb_service() -> Service {
+    let mut svc = mk_service(
+        "default",
+        "shop",
+        "10.96.0.40",
+        &[
+            node_port("https", "TCP", 443, 30443),
+            port("admin", "TCP", 9000),
+        ],
+    );
+    let spec = spec_mut(&mut svc);
+    spec.type_ = Some("LoadBalancer".into());
+    spec.external_ips = Some(vec!["198.51.100.1".into()]);
+    set_lb_ingress(
+        &mut svc,
+        &[
+            ("203.0.113.10", None),
+            ("203.0.113.11", Some("VIP")),
+            ("203.0.113.12", Some("Proxy")),
+        ],
+    );
+    svc
+}
+
+fn shop_slice() -> EndpointSlice {
+    mk_slice(
+        "default",
+        "shop-1",
+        "shop",
+        &[
+            slice_port("https", "TCP", 8443),
+            slice_port("admin", "TCP", 9000),
+        ],
+        vec![ep_on("10.0.0.1", NODE), ep_on("10.0.0.2", "n2")],
+    )
+}
+
+#[test]
+fn node_port_load_balancer_and_external_ip_frontends() {
+    let node = mk_node(
+        NODE,
+        None,
+        &[
+            ("InternalIP", "192.168.1.10"),
+            ("ExternalIP", "203.0.113.1"),
+        ],
+    );
+    let t = run_with(&[lb_service()], &[shop_slice()], Some(&node), &cfg());
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    assert_eq!(
+        keys(&t, &tcp("shop", "https")),
+        vec![
+            ("10.96.0.40:443/TCP".into(), FrontendKind::ClusterIp),
+            ("192.168.1.10:30443/TCP".into(), FrontendKind::NodePort),
+            ("198.51.100.1:443/TCP".into(), FrontendKind::ExternalIp),
+            ("203.0.113.1:30443/TCP".into(), FrontendKind::NodePort),
+            ("203.0.113.10:443/TCP".into(), FrontendKind::LoadBalancer),
+            ("203.0.113.11:443/TCP".into(), FrontendKind::LoadBalancer),
+        ]
+    );
+    for f in frontends(&t, &tcp("shop", "https")) {
+        assert_eq!(
+            backends(f),
+            vec!["10.0.0.1:8443=active", "10.0.0.2:8443=active"]
+        );
+        assert_eq!(f.when_empty, WhenEmpty::Reject);
+    }
+    // The port without a node port has no NodePort frontend.
+    assert!(keys(&t, &tcp("shop", "admin"))
+        .iter()
+        .all(|(_, kind)| *kind != FrontendKind::NodePort));
+    assert_eq!(keys(&t, &tcp("shop", "admin")).len(), 4);
+}
+
+#[test]
+fn configured_node_addresses_override_the_node_object() {
+    let node = mk_node(NODE, None, &[("InternalIP", "192.168.1.10")]);
+    let config = TranslateConfig {
+        node_addresses: vec![ip("10.1.1.1"), ip("fd00::1")],
+        ..cfg()
+    };
+    let t = run_with(&[lb_service()], &[shop_slice()], Some(&node), &config);
+    let node_ports: Vec<String> = keys(&t, &tcp("shop", "https"))
+        .into_iter()
+        .filter(|(_, k)| *k == FrontendKind::NodePort)
+        .map(|(key, _)| key)
+        .collect();
+    assert_eq!(node_ports, vec!["10.1.1.1:30443/TCP"]);
+    assert_eq!(
+        reasons(&t),
+        vec![("Node n1".into(), ProblemReason::Ipv6Unsupported)]
+    );
+}
+
+#[test]
+fn node_port_without_node_addresses_is_reported() {
+    let t = run(&[lb_service()], &[shop_slice()]);
+    assert!(keys(&t, &tcp("shop", "https"))
+        .iter()
+        .all(|(_, kind)| *kind != FrontendKind::NodePort));
+    assert_eq!(
+        reasons(&t),
+        vec![("Node n1".into(), ProblemReason::MissingField)]
+    );
+}
+
+#[test]
+fn cluster_ip_type_gets_no_node_port() {
+    let svc = mk_service(
+        "default",
+        "web",
+        "10.96.0.10",
+        &[node_port("http", "TCP", 80, 30080)],
+    );
+    let node = mk_node(NODE, None, &[("InternalIP", "192.168.1.10")]);
+    let t = run_with(
+        &[svc],
+        &[web_slice("web-1", vec![ep("10.0.0.1")])],
+        Some(&node),
+        &cfg(),
+    );
+    assert_eq!(keys(&t, &tcp("web", "http")).len(), 1);
+}
+
+#[test]
+fn node_port_type() {
+    let mut svc = mk_service(
+        "default",
+        "web",
+        "10.96.0.10",
+        &[node_port("http", "TCP", 80, 30080)],
+    );
+    spec_mut(&mut svc).type_ = Some("NodePort".into());
+    let node = mk_node(NODE, None, &[("InternalIP", "192.168.1.10")]);
+    let t = run_with(
+        &[svc],
+        &[web_slice("web-1", vec![ep("10.0.0.1")])],
+        Some(&node),
+        &cfg(),
+    );
+    let f = frontend(&t, &tcp("web", "http"), "192.168.1.10:30080/TCP");
+    assert_eq!(f.kind, FrontendKind::NodePort);
+    assert_eq!(backends(f), vec!["10.0.0.1:8080=active"]);
+}
+
+#[test]
+fn internal_traffic_policy_local() {
+    let mut svc = web();
+    spec_mut(&mut svc).internal_traffic_policy = Some("Local".into());
+    let key = "10.96.0.10:80/TCP";
+
+    // With a local endpoint: only it.
+    let t = run(
+        &[svc.clone()],
+        &[web_slice(
+            "web-1",
+            vec![ep_on("10.0.0.1", NODE), ep_on("10.0.0.2", "n2")],
+        )],
+    );
+    let f = frontend(&t, &tcp("web", "http"), key);
+    assert_eq!(backends(f), vec!["10.0.0.1:8080=active"]);
+    assert_eq!(f.when_empty, WhenEmpty::Reject);
+
+    // Endpoints elsewhere only: empty, dropped.
+    let t = run(
+        &[svc.clone()],
+        &[web_slice("web-1", vec![ep_on("10.0.0.2", "n2")])],
+    );
+    let f = frontend(&t, &tcp("web", "http"), key);
+    assert!(f.backends.is_empty());
+    assert_eq!(f.when_empty, WhenEmpty::Drop);
+
+    // No endpoints at all: rejected.
+    let t = run(&[svc.clone()], &[]);
+    let f = frontend(&t, &tcp("web", "http"), key);
+    assert!(f.backends.is_empty());
+    assert_eq!(f.when_empty, WhenEmpty::Reject);
+
+    // A local terminating endpoint is kept (to drain), remote ones still
+    // make it a drop.
+    let t = run(
+        &[svc],
+        &[web_slice(
+            "web-1",
+            vec![
+                with_conditions(
+                    ep_on("10.0.0.1", NODE),
+                    Some(false),
+                    Some(false),
+                    Some(true),
+                ),
+                ep_on("10.0.0.2", "n2"),
+            ],
+        )],
+    );
+    let f = frontend(&t, &tcp("web", "http"), key);
+    assert_eq!(backends(f), vec!["10.0.0.1:8080=terminating"]);
+    assert_eq!(f.when_empty, WhenEmpty::Drop);
+}
+
+#[test]
+fn external_traffic_policy_local() {
+    let mut svc = lb_service();
+    spec_mut(&mut svc).external_traffic_policy = Some("Local".into());
+    let node = mk_node(NODE, None, &[("InternalIP", "192.168.1.10")]);
+    let https = tcp("shop", "https");
+
+    let t = run_with(&[svc.clone()], &[shop_slice()], Some(&node), &cfg());
+    for f in frontends(&t, &https) {
+        let want: &[&str] = match f.kind {
+            FrontendKind::ClusterIp => &["10.0.0.1:8443=active", "10.0.0.2:8443=active"],
+            _ => &["10.0.0.1:8443=active"],
+        };
+        assert_eq!(backends(f), want, "{}", f.key);
+        assert_eq!(f.when_empty, WhenEmpty::Reject);
+    }
+
+    // No local endpoint: external frontends drop, the cluster IP still works.
+    let remote_only = mk_slice(
+        "default",
+        "shop-1",
+        "shop",
+        &[slice_port("https", "TCP", 8443)],
+        vec![ep_on("10.0.0.2", "n2")],
+    );
+    let t = run_with(&[svc.clone()], &[remote_only], Some(&node), &cfg());
+    for f in frontends(&t, &https) {
+        if f.kind == FrontendKind::ClusterIp {
+            assert_eq!(backends(f), vec!["10.0.0.2:8443=active"]);
+            assert_eq!(f.when_empty, WhenEmpty::Reject);
+        } else {
+            assert!(f.backends.is_empty(), "{}", f.key);
+            assert_eq!(f.when_empty, WhenEmpty::Drop, "{}", f.key);
+        }
+    }
+
+    // No endpoints at all: everything rejects.
+    let t = run_with(&[svc], &[], Some(&node), &cfg());
+    for f in frontends(&t, &https) {
+        assert!(f.backends.is_empty());
+        assert_eq!(f.when_empty, WhenEmpty::Reject, "{}", f.key);
+    }
+}
+
+fn zoned_node(zone: Option<&str>) -> Node {
+    mk_node(NODE, zone, &[("InternalIP", "192.168.1.10")])
+}
+
+#[test]
+fn topology_hints_used() {
+    let slice = web_slice(
+        "web-1",
+        vec![
+            hinted(ep("10.0.0.1"), &["zone-a"]),
+            hinted(ep("10.0.0.2"), &["zone-b"]),
+            hinted(ep("10.0.0.3"), &["zone-a", "zone-c"]),
+            // Terminating: never selected while a ready endpoint exists,
+            // kept to drain.
+            with_conditions(ep("10.0.0.4"), Some(false), Some(true), Some(true)),
+        ],
+    );
+    let t = run_with(
+        &[web()],
+        &[slice],
+        Some(&zoned_node(Some("zone-a"))),
+        &cfg(),
+    );
+    let f = frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP");
+    assert_eq!(
+        backends(f),
+        vec![
+            "10.0.0.1:8080=active",
+            "10.0.0.3:8080=active",
+            "10.0.0.4:8080=terminating-serving"
+        ]
+    );
+}
+
+#[test]
+fn topology_hints_not_used() {
+    let all = vec!["10.0.0.1:8080=active", "10.0.0.2:8080=active"];
+    // One ready endpoint without hints.
+    let slice = web_slice(
+        "web-1",
+        vec![hinted(ep("10.0.0.1"), &["zone-a"]), ep("10.0.0.2")],
+    );
+    let t = run_with(
+        &[web()],
+        &[slice],
+        Some(&zoned_node(Some("zone-a"))),
+        &cfg(),
+    );
+    assert_eq!(
+        backends(frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP")),
+        all
+    );
+
+    // This node's zone is in no hint.
+    let hinted_slice = web_slice(
+        "web-1",
+        vec![
+            hinted(ep("10.0.0.1"), &["zone-a"]),
+            hinted(ep("10.0.0.2"), &["zone-b"]),
+        ],
+    );
+    let t = run_with(
+        &[web()],
+        std::slice::from_ref(&hinted_slice),
+        Some(&zoned_node(Some("zone-z"))),
+        &cfg(),
+    );
+    assert_eq!(
+        backends(frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP")),
+        all
+    );
+
+    // The node has no zone label, or no Node object is known.
+    let t = run_with(
+        &[web()],
+        std::slice::from_ref(&hinted_slice),
+        Some(&zoned_node(None)),
+        &cfg(),
+    );
+    assert_eq!(
+        backends(frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP")),
+        all
+    );
+    let t = run(&[web()], &[hinted_slice]);
+    assert_eq!(
+        backends(frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP")),
+        all
+    );
+}
+
+#[test]
+fn topology_hints_do_not_apply_to_local_policy() {
+    let mut svc = web();
+    spec_mut(&mut svc).internal_traffic_policy = Some("Local".into());
+    let slice = web_slice(
+        "web-1",
+        vec![
+            hinted(ep_on("10.0.0.1", NODE), &["zone-b"]),
+            hinted(ep_on("10.0.0.2", "n2"), &["zone-a"]),
+        ],
+    );
+    let t = run_with(&[svc], &[slice], Some(&zoned_node(Some("zone-a"))), &cfg());
+    let f = frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP");
+    assert_eq!(backends(f), vec!["10.0.0.1:8080=active"]);
+}
+
+#[test]
+fn malformed_inputs_do_not_disturb_others() {
+    let bad_ip = mk_service("default", "bad-ip", "10.96.0.300", &[port("", "TCP", 80)]);
+    let bad_ports = mk_service(
+        "default",
+        "bad-ports",
+        "10.96.0.51",
+        &[
+            port("zero", "TCP", 0),
+            port("big", "TCP", 70000),
+            port("ok", "TCP", 81),
+        ],
+    );
+    let no_spec = Service {
+        metadata: meta("default", "no-spec"),
+        ..Default::default()
+    };
+    let bad_slice = mk_slice(
+        "default",
+        "web-bad",
+        "web",
+        &[slice_port("http", "TCP", 8080)],
+        vec![ep("not-an-ip"), ep("10.0.0.7")],
+    );
+    let t = run(
+        &[bad_ip, bad_ports, no_spec, web()],
+        &[web_slice("web-1", vec![ep("10.0.0.1")]), bad_slice],
+    );
+    // web is whole, plus the good endpoint of the bad slice.
+    let f = frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP");
+    assert_eq!(
+        backends(f),
+        vec!["10.0.0.1:8080=active", "10.0.0.7:8080=active"]
+    );
+    // bad-ports keeps its good port.
+    assert_eq!(keys(&t, &tcp("bad-ports", "ok")).len(), 1);
+    // bad-ip has no frontend at all.
+    assert!(!t.desired.services.contains_key(&tcp("bad-ip", "80")));
+    assert_eq!(
+        reasons(&t),
+        vec![
+            (
+                "EndpointSlice default/web-bad".into(),
+                ProblemReason::InvalidAddress
+            ),
+            (
+                "Service default/bad-ip".into(),
+                ProblemReason::InvalidAddress
+            ),
+            (
+                "Service default/bad-ports".into(),
+                ProblemReason::InvalidPort
+            ),
+            (
+                "Service default/bad-ports".into(),
+                ProblemReason::InvalidPort
+            ),
+            (
+                "Service default/no-spec".into(),
+                ProblemReason::MissingField
+            ),
+        ]
+    );
+}
+
+fn world() -> (Vec<Service>, Vec<EndpointSlice>, Node) {
+    let mut local = web();
+    local.metadata = meta("default", "local");
+    spec_mut(&mut local).internal_traffic_policy = Some("Local".into());
+    spec_mut(&mut local).cluster_ips = Some(vec!["10.96.0.12".into(), "fd00::12".into()]);
+    let services = vec![
+        web(),
+        lb_service(),
+        local,
+        mk_service(
+            "default",
+            "dns",
+            "10.96.0.53",
+            &[port("dns", "UDP", 53), port("sig", "SCTP", 9)],
+        ),
+    ];
+    let slices = vec![
+        web_slice(
+            "web-2",
+            vec![ep_on("10.0.0.3", NODE), hinted(ep("10.0.0.4"), &["a"])],
+        ),
+        web_slice("web-1", vec![ep("10.0.0.1"), ep("10.0.0.2"), ep("bogus")]),
+        shop_slice(),
+        mk_slice(
+            "default",
+            "local-1",
+            "local",
+            &[slice_port("http", "TCP", 80)],
+            vec![ep_on("10.0.1.1", NODE)],
+        ),
+        mk_slice(
+            "default",
+            "local-2",
+            "local",
+            &[slice_port("http", "TCP", 80)],
+            vec![ep_on("fd00::1:1", NODE)],
+        ),
+        mk_slice(
+            "default",
+            "dns-1",
+            "dns",
+            &[slice_port("dns", "UDP", 53)],
+            vec![ep("10.0.2.1")],
+        ),
+    ];
+    let node = mk_node(
+        NODE,
+        Some("a"),
+        &[("InternalIP", "192.168.1.10"), ("InternalIP", "fd00::10")],
+    );
+    (services, slices, node)
+}
+
+#[test]
+fn deterministic() {
+    let (services, slices, node) = world();
+    let a = run_with(&services, &slices, Some(&node), &cfg());
+    let b = run_with(&services, &slices, Some(&node), &cfg());
+    assert_eq!(a, b);
+    assert!(!a.desired.services.is_empty());
+    assert!(!a.problems.is_empty());
+
+    // Input order does not matter.
+    let mut rs = services.clone();
+    rs.reverse();
+    let mut rsl = slices.clone();
+    rsl.reverse();
+    rsl.rotate_left(2);
+    let c = run_with(&rs, &rsl, Some(&node), &cfg());
+    assert_eq!(a, c);
+
+    // Neither does the order of the stores' own construction.
+    let stores = Stores::from_objects(&services, &slices, std::slice::from_ref(&node), NODE);
+    let rev = Stores::from_objects(&rs, &rsl, std::slice::from_ref(&node), NODE);
+    assert_eq!(stores, rev);
+
+    // Frontends and backends come sorted.
+    for svc in a.desired.services.values() {
+        assert!(svc.frontends.windows(2).all(|w| w[0].key < w[1].key));
+        for f in &svc.frontends {
+            assert!(f.backends.windows(2).all(|w| w[0].endpoint < w[1].endpoint));
+        }
+    }
+}
+
+#[test]
+fn resource_version_changes_nothing() {
+    let svc = web();
+    let mut bumped = svc.clone();
+    bumped.metadata.resource_version = Some("999".into());
+    assert_eq!(
+        ServiceInfo::from_service(&svc).unwrap(),
+        ServiceInfo::from_service(&bumped).unwrap()
+    );
+}
+
+#[test]
+fn node_object_of_another_node_is_ignored() {
+    let node = mk_node("n2", Some("a"), &[("InternalIP", "192.168.1.20")]);
+    let info = NodeInfo::from_node(&node).unwrap();
+    let t = translate(&BTreeMap::new(), &BTreeMap::new(), Some(&info), &cfg());
+    assert_eq!(
+        reasons(&t),
+        vec![("Node n2".into(), ProblemReason::InvalidValue)]
+    );
+}
+
+#[test]
+fn duplicate_objects_keep_the_first() {
+    let mut second = web();
+    spec_mut(&mut second).cluster_ips = Some(vec!["10.96.9.9".into()]);
+    let t = run(&[web(), second], &[]);
+    assert_eq!(keys(&t, &tcp("web", "http")).len(), 1);
+    frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP");
+    assert_eq!(
+        reasons(&t),
+        vec![("Service default/web".into(), ProblemReason::Duplicate)]
+    );
+}
+
+#[test]
+fn trimmed_objects_are_small() {
+    // The memory goal: well under 1 kB per service with a few endpoints.
+    let svc = ServiceInfo::from_service(&lb_service()).unwrap().unwrap();
+    let slice = SliceInfo::from_slice(&shop_slice()).unwrap().unwrap();
+    let heap = |s: &ServiceInfo| {
+        s.cluster_ips.capacity() * std::mem::size_of::<IpAddr>()
+            + s.external_ips.capacity() * std::mem::size_of::<IpAddr>()
+            + s.load_balancer_ips.capacity() * std::mem::size_of::<IpAddr>()
+            + s.ports
+                .iter()
+                .map(|p| std::mem::size_of::<PortInfo>() + p.name.capacity())
+                .sum::<usize>()
+    };
+    let slice_heap = slice
+        .endpoints
+        .iter()
+        .map(|e| {
+            std::mem::size_of::<SliceEndpoint>()
+                + e.node_name.as_ref().map_or(0, String::capacity)
+                + e.zone_hints
+                    .iter()
+                    .map(|z| 24 + z.capacity())
+                    .sum::<usize>()
+        })
+        .sum::<usize>()
+        + slice
+            .ports
+            .iter()
+            .map(|p| std::mem::size_of::<SlicePort>() + p.name.capacity())
+            .sum::<usize>();
+    let total = std::mem::size_of::<ServiceInfo>()
+        + heap(&svc)
+        + std::mem::size_of::<SliceInfo>()
+        + slice_heap;
+    assert!(total < 1024, "{total} bytes");
+}
