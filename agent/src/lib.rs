@@ -1,10 +1,21 @@
 //! The sluice agent: Kubernetes Services and EndpointSlices in, BPF maps
 //! out. See `docs/architecture.md`.
 
+pub mod admin;
+pub mod cli;
 pub mod conntrack;
 pub mod datapath;
+pub mod devices;
+pub mod health;
+pub mod inspect;
 pub mod manifests;
+pub mod metrics;
 pub mod model;
+pub mod netdev;
 pub mod reconcile;
+pub mod run;
+pub mod sources;
 pub mod state;
+pub mod stores;
+pub mod sync;
 pub mod translate;

@@ -1,1 +1,33 @@
-fn main() {}
+use std::{io::IsTerminal, process::ExitCode};
+
+use clap::Parser;
+use sluice::{
+    cli::{Cli, Command, CtCommand, LbCommand},
+    inspect, run,
+};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let result = match cli.command {
+        Command::Agent(args) => run::agent(*args).await,
+        Command::Lb(LbCommand::List(args)) => inspect::lb_list(&args),
+        Command::Ct(CtCommand::List(args)) => inspect::ct_list(&args),
+        Command::Status(args) => inspect::status(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

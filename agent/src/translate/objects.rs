@@ -195,6 +195,16 @@ impl IpNet {
     }
 }
 
+impl IpNet {
+    /// Whether `addr` lies in this network.
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        match Self::parse(&format!("{addr}/{}", self.prefix_len)) {
+            Some(net) => net.addr == self.addr && addr.is_ipv4() == self.addr.is_ipv4(),
+            None => false,
+        }
+    }
+}
+
 impl fmt::Display for IpNet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.addr, self.prefix_len)

@@ -1,0 +1,255 @@
+//! Command-line interface: `sluice agent` and the operator commands.
+//! Agent flags follow kube-proxy's names where one exists, and every flag
+//! can also come from the environment.
+
+use std::{net::SocketAddr, path::PathBuf, str::FromStr, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::datapath::DEFAULT_BPF_ROOT;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "eBPF service load balancing for Kubernetes, replacing kube-proxy's IPVS mode"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the node agent: watch Services and EndpointSlices, program the datapath.
+    Agent(Box<AgentArgs>),
+    /// Service frontends and their backends, read from the pinned maps.
+    #[command(subcommand)]
+    Lb(LbCommand),
+    /// Connection tracking entries, read from the pinned maps.
+    #[command(subcommand)]
+    Ct(CtCommand),
+    /// Agent health, last sync, map fill and datapath counters.
+    Status(StatusArgs),
+}
+
+/// Where Services and EndpointSlices come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The Kubernetes API (in-cluster config, or a kubeconfig).
+    Kube,
+    /// A directory of manifests, re-read when it changes.
+    Dir(PathBuf),
+}
+
+impl FromStr for Source {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "kube" => Ok(Source::Kube),
+            _ => match s.strip_prefix("dir:") {
+                Some(path) if !path.is_empty() => Ok(Source::Dir(PathBuf::from(path))),
+                _ => Err(format!("expected `kube` or `dir:PATH`, got `{s}`")),
+            },
+        }
+    }
+}
+
+/// A duration such as `500ms`, `30s`, `5m` or `1h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl FromStr for HumanDuration {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: u64 = num.parse().map_err(|_| format!("invalid duration `{s}`"))?;
+        let d = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" | "" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            _ => {
+                return Err(format!(
+                    "invalid duration unit in `{s}` (use ms, s, m or h)"
+                ))
+            }
+        };
+        Ok(HumanDuration(d))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct BpfRootArg {
+    /// bpffs directory holding this instance's pinned maps and links.
+    #[arg(long, env = "SLUICE_BPF_ROOT", default_value = DEFAULT_BPF_ROOT)]
+    pub bpf_root: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// `kube` (in-cluster or kubeconfig) or `dir:PATH` (a directory of
+    /// Service and EndpointSlice manifests).
+    #[arg(long, env = "SLUICE_SOURCE", default_value = "kube")]
+    pub source: Source,
+
+    /// Path to a kubeconfig (default: in-cluster config, then $KUBECONFIG,
+    /// then ~/.kube/config).
+    #[arg(long, env = "SLUICE_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// This node's name (default: the hostname).
+    #[arg(long, env = "NODE_NAME")]
+    pub hostname_override: Option<String>,
+
+    /// Address of /healthz (and /readyz).
+    #[arg(
+        long,
+        env = "SLUICE_HEALTHZ_BIND_ADDRESS",
+        default_value = "0.0.0.0:10256"
+    )]
+    pub healthz_bind_address: SocketAddr,
+
+    /// Address of /metrics.
+    #[arg(
+        long,
+        env = "SLUICE_METRICS_BIND_ADDRESS",
+        default_value = "127.0.0.1:10249"
+    )]
+    pub metrics_bind_address: SocketAddr,
+
+    /// Devices to attach to: names or globs (`eth0,lxc*`), comma separated.
+    #[arg(long, env = "SLUICE_DEVICES", value_delimiter = ',', required = true)]
+    pub devices: Vec<String>,
+
+    #[command(flatten)]
+    pub bpf: BpfRootArg,
+
+    /// How long a terminating or removed backend may keep its flows before
+    /// it is removed anyway.
+    #[arg(long, env = "SLUICE_DRAIN_TIMEOUT", default_value = "1h")]
+    pub drain_timeout: HumanDuration,
+
+    /// CIDRs selecting this node's addresses that serve NodePorts (default:
+    /// the Node object's InternalIP and ExternalIP addresses).
+    #[arg(long, env = "SLUICE_NODEPORT_ADDRESSES", value_delimiter = ',')]
+    pub nodeport_addresses: Vec<String>,
+
+    /// Capacity of sl_svc4 (frontends plus backend slots).
+    #[arg(long, env = "SLUICE_SERVICES_MAP_SIZE", default_value_t = sluice_common::maps::DEFAULT_SERVICES_MAX)]
+    pub services_map_size: u32,
+
+    /// Capacity of sl_backends.
+    #[arg(long, env = "SLUICE_BACKENDS_MAP_SIZE", default_value_t = sluice_common::maps::DEFAULT_BACKENDS_MAX)]
+    pub backends_map_size: u32,
+
+    /// Capacity of sl_ct4 (two entries per flow).
+    #[arg(long, env = "SLUICE_CONNTRACK_MAP_SIZE", default_value_t = sluice_common::maps::DEFAULT_CONNTRACK_MAX)]
+    pub conntrack_map_size: u32,
+
+    /// /healthz fails when a change has waited this long to reach the maps.
+    #[arg(long, env = "SLUICE_HEALTHZ_MAX_PENDING", default_value = "30s")]
+    pub healthz_max_pending: HumanDuration,
+
+    /// /healthz fails when the Kubernetes API has failed this long.
+    #[arg(long, env = "SLUICE_HEALTHZ_MAX_API_DOWN", default_value = "2m")]
+    pub healthz_max_api_down: HumanDuration,
+
+    /// How often conntrack is scanned for expired entries.
+    #[arg(long, env = "SLUICE_CONNTRACK_GC_INTERVAL", default_value = "10s")]
+    pub conntrack_gc_interval: HumanDuration,
+
+    /// How often conntrack is scanned while backends drain.
+    #[arg(long, env = "SLUICE_DRAIN_SCAN_INTERVAL", default_value = "250ms")]
+    pub drain_scan_interval: HumanDuration,
+
+    /// How often devices are checked (new pods, vanished devices).
+    #[arg(long, env = "SLUICE_DEVICE_SCAN_INTERVAL", default_value = "1s")]
+    pub device_scan_interval: HumanDuration,
+
+    /// How often a `dir:` source checks its directory.
+    #[arg(long, env = "SLUICE_DIR_POLL_INTERVAL", default_value = "200ms")]
+    pub dir_poll_interval: HumanDuration,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LbCommand {
+    /// Every frontend with its backends, their state and live flows.
+    List(ListArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtCommand {
+    /// Conntrack entries.
+    List(CtListArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub bpf: BpfRootArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CtListArgs {
+    #[command(flatten)]
+    pub bpf: BpfRootArg,
+    /// Only flows of this frontend (`VIP:PORT`).
+    #[arg(long)]
+    pub service: Option<SocketAddr>,
+    /// Only flows on this backend (id, or `ADDR:PORT`).
+    #[arg(long)]
+    pub backend: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub bpf: BpfRootArg,
+    /// The agent's health endpoint.
+    #[arg(
+        long,
+        env = "SLUICE_HEALTHZ_URL",
+        default_value = "http://127.0.0.1:10256/healthz"
+    )]
+    pub healthz_url: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sources_and_durations() {
+        assert_eq!("kube".parse::<Source>(), Ok(Source::Kube));
+        assert_eq!(
+            "dir:/etc/x".parse::<Source>(),
+            Ok(Source::Dir("/etc/x".into()))
+        );
+        assert!("dir:".parse::<Source>().is_err());
+        assert!("file:/x".parse::<Source>().is_err());
+        assert_eq!(
+            "250ms".parse::<HumanDuration>().map(|d| d.0),
+            Ok(Duration::from_millis(250))
+        );
+        assert_eq!(
+            "1h".parse::<HumanDuration>().map(|d| d.0),
+            Ok(Duration::from_secs(3600))
+        );
+        assert!("5 m".parse::<HumanDuration>().is_err());
+    }
+
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

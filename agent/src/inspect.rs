@@ -1,0 +1,417 @@
+//! The operator commands: `sluice lb list`, `sluice ct list`,
+//! `sluice status`. They read the pinned maps directly, so they work while
+//! the agent is down (and never write).
+
+use std::{
+    collections::HashMap,
+    fmt::Write as _,
+    io::{Read, Write},
+    net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs},
+    path::Path,
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use sluice_common::{
+    conntrack::{CT_F_RST, CT_F_RX_CLOSING, CT_F_SEEN_REPLY, CT_F_SYN, CT_F_TX_CLOSING},
+    service::{SVC_F_DRAINING, SVC_F_DROP_EMPTY},
+    BackendState, CtKind, FrontendKind, Stat,
+};
+
+use crate::{
+    cli::{CtListArgs, ListArgs, StatusArgs},
+    conntrack,
+    datapath::{attached_devices, read_map_state, DatapathError, Maps},
+    reconcile::endpoint_of,
+};
+
+/// Opens the pinned maps with a message an operator can act on.
+fn open(root: &Path) -> Result<Maps> {
+    if !root.exists() {
+        bail!(
+            "no sluice datapath at {}: the agent has not run on this node, uses another --bpf-root, or bpffs is not mounted",
+            root.display()
+        );
+    }
+    Maps::open_pinned(root).map_err(|e| {
+        let denied = matches!(&e, DatapathError::Map { source: aya::maps::MapError::SyscallError(s), .. }
+            if s.io_error.kind() == std::io::ErrorKind::PermissionDenied);
+        if denied {
+            anyhow::anyhow!("reading BPF maps needs root (CAP_BPF and CAP_SYS_ADMIN): {e}")
+        } else {
+            anyhow::Error::new(e).context(format!("opening the maps under {}", root.display()))
+        }
+    })
+}
+
+fn kind_name(kind: FrontendKind) -> &'static str {
+    match kind {
+        FrontendKind::ClusterIp => "ClusterIP",
+        FrontendKind::NodePort => "NodePort",
+        FrontendKind::LoadBalancer => "LoadBalancer",
+        FrontendKind::ExternalIp => "ExternalIP",
+    }
+}
+
+#[derive(Serialize)]
+struct BackendRow {
+    slot: usize,
+    id: u32,
+    address: String,
+    state: &'static str,
+    /// Live flows at this moment (open connections, fresh UDP flows).
+    flows: u32,
+}
+
+#[derive(Serialize)]
+struct FrontendRow {
+    frontend: String,
+    protocol: &'static str,
+    kind: &'static str,
+    svc_id: u32,
+    active: u16,
+    fallback: u16,
+    draining_service: bool,
+    drop_when_empty: bool,
+    backends: Vec<BackendRow>,
+}
+
+fn frontends(maps: &Maps) -> Result<Vec<FrontendRow>> {
+    let (state, _) = read_map_state(maps)?;
+    let entries = conntrack::read_all(maps)?;
+    let flows: HashMap<u32, u32> =
+        conntrack::scan(&entries, &state.backends, conntrack::monotonic_ns()).flows;
+    let mut keys: Vec<_> = state.frontends.keys().copied().collect();
+    keys.sort();
+    Ok(keys
+        .into_iter()
+        .filter_map(|key| {
+            let fe = state.frontends.get(&key)?;
+            let backends = fe
+                .slots
+                .iter()
+                .enumerate()
+                .map(|(i, id)| {
+                    let b = state.backends.get(id);
+                    BackendRow {
+                        slot: i + 1,
+                        id: *id,
+                        address: b
+                            .map_or_else(|| "(missing)".into(), |b| endpoint_of(b).to_string()),
+                        state: b.map_or("missing", |b| BackendState::from_u8(b.state).as_str()),
+                        flows: flows.get(id).copied().unwrap_or(0),
+                    }
+                })
+                .collect();
+            Some(FrontendRow {
+                frontend: SocketAddr::new(key.addr, key.port).to_string(),
+                protocol: key.proto.as_str(),
+                kind: kind_name(fe.kind()),
+                svc_id: fe.svc_id,
+                active: fe.active,
+                fallback: fe.fallback,
+                draining_service: fe.flags & SVC_F_DRAINING != 0,
+                drop_when_empty: fe.flags & SVC_F_DROP_EMPTY != 0,
+                backends,
+            })
+        })
+        .collect())
+}
+
+/// `sluice lb list`.
+pub fn lb_list(args: &ListArgs) -> Result<()> {
+    let maps = open(&args.bpf.bpf_root)?;
+    let rows = frontends(&maps)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    print!("{}", render_lb(&rows));
+    Ok(())
+}
+
+fn render_lb(rows: &[FrontendRow]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<5}{:<26}{:<14}{:<7}SELECTABLE",
+        "PROT", "FRONTEND", "KIND", "SVC"
+    );
+    let _ = writeln!(
+        out,
+        "  -> {:<25}{:<21}{:>6}  ID",
+        "BACKEND", "STATE", "FLOWS"
+    );
+    for r in rows {
+        let mut notes = format!("{} active", r.active);
+        if r.fallback > 0 {
+            let _ = write!(notes, ", {} terminating-serving (fallback)", r.fallback);
+        }
+        if r.draining_service {
+            notes.push_str(" [service gone, draining]");
+        }
+        if r.drop_when_empty {
+            notes.push_str(" [drops when empty]");
+        }
+        let _ = writeln!(
+            out,
+            "{:<5}{:<26}{:<14}{:<7}{}",
+            r.protocol, r.frontend, r.kind, r.svc_id, notes
+        );
+        for b in &r.backends {
+            let _ = writeln!(
+                out,
+                "  -> {:<25}{:<21}{:>6}  {}",
+                b.address, b.state, b.flows, b.id
+            );
+        }
+    }
+    out
+}
+
+#[derive(Serialize)]
+struct CtRow {
+    proto: &'static str,
+    kind: &'static str,
+    src: String,
+    dst: String,
+    nat: String,
+    backend_id: u32,
+    svc_id: u32,
+    flags: Vec<&'static str>,
+    idle_seconds: f64,
+}
+
+fn flag_names(flags: u8) -> Vec<&'static str> {
+    [
+        (CT_F_SYN, "syn"),
+        (CT_F_SEEN_REPLY, "replied"),
+        (CT_F_TX_CLOSING, "client-fin"),
+        (CT_F_RX_CLOSING, "backend-fin"),
+        (CT_F_RST, "rst"),
+    ]
+    .into_iter()
+    .filter(|(bit, _)| flags & bit != 0)
+    .map(|(_, n)| n)
+    .collect()
+}
+
+/// `sluice ct list`.
+pub fn ct_list(args: &CtListArgs) -> Result<()> {
+    let maps = open(&args.bpf.bpf_root)?;
+    let (state, _) = read_map_state(&maps)?;
+    let backend_filter: Option<u32> = match &args.backend {
+        None => None,
+        Some(s) => Some(match s.parse::<u32>() {
+            Ok(id) => id,
+            Err(_) => {
+                let addr: SocketAddr = s.parse().context("--backend takes an id or ADDR:PORT")?;
+                state
+                    .backends
+                    .iter()
+                    .find(|(_, b)| {
+                        let ep = endpoint_of(b);
+                        ep.addr == addr.ip() && ep.port == addr.port()
+                    })
+                    .map(|(id, _)| *id)
+                    .with_context(|| format!("no backend {addr} in the maps"))?
+            }
+        }),
+    };
+    let now = conntrack::monotonic_ns();
+    let mut rows = Vec::new();
+    for (key, e) in conntrack::read_all(&maps)? {
+        let nat_ip = IpAddr::from([e.nat_addr[0], e.nat_addr[1], e.nat_addr[2], e.nat_addr[3]]);
+        let nat = SocketAddr::new(nat_ip, e.nat_port);
+        let src = SocketAddr::new(IpAddr::from(key.src), key.sport);
+        let dst = SocketAddr::new(IpAddr::from(key.dst), key.dport);
+        let forward = e.kind == CtKind::Forward as u8;
+        if let Some(svc) = args.service {
+            let frontend = if forward { dst } else { nat };
+            if frontend != svc {
+                continue;
+            }
+        }
+        if backend_filter.is_some_and(|id| id != e.backend_id) {
+            continue;
+        }
+        rows.push(CtRow {
+            proto: if key.proto == sluice_common::IPPROTO_TCP {
+                "TCP"
+            } else {
+                "UDP"
+            },
+            kind: if forward { "forward" } else { "reply" },
+            src: src.to_string(),
+            dst: dst.to_string(),
+            nat: nat.to_string(),
+            backend_id: e.backend_id,
+            svc_id: e.svc_id,
+            flags: flag_names(e.flags),
+            idle_seconds: Duration::from_nanos(now.saturating_sub(e.last_seen_ns)).as_secs_f64(),
+        });
+    }
+    rows.sort_by(|a, b| (a.kind, &a.src, &a.dst).cmp(&(b.kind, &b.src, &b.dst)));
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<5}{:<9}{:<23}{:<23}{:<23}{:>8}  {:<7}FLAGS",
+        "PROT", "KIND", "SOURCE", "DESTINATION", "NAT", "BACKEND", "IDLE"
+    );
+    for r in &rows {
+        println!(
+            "{:<5}{:<9}{:<23}{:<23}{:<23}{:>8}  {:<7}{}",
+            r.proto,
+            r.kind,
+            r.src,
+            r.dst,
+            r.nat,
+            r.backend_id,
+            format!("{:.0}s", r.idle_seconds),
+            r.flags.join(",")
+        );
+    }
+    println!("{} entries", rows.len());
+    Ok(())
+}
+
+/// A tiny HTTP/1.1 GET for the agent's health endpoint.
+fn http_get(url: &str) -> Result<(u16, String)> {
+    let rest = url.strip_prefix("http://").context("only http:// URLs")?;
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
+    let addr = host
+        .to_socket_addrs()?
+        .next()
+        .with_context(|| format!("cannot resolve {host}"))?;
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut resp = String::new();
+    stream.read_to_string(&mut resp)?;
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context("malformed HTTP response")?;
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+#[derive(Serialize)]
+struct MapFill {
+    map: &'static str,
+    entries: usize,
+    capacity: u32,
+}
+
+/// `sluice status`.
+pub fn status(args: &StatusArgs) -> Result<()> {
+    let root = &args.bpf.bpf_root;
+    let maps = open(root)?;
+    let (state, _) = read_map_state(&maps)?;
+    let ct_entries = conntrack::read_all(&maps)?.len();
+    let capacity = |name: &str| {
+        aya::maps::MapInfo::from_pin(root.join(name))
+            .map(|i| i.max_entries())
+            .unwrap_or(0)
+    };
+    let fill = vec![
+        MapFill {
+            map: sluice_common::maps::SERVICES_V4,
+            entries: state.service_entries(),
+            capacity: capacity(sluice_common::maps::SERVICES_V4),
+        },
+        MapFill {
+            map: sluice_common::maps::BACKENDS,
+            entries: state.backends.len(),
+            capacity: capacity(sluice_common::maps::BACKENDS),
+        },
+        MapFill {
+            map: sluice_common::maps::CONNTRACK_V4,
+            entries: ct_entries,
+            capacity: capacity(sluice_common::maps::CONNTRACK_V4),
+        },
+    ];
+    let counters: Vec<(&str, u64)> = Stat::ALL
+        .iter()
+        .map(|s| (s.name(), maps.stat(*s).unwrap_or(0)))
+        .collect();
+    let devices = attached_devices(root);
+    let agent = http_get(&args.healthz_url);
+
+    if args.json {
+        let agent = match &agent {
+            Ok((code, body)) => serde_json::json!({
+                "http_status": code,
+                "healthz": serde_json::from_str::<serde_json::Value>(body).unwrap_or(serde_json::Value::Null),
+            }),
+            Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
+        };
+        let counters: serde_json::Map<String, serde_json::Value> = counters
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).into()))
+            .collect();
+        let out = serde_json::json!({
+            "agent": agent,
+            "bpf_root": root,
+            "maps": fill,
+            "devices": devices,
+            "datapath": counters,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    match &agent {
+        Ok((200, body)) => {
+            let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+            println!(
+                "agent:     healthy, last sync {}",
+                v["lastUpdated"].as_str().unwrap_or("never")
+            );
+        }
+        Ok((code, body)) => println!("agent:     UNHEALTHY (HTTP {code}) {}", body.trim()),
+        Err(e) => println!(
+            "agent:     not reachable at {} ({e:#}); the datapath runs on without it",
+            args.healthz_url
+        ),
+    }
+    println!("bpf root:  {}", root.display());
+    println!(
+        "devices:   {}",
+        if devices.is_empty() {
+            "(none attached)".to_owned()
+        } else {
+            devices.join(", ")
+        }
+    );
+    for f in &fill {
+        let pct = if f.capacity == 0 {
+            0.0
+        } else {
+            100.0 * f.entries as f64 / f64::from(f.capacity)
+        };
+        println!(
+            "map:       {:<12} {:>8} / {:<8} ({pct:.1}%)",
+            f.map, f.entries, f.capacity
+        );
+    }
+    println!(
+        "frontends: {}  backends: {}",
+        state.frontends.len(),
+        state.backends.len()
+    );
+    let line: Vec<String> = counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!("datapath:  {}", line.join(" "));
+    Ok(())
+}

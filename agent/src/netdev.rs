@@ -1,0 +1,99 @@
+//! The calling thread's network namespace: its devices and addresses
+//! (through `if_nameindex`/`getifaddrs`, not /sys, which shows the
+//! namespace that mounted it).
+
+use std::{ffi::CStr, net::IpAddr};
+
+/// Every device: (name, ifindex).
+pub fn devices() -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    // SAFETY: if_nameindex returns an array terminated by a zero entry,
+    // freed with if_freenameindex.
+    unsafe {
+        let list = libc::if_nameindex();
+        if list.is_null() {
+            return out;
+        }
+        let mut p = list;
+        while (*p).if_index != 0 && !(*p).if_name.is_null() {
+            let name = CStr::from_ptr((*p).if_name).to_string_lossy().into_owned();
+            out.push((name, (*p).if_index));
+            p = p.add(1);
+        }
+        libc::if_freenameindex(list);
+    }
+    out.sort();
+    out
+}
+
+/// Every address assigned to a device.
+pub fn addresses() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    // SAFETY: getifaddrs allocates a list freed with freeifaddrs; each
+    // sockaddr is read according to its family.
+    unsafe {
+        let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+        if libc::getifaddrs(&mut head) != 0 {
+            return out;
+        }
+        let mut p = head;
+        while !p.is_null() {
+            let sa = (*p).ifa_addr;
+            if !sa.is_null() {
+                match i32::from((*sa).sa_family) {
+                    libc::AF_INET => {
+                        let sin = sa as *const libc::sockaddr_in;
+                        out.push(IpAddr::from(
+                            u32::from_be((*sin).sin_addr.s_addr).to_be_bytes(),
+                        ));
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = sa as *const libc::sockaddr_in6;
+                        out.push(IpAddr::from((*sin6).sin6_addr.s6_addr));
+                    }
+                    _ => {}
+                }
+            }
+            p = (*p).ifa_next;
+        }
+        libc::freeifaddrs(head);
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Shell-style match with `*` and `?`.
+pub fn glob(pattern: &str, name: &str) -> bool {
+    fn go(p: &[u8], n: &[u8]) -> bool {
+        match (p.first(), n.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) => go(&p[1..], n) || (!n.is_empty() && go(p, &n[1..])),
+            (Some(b'?'), Some(_)) => go(&p[1..], &n[1..]),
+            (Some(a), Some(b)) if a == b => go(&p[1..], &n[1..]),
+            _ => false,
+        }
+    }
+    go(pattern.as_bytes(), name.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob;
+
+    #[test]
+    fn globs() {
+        assert!(glob("eth0", "eth0"));
+        assert!(!glob("eth0", "eth1"));
+        assert!(glob("lxc*", "lxc12ab"));
+        assert!(glob("veth?", "veth1"));
+        assert!(!glob("veth?", "veth12"));
+        assert!(glob("*", "anything"));
+    }
+
+    #[test]
+    fn loopback_is_listed() {
+        assert!(super::devices().iter().any(|(n, _)| n == "lo"));
+        assert!(super::addresses().contains(&"127.0.0.1".parse().unwrap()));
+    }
+}

@@ -1,0 +1,200 @@
+//! `sluice agent`: wires the datapath, the device manager, the admin
+//! server, a source and the sync task together, and shuts down on
+//! SIGTERM/SIGINT leaving the pinned datapath running (a second signal
+//! exits at once).
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use anyhow::{anyhow, Context, Result};
+use kube::{
+    config::{KubeConfigOptions, Kubeconfig},
+    Client, Config,
+};
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    sync::{mpsc, watch},
+    task::JoinSet,
+};
+use tracing::{info, warn};
+
+use crate::{
+    admin::{self, Admin},
+    cli::{AgentArgs, Source},
+    datapath::{Datapath, MapSizes, MapWriter},
+    devices::Devices,
+    health::Health,
+    metrics::Metrics,
+    netdev,
+    reconcile::Reconciler,
+    sources,
+    sync::{Sync, SyncConfig},
+    translate::{IpNet, TranslateConfig},
+};
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+async fn kube_client(path: Option<&Path>) -> Result<Client> {
+    let config = match path {
+        Some(p) => {
+            let kubeconfig = Kubeconfig::read_from(p)
+                .with_context(|| format!("reading kubeconfig {}", p.display()))?;
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?
+        }
+        None => Config::infer()
+            .await
+            .context("no in-cluster config and no kubeconfig")?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+/// This node's addresses within `--nodeport-addresses`.
+fn nodeport_addresses(cidrs: &[String]) -> Result<Vec<std::net::IpAddr>> {
+    let nets: Vec<IpNet> = cidrs
+        .iter()
+        .map(|c| IpNet::parse(c).ok_or_else(|| anyhow!("invalid --nodeport-addresses entry `{c}`")))
+        .collect::<Result<_>>()?;
+    Ok(netdev::addresses()
+        .into_iter()
+        .filter(|a| nets.iter().any(|n| n.contains(*a)))
+        .collect())
+}
+
+async fn next_signal() -> Result<()> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+pub async fn agent(args: AgentArgs) -> Result<()> {
+    let node_name = args.hostname_override.clone().unwrap_or_else(hostname);
+    let sizes = MapSizes {
+        services: args.services_map_size,
+        backends: args.backends_map_size,
+        conntrack: args.conntrack_map_size,
+    };
+    let root = &args.bpf.bpf_root;
+    let health = Arc::new(Health::new(
+        args.healthz_max_pending.0,
+        args.healthz_max_api_down.0,
+    ));
+    let metrics = Arc::new(Metrics::new());
+
+    let (datapath, maps) = Datapath::load(root, &sizes).context("loading the datapath")?;
+    let reconciler = Reconciler::new(MapWriter::new(maps), &sizes, args.drain_timeout.0)
+        .context("adopting the pinned maps")?;
+    info!(
+        node = %node_name,
+        bpf_root = %root.display(),
+        frontends = reconciler.programmed().frontends.len(),
+        backends = reconciler.programmed().backends.len(),
+        "datapath loaded; adopted what the maps hold"
+    );
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+
+    let admin = Admin {
+        health: health.clone(),
+        metrics: metrics.clone(),
+    };
+    let healthz = admin::bind(args.healthz_bind_address)
+        .await
+        .with_context(|| {
+            format!(
+                "binding --healthz-bind-address {}",
+                args.healthz_bind_address
+            )
+        })?;
+    info!(addr = %healthz.local_addr()?, "serving /healthz");
+    tasks.spawn(admin.clone().serve(healthz, shutdown_rx.clone()));
+    if args.metrics_bind_address != args.healthz_bind_address {
+        let listener = admin::bind(args.metrics_bind_address)
+            .await
+            .with_context(|| {
+                format!(
+                    "binding --metrics-bind-address {}",
+                    args.metrics_bind_address
+                )
+            })?;
+        info!(addr = %listener.local_addr()?, "serving /metrics");
+        tasks.spawn(admin.serve(listener, shutdown_rx.clone()));
+    }
+
+    // Attach before anything can report ready.
+    let mut devices = Devices::new(datapath, args.devices.clone());
+    let attached = devices.scan();
+    metrics.devices.set(attached as i64);
+    if attached == 0 {
+        warn!(patterns = ?args.devices, "no device matches --devices yet; will keep looking");
+    }
+    tasks.spawn(devices.run(
+        args.device_scan_interval.0,
+        metrics.clone(),
+        shutdown_rx.clone(),
+    ));
+
+    let translate = TranslateConfig {
+        node_name: node_name.clone(),
+        node_addresses: nodeport_addresses(&args.nodeport_addresses)?,
+        ipv6: false,
+    };
+    let (tx, rx) = mpsc::channel(1024);
+    let sync = Sync::new(
+        SyncConfig {
+            translate,
+            sizes,
+            gc_interval: args.conntrack_gc_interval.0,
+            drain_interval: args.drain_scan_interval.0,
+        },
+        reconciler,
+        health.clone(),
+        metrics.clone(),
+    );
+    let mut sync_task = tokio::spawn(sync.run(rx, shutdown_rx.clone()));
+
+    match &args.source {
+        Source::Kube => {
+            let client = kube_client(args.kubeconfig.as_deref()).await?;
+            tasks.spawn(sources::kube::run(client, node_name, tx, health, metrics));
+        }
+        Source::Dir(dir) => {
+            info!(dir = %dir.display(), "reading manifests from a directory");
+            tasks.spawn(sources::dir::run(
+                dir.clone(),
+                args.dir_poll_interval.0,
+                tx,
+                health,
+                shutdown_rx.clone(),
+            ));
+        }
+    }
+
+    tokio::select! {
+        r = next_signal() => r?,
+        ended = &mut sync_task => {
+            tasks.abort_all();
+            return Err(anyhow!("the sync task ended unexpectedly ({ended:?})"));
+        }
+    }
+    info!("shutting down; the datapath stays attached and keeps forwarding");
+    let _ = shutdown_tx.send(true);
+    tokio::select! {
+        _ = &mut sync_task => {}
+        _ = next_signal() => warn!("second signal: exiting now"),
+        _ = tokio::time::sleep(Duration::from_secs(10)) => warn!("sync task did not stop in 10s"),
+    }
+    tasks.abort_all();
+    Ok(())
+}

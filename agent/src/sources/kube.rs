@@ -1,0 +1,190 @@
+//! The Kubernetes source: kube-rs watchers on Services (with kube-proxy's
+//! label selector), EndpointSlices and this node's Node, with the default
+//! backoff. Relists arrive as complete sets (`Change::Reset`), so deletes
+//! missed while disconnected are not lost. Every watch event passes the
+//! resourceVersion guard: a stale event restarts the watcher with a fresh
+//! list instead of letting it resume from the past (incident 4).
+
+use std::{fmt::Debug, sync::Arc};
+
+use futures::StreamExt;
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
+use kube::{
+    runtime::{
+        watcher::{self, Event},
+        WatchStreamExt,
+    },
+    Api, Client, Resource, ResourceExt,
+};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use super::{
+    guard::{RvGuard, Verdict},
+    Change, Converted, Envelope, Kind, Update,
+};
+use crate::{health::Health, metrics::Metrics, translate::ObjectKey};
+
+/// kube-proxy's selector: services owned by another proxy, and headless
+/// services, are not ours.
+pub const SERVICE_SELECTOR: &str =
+    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+
+/// Runs the three watchers until the receiver goes away.
+pub async fn run(
+    client: Client,
+    node_name: String,
+    tx: mpsc::Sender<Envelope>,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+) {
+    let services = Watch {
+        kind: Kind::Service,
+        api: Api::<Service>::all(client.clone()),
+        config: watcher::Config::default().labels(SERVICE_SELECTOR),
+        convert: super::service,
+        wrap: Update::Services,
+    };
+    let slices = Watch {
+        kind: Kind::EndpointSlice,
+        api: Api::<EndpointSlice>::all(client.clone()),
+        config: watcher::Config::default(),
+        convert: super::slice,
+        wrap: Update::Slices,
+    };
+    let nodes = Watch {
+        kind: Kind::Node,
+        api: Api::<Node>::all(client),
+        config: watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+        convert: super::node,
+        wrap: Update::Node,
+    };
+    tokio::join!(
+        services.run(&tx, &health, &metrics),
+        slices.run(&tx, &health, &metrics),
+        nodes.run(&tx, &health, &metrics),
+    );
+}
+
+/// What the guard makes of a watch event.
+enum Step {
+    Use,
+    Skip,
+    Relist,
+}
+
+struct Watch<K: Resource, T> {
+    kind: Kind,
+    api: Api<K>,
+    config: watcher::Config,
+    convert: fn(&K) -> Option<Converted<T>>,
+    wrap: fn(Change<T>) -> Update,
+}
+
+impl<K, T> Watch<K, T>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    async fn send(&self, tx: &mpsc::Sender<Envelope>, health: &Health, change: Change<T>) -> bool {
+        health.update_sent();
+        tx.send((std::time::Instant::now(), (self.wrap)(change)))
+            .await
+            .is_ok()
+    }
+
+    /// One list+watch after another; returns when the receiver is gone.
+    async fn run(&self, tx: &mpsc::Sender<Envelope>, health: &Health, metrics: &Metrics) {
+        let kind = self.kind;
+        loop {
+            let mut stream = watcher::watcher(self.api.clone(), self.config.clone())
+                .default_backoff()
+                .boxed();
+            let mut guard = RvGuard::new();
+            let mut listing: Vec<Converted<T>> = Vec::new();
+            loop {
+                let event = match stream.next().await {
+                    Some(Ok(event)) => {
+                        health.api_ok(kind);
+                        event
+                    }
+                    Some(Err(e)) => {
+                        health.api_error(kind);
+                        metrics.api_errors(kind);
+                        warn!(%kind, error = %e, "watch failed, retrying with backoff");
+                        continue;
+                    }
+                    None => break,
+                };
+                let (obj, deleted) = match event {
+                    Event::Init => {
+                        guard = RvGuard::new();
+                        listing.clear();
+                        metrics.relist(kind);
+                        debug!(%kind, "listing");
+                        continue;
+                    }
+                    Event::InitApply(obj) => {
+                        guard.listed(obj.resource_version().as_deref());
+                        listing.extend((self.convert)(&obj));
+                        continue;
+                    }
+                    Event::InitDone => {
+                        info!(%kind, objects = listing.len(), "listed");
+                        let all = std::mem::take(&mut listing);
+                        if !self.send(tx, health, Change::Reset(all)).await {
+                            return;
+                        }
+                        continue;
+                    }
+                    Event::Apply(obj) => (obj, false),
+                    Event::Delete(obj) => (obj, true),
+                };
+                match self.check(&mut guard, &obj, metrics) {
+                    Step::Relist => break,
+                    Step::Skip => continue,
+                    Step::Use => {}
+                }
+                let change = if deleted {
+                    ObjectKey::from_meta(obj.meta()).map(Change::Delete)
+                } else {
+                    (self.convert)(&obj).map(Change::Apply)
+                };
+                if let Some(change) = change {
+                    if !self.send(tx, health, change).await {
+                        return;
+                    }
+                }
+            }
+            // The stream is dropped here; the next iteration lists afresh.
+        }
+    }
+
+    /// Runs the guard on a watch event.
+    fn check(&self, guard: &mut RvGuard, obj: &K, metrics: &Metrics) -> Step {
+        let kind = self.kind;
+        match guard.event(obj.resource_version().as_deref()) {
+            Verdict::Apply => Step::Use,
+            Verdict::Duplicate => {
+                metrics.duplicate_event(kind);
+                debug!(%kind, name = %obj.name_any(), "duplicate event ignored");
+                Step::Skip
+            }
+            Verdict::Stale { newest, got } => {
+                metrics.stale_event(kind);
+                warn!(
+                    %kind,
+                    name = %obj.name_any(),
+                    resource_version = got,
+                    newest,
+                    "event older than state already applied: relisting instead of resuming from the past"
+                );
+                Step::Relist
+            }
+        }
+    }
+}

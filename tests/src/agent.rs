@@ -1,0 +1,371 @@
+//! The real `sluice agent` binary, run inside a topology's node namespace
+//! (entered with setns, so bpffs stays visible), with its log kept for
+//! the failure message.
+
+use std::{
+    fs,
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{netns::unique_name, topology::Topology, Netns};
+
+/// The node name agents in tests use.
+pub const NODE_NAME: &str = "node-1";
+const HEALTHZ: &str = "127.0.0.1:10256";
+const METRICS: &str = "127.0.0.1:10249";
+
+/// Path of the `sluice` binary, built once per test process (a no-op when
+/// it is up to date) so that tests never run a stale agent.
+pub fn binary() -> Result<PathBuf> {
+    static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            // target/<profile>/deps/<test> -> target/<profile>
+            let profile_dir = exe
+                .parent()
+                .and_then(Path::parent)
+                .ok_or("unexpected test binary location")?
+                .to_owned();
+            let target_dir = profile_dir.parent().ok_or("no target dir")?;
+            let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+            cmd.args([
+                "build",
+                "--quiet",
+                "-p",
+                "sluice",
+                "--bin",
+                "sluice",
+                "--target-dir",
+            ])
+            .arg(target_dir);
+            if profile_dir.file_name().is_some_and(|n| n == "release") {
+                cmd.arg("--release");
+            }
+            let status = cmd
+                .status()
+                .map_err(|e| format!("running cargo build: {e}"))?;
+            if !status.success() {
+                return Err(format!("cargo build -p sluice failed ({status})"));
+            }
+            Ok(profile_dir.join("sluice"))
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+/// A directory of manifests for `--source dir:`, removed on drop.
+pub struct ManifestDir {
+    path: PathBuf,
+}
+
+impl ManifestDir {
+    pub fn create() -> Result<Self> {
+        let path = std::env::temp_dir().join(unique_name("manifests"));
+        fs::create_dir_all(&path)?;
+        Ok(Self { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes (atomically: temp file, then rename) one manifest file.
+    pub fn write(&self, name: &str, yaml: &str) -> Result<()> {
+        let tmp = self.path.join(format!(".{name}.tmp"));
+        fs::write(&tmp, yaml)?;
+        fs::rename(&tmp, self.path.join(name))?;
+        Ok(())
+    }
+
+    pub fn remove(&self, name: &str) -> Result<()> {
+        fs::remove_file(self.path.join(name))?;
+        Ok(())
+    }
+}
+
+impl Drop for ManifestDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+pub struct Agent {
+    child: Option<Child>,
+    node: PathBuf,
+    log: PathBuf,
+    args: Vec<String>,
+}
+
+fn in_ns<T: Send>(node: &Path, f: impl FnOnce() -> T + Send) -> Result<T> {
+    let file = fs::File::open(node)?;
+    std::thread::scope(|s| {
+        s.spawn(move || -> Result<T> {
+            use std::os::fd::AsRawFd;
+            // SAFETY: setns on a namespace fd we hold.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                bail!("setns: {}", std::io::Error::last_os_error());
+            }
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("thread panicked"))?
+    })
+}
+
+/// One HTTP/1.1 GET inside the node namespace.
+fn get(node: &Path, addr: &str, path: &str) -> Result<(u16, String)> {
+    let addr: SocketAddr = addr.parse()?;
+    let path = path.to_owned();
+    in_ns(node, move || -> Result<(u16, String)> {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut resp = String::new();
+        s.read_to_string(&mut resp)?;
+        let code = resp
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .context("malformed response")?;
+        let body = resp
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        Ok((code, body))
+    })?
+}
+
+impl Agent {
+    /// Starts `sluice agent --source <source>` in `topo`'s node namespace,
+    /// attached to every pod device, with the topology's bpffs root.
+    pub fn start(topo: &Topology, source: &str, extra: &[&str]) -> Result<Self> {
+        let mut args: Vec<String> = vec![
+            "agent".into(),
+            "--source".into(),
+            source.into(),
+            "--devices".into(),
+            "c*,b*".into(),
+            "--bpf-root".into(),
+            topo.bpf.path().display().to_string(),
+            "--hostname-override".into(),
+            NODE_NAME.into(),
+            "--healthz-bind-address".into(),
+            HEALTHZ.into(),
+            "--metrics-bind-address".into(),
+            METRICS.into(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let log = std::env::temp_dir().join(format!("{}.log", unique_name("agent")));
+        let mut agent = Self {
+            child: None,
+            node: topo.node.path(),
+            log,
+            args,
+        };
+        agent.spawn(&topo.node)?;
+        Ok(agent)
+    }
+
+    fn spawn(&mut self, node: &Netns) -> Result<()> {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = node
+            .command(binary()?)
+            .args(&self.args)
+            .env(
+                "RUST_LOG",
+                std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting sluice agent")?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Restarts the agent with the same arguments (after `kill9`/`stop`).
+    pub fn restart(&mut self, node: &Netns) -> Result<()> {
+        self.kill9();
+        self.spawn(node)
+    }
+
+    /// Waits until `/readyz` answers 200 (the first full sync is in the maps).
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok((200, _)) = get(&self.node, HEALTHZ, "/readyz") {
+                return Ok(());
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    bail!(
+                        "agent exited ({status}) before it was ready:\n{}",
+                        self.log_tail()
+                    );
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("agent not ready after {timeout:?}:\n{}", self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `/healthz`: status code and JSON body.
+    pub fn healthz(&self) -> Result<(u16, serde_json::Value)> {
+        let (code, body) = get(&self.node, HEALTHZ, "/healthz")?;
+        Ok((
+            code,
+            serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
+        ))
+    }
+
+    /// `/metrics` text.
+    pub fn metrics(&self) -> Result<String> {
+        Ok(get(&self.node, METRICS, "/metrics")?.1)
+    }
+
+    /// The value of one metric sample (first line starting with `name`).
+    pub fn metric(&self, name: &str) -> Result<f64> {
+        let text = self.metrics()?;
+        text.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("metric {name} not found in:\n{text}"))
+    }
+
+    /// SIGKILL, as a node agent crash or OOM kill.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait, as a DaemonSet rolling update.
+    pub fn stop(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// The last lines of the agent's log.
+    pub fn log_tail(&self) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Runs `sluice <args>` (e.g. `lb list`) against this agent's maps.
+    pub fn cli(&self, args: &[&str]) -> Result<String> {
+        let root = self
+            .args
+            .iter()
+            .position(|a| a == "--bpf-root")
+            .and_then(|i| self.args.get(i + 1))
+            .context("no --bpf-root")?;
+        let out = Command::new(binary()?)
+            .args(args)
+            .arg("--bpf-root")
+            .arg(root)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "sluice {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- agent log ({}) ---\n{}",
+                self.log.display(),
+                self.log_tail()
+            );
+        }
+        let _ = fs::remove_file(&self.log);
+    }
+}
+
+/// Manifests for tests and the demo.
+pub mod yaml {
+    use std::net::Ipv4Addr;
+
+    /// A ClusterIP Service with one TCP port named `http`.
+    pub fn service(name: &str, vip: Ipv4Addr, port: u16, target: u16) -> String {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  type: ClusterIP\n  clusterIP: {vip}\n  clusterIPs: [{vip}]\n  selector:\n    app: {name}\n  ports:\n  - name: http\n    protocol: TCP\n    port: {port}\n    targetPort: {target}\n"
+        )
+    }
+
+    /// Conditions of one endpoint.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Cond {
+        pub ready: bool,
+        pub serving: bool,
+        pub terminating: bool,
+    }
+
+    pub const READY: Cond = Cond {
+        ready: true,
+        serving: true,
+        terminating: false,
+    };
+    pub const TERMINATING: Cond = Cond {
+        ready: false,
+        serving: false,
+        terminating: true,
+    };
+    pub const TERMINATING_SERVING: Cond = Cond {
+        ready: false,
+        serving: true,
+        terminating: true,
+    };
+
+    /// An EndpointSlice for `service` with port `http`.
+    pub fn slice(name: &str, service: &str, port: u16, endpoints: &[(Ipv4Addr, Cond)]) -> String {
+        let mut s = format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: IPv4\nports:\n- name: http\n  protocol: TCP\n  port: {port}\nendpoints:\n"
+        );
+        if endpoints.is_empty() {
+            s.push_str("[]\n");
+            s = s.replace("endpoints:\n[]\n", "endpoints: []\n");
+        }
+        for (ip, c) in endpoints {
+            s.push_str(&format!(
+                "- addresses: [\"{ip}\"]\n  nodeName: node-1\n  conditions:\n    ready: {}\n    serving: {}\n    terminating: {}\n",
+                c.ready, c.serving, c.terminating
+            ));
+        }
+        s
+    }
+}
