@@ -67,6 +67,19 @@ fn nodeport_addresses(cidrs: &[String]) -> Result<Vec<std::net::IpAddr>> {
         .collect())
 }
 
+/// A parent may have left SIGTERM/SIGINT blocked; the agent must see them.
+fn unblock_termination_signals() {
+    // SAFETY: plain signal-mask manipulation on the calling thread, done
+    // before the runtime spawns tasks that rely on it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 async fn next_signal() -> Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -78,6 +91,7 @@ async fn next_signal() -> Result<()> {
 }
 
 pub async fn agent(args: AgentArgs) -> Result<()> {
+    unblock_termination_signals();
     let node_name = args.hostname_override.clone().unwrap_or_else(hostname);
     let sizes = MapSizes {
         services: args.services_map_size,

@@ -28,12 +28,14 @@ pub fn binary() -> Result<PathBuf> {
     BUILT
         .get_or_init(|| {
             let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-            // target/<profile>/deps/<test> -> target/<profile>
-            let profile_dir = exe
-                .parent()
-                .and_then(Path::parent)
-                .ok_or("unexpected test binary location")?
-                .to_owned();
+            // target/<profile>/deps/<test>, or target/<profile>/<bin>.
+            let mut profile_dir = exe.parent().ok_or("unexpected binary location")?.to_owned();
+            if profile_dir.file_name().is_some_and(|n| n == "deps") {
+                profile_dir = profile_dir
+                    .parent()
+                    .ok_or("unexpected binary location")?
+                    .to_owned();
+            }
             let target_dir = profile_dir.parent().ok_or("no target dir")?;
             let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
             cmd.args([

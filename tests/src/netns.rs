@@ -109,10 +109,17 @@ impl Netns {
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut cmd = Command::new(program);
         let path = self.path();
-        // SAFETY: only async-signal-safe calls (open, setns, close) happen
-        // between fork and exec.
+        // SAFETY: only async-signal-safe calls (sigprocmask, open, setns,
+        // close) happen between fork and exec.
         unsafe {
-            cmd.pre_exec(move || enter_path(&path));
+            cmd.pre_exec(move || {
+                // A child must not inherit a mask that blocks SIGTERM (the
+                // demo blocks it to handle it on one thread).
+                let mut empty: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut empty);
+                libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+                enter_path(&path)
+            });
         }
         cmd
     }

@@ -20,6 +20,39 @@ fn owner_alive(name: &str) -> bool {
     }
 }
 
+/// Deletes everything this process created (namespaces, bpffs
+/// directories, temporary manifest directories): the last resort of a
+/// signal handler that cannot run destructors.
+pub fn sweep_own() {
+    let own = format!("{PREFIX}{}-", std::process::id());
+    for entry in fs::read_dir("/run/netns").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&own) {
+            if let Ok(out) = Command::new("ip").args(["netns", "pids", &name]).output() {
+                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    if let Ok(pid) = pid.parse::<i32>() {
+                        // SAFETY: sending a signal has no memory-safety effect.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
+                }
+            }
+            let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        }
+    }
+    for dir in [Path::new(BPFFS).to_owned(), std::env::temp_dir()] {
+        for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&own) {
+                let path = entry.path();
+                if path.is_dir() {
+                    let _ = fs::remove_dir_all(&path);
+                } else {
+                    let _ = fs::remove_file(&path);
+                }
+            }
+        }
+    }
+}
+
 /// Sweeps once per process.
 pub fn once() {
     static ONCE: Once = Once::new();
@@ -34,10 +67,17 @@ pub fn sweep() {
             let _ = Command::new("ip").args(["netns", "del", &name]).status();
         }
     }
-    for entry in fs::read_dir(BPFFS).into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(PREFIX) && !owner_alive(&name) {
-            let _ = fs::remove_dir_all(entry.path());
+    for dir in [Path::new(BPFFS).to_owned(), std::env::temp_dir()] {
+        for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(PREFIX) && !owner_alive(&name) {
+                let path = entry.path();
+                if path.is_dir() {
+                    let _ = fs::remove_dir_all(&path);
+                } else {
+                    let _ = fs::remove_file(&path);
+                }
+            }
         }
     }
 }

@@ -5,6 +5,7 @@
 //! - `test`: everything a contributor runs before submitting.
 //! - `demo`: sluice's main job on an embedded default, in namespaces.
 
+mod demo;
 mod ebpf;
 mod exec;
 mod test;
@@ -28,6 +29,8 @@ enum Command {
     BuildEbpf,
     /// Formatting, clippy (user and eBPF side), unit and integration tests.
     Test(test::TestArgs),
+    /// sluice's main job on an embedded default: namespaces as node and pods.
+    Demo,
 }
 
 fn main() -> Result<()> {
@@ -38,5 +41,6 @@ fn main() -> Result<()> {
             ebpf::build(&tc)
         }
         Command::Test(args) => test::run_tests(&args),
+        Command::Demo => demo::run_demo(),
     }
 }
