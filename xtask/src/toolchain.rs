@@ -226,7 +226,12 @@ fn ensure_bpffs() -> Result<()> {
 }
 
 /// Tools the tests, demo and docs use besides the compiler.
-const RUNTIME_PACKAGES: &[(&str, &str)] = &[("bpftool", "bpftool"), ("ip", "iproute2")];
+const RUNTIME_PACKAGES: &[(&str, &str)] = &[
+    ("bpftool", "bpftool"),
+    ("ip", "iproute2"),
+    ("iptables-legacy", "iptables"),
+    ("nft", "nftables"),
+];
 
 fn ensure_runtime_tools() -> Result<()> {
     let missing: Vec<&str> = RUNTIME_PACKAGES
