@@ -156,6 +156,11 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_HEALTHZ_MAX_API_DOWN", default_value = "2m")]
     pub healthz_max_api_down: HumanDuration,
 
+    /// How often the whole desired state is reconciled against the maps, as a
+    /// safety net on top of the per-change updates.
+    #[arg(long, env = "SLUICE_SYNC_PERIOD", default_value = "1m")]
+    pub sync_period: HumanDuration,
+
     /// How often conntrack is scanned for expired entries.
     #[arg(long, env = "SLUICE_CONNTRACK_GC_INTERVAL", default_value = "10s")]
     pub conntrack_gc_interval: HumanDuration,

@@ -171,6 +171,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
             sizes,
             gc_interval: args.conntrack_gc_interval.0,
             drain_interval: args.drain_scan_interval.0,
+            resync_interval: args.sync_period.0,
         },
         reconciler,
         health.clone(),

@@ -1,5 +1,5 @@
-//! The sync task's stores of trimmed objects, and the problems of the
-//! objects it could not use.
+//! The sync task's stores of trimmed objects, the problems of objects it
+//! could not use, and which services an update touched.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -8,91 +8,247 @@ use crate::{
     translate::{NodeInfo, ObjectKey, Problem, ServiceInfo, SliceInfo},
 };
 
+/// What an update changed, for incremental translation.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Dirty {
+    /// Everything must be retranslated (the node changed, or the first sync).
+    pub all: bool,
+    /// Services whose translation may have changed.
+    pub services: BTreeSet<ObjectKey>,
+    /// The set of rejected objects changed (metrics, logs).
+    pub rejected: bool,
+}
+
+impl Dirty {
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.services.is_empty() && !self.rejected
+    }
+
+    pub fn merge(&mut self, other: Dirty) {
+        self.all |= other.all;
+        self.rejected |= other.rejected;
+        self.services.extend(other.services);
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Stores {
     pub services: BTreeMap<ObjectKey, ServiceInfo>,
     pub slices: BTreeMap<ObjectKey, SliceInfo>,
     /// Node objects by name; translation uses the one named like this node.
     pub nodes: BTreeMap<ObjectKey, NodeInfo>,
+    /// Slices of each service (by the service's key).
+    pub slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
     /// Objects that could not be used at all, by kind and key.
     pub rejected: BTreeMap<(Kind, ObjectKey), Problem>,
     /// Kinds whose complete set has arrived at least once.
     pub synced: BTreeSet<Kind>,
 }
 
-fn apply_one<T: PartialEq>(
-    kind: Kind,
-    store: &mut BTreeMap<ObjectKey, T>,
-    rejected: &mut BTreeMap<(Kind, ObjectKey), Problem>,
-    item: Converted<T>,
-) -> bool {
-    let Converted { key, value } = item;
-    let rejected_changed = match &value {
-        Err(problem) => {
-            rejected
-                .insert((kind, key.clone()), problem.clone())
-                .as_ref()
-                != Some(problem)
-        }
-        Ok(_) => rejected.remove(&(kind, key.clone())).is_some(),
-    };
-    let store_changed = match value {
-        Ok(Some(v)) => {
-            if store.get(&key) == Some(&v) {
-                false
-            } else {
-                store.insert(key, v);
-                true
-            }
-        }
-        Ok(None) | Err(_) => store.remove(&key).is_some(),
-    };
-    store_changed || rejected_changed
+/// The service a slice belongs to.
+fn owner(key: &ObjectKey, slice: &SliceInfo) -> ObjectKey {
+    ObjectKey::new(key.namespace.clone(), slice.service.clone())
 }
 
-fn apply_change<T: PartialEq>(
+/// How one store reacts to its objects changing.
+trait Store<T> {
+    fn map(&mut self) -> &mut BTreeMap<ObjectKey, T>;
+    /// Records that `key` went from `old` to `new`.
+    fn touched(&mut self, key: &ObjectKey, old: Option<&T>, new: Option<&T>, dirty: &mut Dirty);
+}
+
+struct Services<'a>(&'a mut BTreeMap<ObjectKey, ServiceInfo>);
+struct Slices<'a> {
+    map: &'a mut BTreeMap<ObjectKey, SliceInfo>,
+    index: &'a mut BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+}
+struct Nodes<'a>(&'a mut BTreeMap<ObjectKey, NodeInfo>);
+
+impl Store<ServiceInfo> for Services<'_> {
+    fn map(&mut self) -> &mut BTreeMap<ObjectKey, ServiceInfo> {
+        self.0
+    }
+    fn touched(
+        &mut self,
+        key: &ObjectKey,
+        _: Option<&ServiceInfo>,
+        _: Option<&ServiceInfo>,
+        dirty: &mut Dirty,
+    ) {
+        dirty.services.insert(key.clone());
+    }
+}
+
+impl Store<SliceInfo> for Slices<'_> {
+    fn map(&mut self) -> &mut BTreeMap<ObjectKey, SliceInfo> {
+        self.map
+    }
+    fn touched(
+        &mut self,
+        key: &ObjectKey,
+        old: Option<&SliceInfo>,
+        new: Option<&SliceInfo>,
+        dirty: &mut Dirty,
+    ) {
+        if let Some(old) = old {
+            let svc = owner(key, old);
+            if let Some(set) = self.index.get_mut(&svc) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.index.remove(&svc);
+                }
+            }
+            dirty.services.insert(svc);
+        }
+        if let Some(new) = new {
+            let svc = owner(key, new);
+            self.index
+                .entry(svc.clone())
+                .or_default()
+                .insert(key.clone());
+            dirty.services.insert(svc);
+        }
+    }
+}
+
+impl Store<NodeInfo> for Nodes<'_> {
+    fn map(&mut self) -> &mut BTreeMap<ObjectKey, NodeInfo> {
+        self.0
+    }
+    fn touched(
+        &mut self,
+        _: &ObjectKey,
+        _: Option<&NodeInfo>,
+        _: Option<&NodeInfo>,
+        dirty: &mut Dirty,
+    ) {
+        dirty.all = true;
+    }
+}
+
+fn set<T: PartialEq + Clone>(
+    store: &mut impl Store<T>,
+    key: &ObjectKey,
+    value: Option<T>,
+    dirty: &mut Dirty,
+) {
+    let old = store.map().get(key).cloned();
+    if old == value {
+        return;
+    }
+    match &value {
+        Some(v) => store.map().insert(key.clone(), v.clone()),
+        None => store.map().remove(key),
+    };
+    store.touched(key, old.as_ref(), value.as_ref(), dirty);
+}
+
+fn set_rejected(
+    rejected: &mut BTreeMap<(Kind, ObjectKey), Problem>,
     kind: Kind,
-    store: &mut BTreeMap<ObjectKey, T>,
+    key: &ObjectKey,
+    problem: Option<Problem>,
+    dirty: &mut Dirty,
+) {
+    let k = (kind, key.clone());
+    let changed = match problem {
+        Some(p) => rejected.insert(k, p.clone()).as_ref() != Some(&p),
+        None => rejected.remove(&k).is_some(),
+    };
+    dirty.rejected |= changed;
+}
+
+fn apply_one<T: PartialEq + Clone>(
+    kind: Kind,
+    store: &mut impl Store<T>,
+    rejected: &mut BTreeMap<(Kind, ObjectKey), Problem>,
+    Converted { key, value }: Converted<T>,
+    dirty: &mut Dirty,
+) {
+    let (value, problem) = match value {
+        Ok(v) => (v, None),
+        Err(p) => (None, Some(p)),
+    };
+    set(store, &key, value, dirty);
+    set_rejected(rejected, kind, &key, problem, dirty);
+}
+
+fn apply_change<T: PartialEq + Clone>(
+    kind: Kind,
+    store: &mut impl Store<T>,
     rejected: &mut BTreeMap<(Kind, ObjectKey), Problem>,
     change: Change<T>,
-) -> bool {
+    dirty: &mut Dirty,
+) {
     match change {
-        Change::Apply(item) => apply_one(kind, store, rejected, item),
+        Change::Apply(item) => apply_one(kind, store, rejected, item, dirty),
         Change::Delete(key) => {
-            let a = store.remove(&key).is_some();
-            let b = rejected.remove(&(kind, key)).is_some();
-            a || b
+            set(store, &key, None, dirty);
+            set_rejected(rejected, kind, &key, None, dirty);
         }
         Change::Reset(items) => {
-            let mut fresh = BTreeMap::new();
-            let mut fresh_rejected: BTreeMap<(Kind, ObjectKey), Problem> = rejected
-                .iter()
-                .filter(|((k, _), _)| *k != kind)
-                .map(|(k, p)| (k.clone(), p.clone()))
+            // Everything not in the new set is gone.
+            let listed: BTreeSet<ObjectKey> = items.iter().map(|c| c.key.clone()).collect();
+            let gone: Vec<ObjectKey> = store
+                .map()
+                .keys()
+                .filter(|k| !listed.contains(*k))
+                .cloned()
                 .collect();
-            for item in items {
-                apply_one(kind, &mut fresh, &mut fresh_rejected, item);
+            for key in gone {
+                set(store, &key, None, dirty);
             }
-            let changed = fresh != *store || fresh_rejected != *rejected;
-            *store = fresh;
-            *rejected = fresh_rejected;
-            changed
+            let stale: Vec<ObjectKey> = rejected
+                .keys()
+                .filter(|(k, key)| *k == kind && !listed.contains(key))
+                .map(|(_, key)| key.clone())
+                .collect();
+            for key in stale {
+                set_rejected(rejected, kind, &key, None, dirty);
+            }
+            for item in items {
+                apply_one(kind, store, rejected, item, dirty);
+            }
         }
     }
 }
 
 impl Stores {
-    /// Applies one update; returns whether anything translation reads
-    /// changed (a replayed or duplicated event changes nothing).
-    pub fn apply(&mut self, update: Update) -> bool {
+    /// Applies one update and says what it changed; a replayed or
+    /// duplicated event changes nothing.
+    pub fn apply(&mut self, update: Update) -> Dirty {
         let kind = update.kind();
-        let first_sync = update.is_reset() && self.synced.insert(kind);
-        let changed = match update {
-            Update::Services(c) => apply_change(kind, &mut self.services, &mut self.rejected, c),
-            Update::Slices(c) => apply_change(kind, &mut self.slices, &mut self.rejected, c),
-            Update::Node(c) => apply_change(kind, &mut self.nodes, &mut self.rejected, c),
-        };
-        changed || first_sync
+        let mut dirty = Dirty::default();
+        if update.is_reset() && self.synced.insert(kind) {
+            dirty.all = true;
+        }
+        match update {
+            Update::Services(c) => apply_change(
+                kind,
+                &mut Services(&mut self.services),
+                &mut self.rejected,
+                c,
+                &mut dirty,
+            ),
+            Update::Slices(c) => apply_change(
+                kind,
+                &mut Slices {
+                    map: &mut self.slices,
+                    index: &mut self.slices_by_service,
+                },
+                &mut self.rejected,
+                c,
+                &mut dirty,
+            ),
+            Update::Node(c) => apply_change(
+                kind,
+                &mut Nodes(&mut self.nodes),
+                &mut self.rejected,
+                c,
+                &mut dirty,
+            ),
+        }
+        dirty
     }
 
     /// Every kind has delivered its complete set once.
@@ -103,5 +259,84 @@ impl Stores {
     /// This node's Node object, if known.
     pub fn node(&self, name: &str) -> Option<&NodeInfo> {
         self.nodes.values().find(|n| n.name == name)
+    }
+
+    /// A service's slices, in slice-name order.
+    pub fn slices_of(&self, service: &ObjectKey) -> Vec<(&ObjectKey, &SliceInfo)> {
+        self.slices_by_service
+            .get(service)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.slices.get_key_value(k))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::Converted;
+
+    fn slice(service: &str) -> SliceInfo {
+        SliceInfo {
+            service: service.into(),
+            family: crate::translate::AddressFamily::V4,
+            ports: Vec::new(),
+            endpoints: Vec::new(),
+            problems: Vec::new(),
+        }
+    }
+
+    fn apply_slice(key: &str, s: SliceInfo) -> Update {
+        Update::Slices(Change::Apply(Converted {
+            key: ObjectKey::new("default", key),
+            value: Ok(Some(s)),
+        }))
+    }
+
+    #[test]
+    fn replayed_event_dirties_nothing() {
+        let mut st = Stores::default();
+        let d = st.apply(apply_slice("web-1", slice("web")));
+        assert_eq!(
+            d.services,
+            BTreeSet::from([ObjectKey::new("default", "web")])
+        );
+        assert!(st.apply(apply_slice("web-1", slice("web"))).is_empty());
+    }
+
+    #[test]
+    fn slice_moving_to_another_service_dirties_both() {
+        let mut st = Stores::default();
+        st.apply(apply_slice("s-1", slice("a")));
+        let d = st.apply(apply_slice("s-1", slice("b")));
+        assert_eq!(
+            d.services,
+            BTreeSet::from([
+                ObjectKey::new("default", "a"),
+                ObjectKey::new("default", "b")
+            ])
+        );
+        assert!(st.slices_of(&ObjectKey::new("default", "a")).is_empty());
+        assert_eq!(st.slices_of(&ObjectKey::new("default", "b")).len(), 1);
+    }
+
+    #[test]
+    fn reset_removes_what_it_does_not_list() {
+        let mut st = Stores::default();
+        st.apply(apply_slice("s-1", slice("a")));
+        st.apply(apply_slice("s-2", slice("b")));
+        let d = st.apply(Update::Slices(Change::Reset(vec![Converted {
+            key: ObjectKey::new("default", "s-2"),
+            value: Ok(Some(slice("b"))),
+        }])));
+        assert!(d.all, "a first complete set retranslates everything");
+        assert_eq!(st.slices.len(), 1);
+        assert!(d.services.contains(&ObjectKey::new("default", "a")));
+        let again = st.apply(Update::Slices(Change::Reset(vec![Converted {
+            key: ObjectKey::new("default", "s-2"),
+            value: Ok(Some(slice("b"))),
+        }])));
+        assert!(again.is_empty(), "an identical relist changes nothing");
     }
 }

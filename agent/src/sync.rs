@@ -1,15 +1,18 @@
 //! The sync task: the one task that writes the datapath maps.
 //!
-//! It owns the stores (trimmed objects) and the reconciler. Each batch of
-//! updates that changes anything translation reads is translated and
-//! reconciled; nothing is written before every kind has been listed once
-//! (a restarted agent must not delete what it has not yet seen). Between
-//! changes it scans conntrack: every `gc_interval` to collect expired
-//! entries, every `drain_interval` while backends drain, so a backend
-//! leaves the maps soon after its last flow ends.
+//! It owns the stores (trimmed objects) and the reconciler. A batch of
+//! updates marks the services it touched; only those are retranslated, and
+//! only the service ports whose desired state changed are reconciled, so an
+//! endpoint change costs work proportional to its service, not to the
+//! cluster. Nothing is written before every kind has been listed once (a
+//! restarted agent must not delete what it has not yet seen), and a full
+//! reconcile runs then and every `resync_interval` as a safety net.
+//! Between changes it scans conntrack: every `gc_interval` to collect
+//! expired entries, every `drain_interval` while backends drain, so a
+//! backend leaves the maps soon after its last flow ends.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
@@ -21,11 +24,13 @@ use crate::{
     datapath::MapSizes,
     health::Health,
     metrics::{MapLabel, Metrics, ReasonLabel},
-    model::DesiredState,
-    reconcile::Reconciler,
+    model::{DesiredState, ServicePortName},
+    reconcile::{Reconciler, Refusal, Scope},
     sources::Envelope,
-    stores::Stores,
-    translate::{translate, Problem, TranslateConfig},
+    stores::{Dirty, Stores},
+    translate::{
+        translate_service, NodeContext, ObjectKey, Problem, ProblemReason, TranslateConfig,
+    },
 };
 
 pub struct SyncConfig {
@@ -33,18 +38,114 @@ pub struct SyncConfig {
     pub sizes: MapSizes,
     pub gc_interval: Duration,
     pub drain_interval: Duration,
+    pub resync_interval: Duration,
+}
+
+/// The desired state, kept up to date service by service.
+#[derive(Default)]
+struct Desired {
+    state: DesiredState,
+    /// Service ports and problems each service contributed.
+    ports_of: HashMap<ObjectKey, Vec<ServicePortName>>,
+    problems_of: HashMap<ObjectKey, Vec<Problem>>,
+    wants_node_ports: BTreeSet<ObjectKey>,
+    node: NodeContext,
+}
+
+impl Desired {
+    /// Retranslates `services` (all when `dirty.all`); returns the service
+    /// ports whose desired state changed.
+    fn update(
+        &mut self,
+        stores: &Stores,
+        dirty: &Dirty,
+        config: &TranslateConfig,
+    ) -> BTreeSet<ServicePortName> {
+        let mut changed = BTreeSet::new();
+        let keys: Vec<ObjectKey> = if dirty.all {
+            self.node = NodeContext::new(stores.node(&config.node_name), config);
+            stores
+                .services
+                .keys()
+                .chain(self.ports_of.keys())
+                .cloned()
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect()
+        } else {
+            dirty.services.iter().cloned().collect()
+        };
+        for key in keys {
+            let old: BTreeMap<ServicePortName, _> = self
+                .ports_of
+                .remove(&key)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|name| self.state.services.remove(&name).map(|svc| (name, svc)))
+                .collect();
+            self.problems_of.remove(&key);
+            self.wants_node_ports.remove(&key);
+            let mut new_names = Vec::new();
+            if let Some(svc) = stores.services.get(&key) {
+                let t = translate_service(&key, svc, &stores.slices_of(&key), &self.node, config);
+                if t.wants_node_ports {
+                    self.wants_node_ports.insert(key.clone());
+                }
+                if !t.problems.is_empty() {
+                    self.problems_of.insert(key.clone(), t.problems);
+                }
+                for (name, desired) in t.ports {
+                    if old.get(&name) != Some(&desired) {
+                        changed.insert(name.clone());
+                    }
+                    new_names.push(name.clone());
+                    self.state.services.insert(name, desired);
+                }
+            }
+            for name in old.into_keys() {
+                if !self.state.services.contains_key(&name) {
+                    changed.insert(name);
+                }
+            }
+            if !new_names.is_empty() {
+                self.ports_of.insert(key, new_names);
+            }
+        }
+        changed
+    }
+
+    /// Every current problem: the node's, the services', the slices', and
+    /// the objects that could not be used.
+    fn problems(&self, stores: &Stores, config: &TranslateConfig) -> BTreeSet<Problem> {
+        let mut all: BTreeSet<Problem> = self.node.problems.iter().cloned().collect();
+        if !self.wants_node_ports.is_empty() {
+            all.extend(self.node.node_port_problems(config));
+        }
+        all.extend(self.problems_of.values().flatten().cloned());
+        all.extend(
+            stores
+                .slices
+                .values()
+                .flat_map(|s| s.problems.iter().cloned()),
+        );
+        all.extend(stores.rejected.values().cloned());
+        all
+    }
 }
 
 pub struct Sync {
     config: SyncConfig,
     reconciler: Reconciler,
     stores: Stores,
-    desired: DesiredState,
+    desired: Desired,
     problems: BTreeSet<Problem>,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
-    /// Updates received but not yet in the maps, with when they were sent.
+    /// When each update not yet in the maps was handed over.
     unsynced: Vec<Instant>,
+    /// Service ports changed but not yet reconciled without error.
+    pending: BTreeSet<ServicePortName>,
+    dirty: Dirty,
     first_sync: bool,
 }
 
@@ -59,11 +160,13 @@ impl Sync {
             config,
             reconciler,
             stores: Stores::default(),
-            desired: DesiredState::default(),
+            desired: Desired::default(),
             problems: BTreeSet::new(),
             health,
             metrics,
             unsynced: Vec::new(),
+            pending: BTreeSet::new(),
+            dirty: Dirty::default(),
             first_sync: false,
         }
     }
@@ -74,18 +177,20 @@ impl Sync {
         mut shutdown: watch::Receiver<bool>,
     ) {
         let mut next_scan = Instant::now() + self.config.gc_interval;
+        let mut next_resync = Instant::now() + self.config.resync_interval;
         loop {
-            let mut changed = false;
-            let wait = next_scan.saturating_duration_since(Instant::now());
+            let wait = next_scan
+                .min(next_resync)
+                .saturating_duration_since(Instant::now());
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => break,
                 received = rx.recv() => {
                     let Some(first) = received else { break };
-                    changed |= self.receive(first);
+                    self.receive(first);
                     // Coalesce whatever else is already queued.
                     while let Ok(more) = rx.try_recv() {
-                        changed |= self.receive(more);
+                        self.receive(more);
                     }
                 }
                 _ = tokio::time::sleep(wait) => {}
@@ -93,48 +198,54 @@ impl Sync {
             if !self.stores.all_synced() {
                 continue;
             }
-            let scan_due = Instant::now() >= next_scan;
-            if scan_due && self.first_sync {
+            let now = Instant::now();
+            let scan_due = self.first_sync && now >= next_scan;
+            let resync_due = !self.first_sync || now >= next_resync;
+            if scan_due {
                 self.scan_conntrack();
             }
-            if changed || !self.first_sync {
-                self.translate();
+            let dirty = std::mem::take(&mut self.dirty);
+            if !dirty.is_empty() || !self.first_sync {
+                let changed = self
+                    .desired
+                    .update(&self.stores, &dirty, &self.config.translate);
+                self.pending.extend(changed);
+                self.refresh_problems();
             }
-            if changed || scan_due || !self.first_sync {
-                let ok = tokio::task::block_in_place(|| self.reconcile());
+            let work =
+                resync_due || scan_due || !self.pending.is_empty() || !self.unsynced.is_empty();
+            if work {
+                let ok = tokio::task::block_in_place(|| self.reconcile(resync_due));
                 if !ok {
                     // Retry soon; `/healthz` turns red if this persists.
                     next_scan = Instant::now() + Duration::from_secs(1);
                     continue;
                 }
+                if resync_due {
+                    next_resync = Instant::now() + self.config.resync_interval;
+                }
             }
-            if scan_due || changed {
-                let interval = if self.reconciler.draining() > 0 {
-                    self.config.drain_interval
-                } else {
-                    self.config.gc_interval
-                };
-                next_scan = Instant::now() + interval;
+            // Scan again after the GC interval, or sooner while backends
+            // wait for their flows to end.
+            let now = Instant::now();
+            if scan_due {
+                next_scan = now + self.config.gc_interval;
+            }
+            if self.reconciler.draining() > 0 {
+                next_scan = next_scan.min(now + self.config.drain_interval);
             }
         }
         info!("sync task stopped; the datapath keeps running on its pinned maps");
     }
 
-    fn receive(&mut self, (sent, update): Envelope) -> bool {
+    fn receive(&mut self, (sent, update): Envelope) {
         self.unsynced.push(sent);
-        self.stores.apply(update)
+        let dirty = self.stores.apply(update);
+        self.dirty.merge(dirty);
     }
 
-    fn translate(&mut self) {
-        let node = self.stores.node(&self.config.translate.node_name);
-        let translation = translate(
-            &self.stores.services,
-            &self.stores.slices,
-            node,
-            &self.config.translate,
-        );
-        let mut problems: BTreeSet<Problem> = translation.problems.into_iter().collect();
-        problems.extend(self.stores.rejected.values().cloned());
+    fn refresh_problems(&mut self) {
+        let problems = self.desired.problems(&self.stores, &self.config.translate);
         for p in problems.difference(&self.problems) {
             warn!(problem = %p, "left out");
         }
@@ -142,7 +253,7 @@ impl Sync {
         for p in &problems {
             *by_reason.entry(p.reason.label()).or_default() += 1;
         }
-        for reason in crate::translate::ProblemReason::ALL {
+        for reason in ProblemReason::ALL {
             let label = ReasonLabel {
                 reason: reason.label().to_owned(),
             };
@@ -152,41 +263,34 @@ impl Sync {
                 .set(by_reason.get(reason.label()).copied().unwrap_or(0));
         }
         self.problems = problems;
-        self.desired = translation.desired;
     }
 
-    /// Reconciles; true when the maps now equal the target.
-    fn reconcile(&mut self) -> bool {
+    /// Reconciles the pending service ports (everything when `full`); true
+    /// when the maps now equal the desired state.
+    fn reconcile(&mut self, full: bool) -> bool {
         let started = Instant::now();
-        let report = self.reconciler.reconcile(&self.desired, started);
+        let pending = std::mem::take(&mut self.pending);
+        let scope = if full {
+            Scope::All
+        } else {
+            Scope::Changed(&pending)
+        };
+        let report = self
+            .reconciler
+            .reconcile(&self.desired.state, scope, started);
         let elapsed = started.elapsed();
         self.metrics.sync_duration.observe(elapsed.as_secs_f64());
-        let mut refused: BTreeMap<&'static str, i64> = BTreeMap::new();
-        for (_, why) in &report.refused {
-            *refused.entry(why.reason()).or_default() += 1;
-        }
-        for reason in [
-            "too_many_backends",
-            "frontend_conflict",
-            "ipv6_unsupported",
-            "maps_full",
-        ] {
-            self.metrics
-                .refused
-                .get_or_create(&ReasonLabel {
-                    reason: reason.into(),
-                })
-                .set(refused.get(reason).copied().unwrap_or(0));
-        }
-        for e in &report.errors {
-            warn!(error = %e, "map write failed");
-        }
+        self.metrics.map_writes.inc_by(report.writes);
         self.metrics
             .map_write_errors
             .inc_by(report.errors.len() as u64);
-        self.metrics.map_writes.inc_by(report.writes);
+        for e in &report.errors {
+            warn!(error = %e, "map write failed");
+        }
         self.update_gauges();
         if !report.errors.is_empty() {
+            // Try these again.
+            self.pending.extend(pending);
             return false;
         }
         let now = Instant::now();
@@ -204,7 +308,7 @@ impl Sync {
         if !self.first_sync {
             self.first_sync = true;
             info!(
-                service_ports = self.desired.services.len(),
+                service_ports = self.desired.state.services.len(),
                 writes = report.writes,
                 took = ?elapsed,
                 "first full sync programmed"
@@ -219,13 +323,13 @@ impl Sync {
         match self.reconciler.scan_conntrack(Instant::now()) {
             Ok(scan) => {
                 self.metrics.conntrack_entries.set(scan.entries as i64);
+                self.metrics.conntrack_deleted.inc_by(scan.deleted as u64);
                 self.metrics
                     .map_fill
                     .get_or_create(&MapLabel {
                         map: "sl_ct4".into(),
                     })
                     .set(scan.entries as f64 / f64::from(self.config.sizes.conntrack.max(1)));
-                self.metrics.conntrack_deleted.inc_by(scan.deleted as u64);
                 for e in &scan.errors {
                     warn!(error = %e, "conntrack cleanup failed");
                 }
@@ -258,6 +362,18 @@ impl Sync {
                 .map_fill
                 .get_or_create(&MapLabel { map: map.into() })
                 .set(ratio);
+        }
+        let mut refused: BTreeMap<&'static str, i64> = BTreeMap::new();
+        for why in self.reconciler.refused().values() {
+            *refused.entry(why.reason()).or_default() += 1;
+        }
+        for reason in Refusal::REASONS {
+            self.metrics
+                .refused
+                .get_or_create(&ReasonLabel {
+                    reason: reason.into(),
+                })
+                .set(refused.get(reason).copied().unwrap_or(0));
         }
         let maps = self.reconciler.writer().maps();
         for stat in sluice_common::Stat::ALL {

@@ -13,7 +13,7 @@ use sluice::{
         BackendState, DesiredBackend, DesiredService, DesiredState, Endpoint, Frontend,
         FrontendKey, FrontendKind, Proto, ServicePortName, WhenEmpty,
     },
-    reconcile::{Reconciler, Report},
+    reconcile::{Reconciler, Report, Scope},
 };
 use sluice_common::Stat;
 
@@ -64,7 +64,8 @@ impl Lb {
 
     /// Reconciles the current desired state.
     pub fn apply(&mut self) -> Report {
-        self.reconciler.reconcile(&self.desired, Instant::now())
+        self.reconciler
+            .reconcile(&self.desired, Scope::All, Instant::now())
     }
 
     /// Scans conntrack (GC + live flows) and reconciles, as the agent's

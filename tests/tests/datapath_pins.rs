@@ -127,7 +127,11 @@ fn a_second_loader_swaps_programs_in_place_and_adopts_without_writing() -> Resul
         &programmed,
         "adopted exactly what was programmed"
     );
-    let report = reconciler.reconcile(&desired, std::time::Instant::now());
+    let report = reconciler.reconcile(
+        &desired,
+        sluice::reconcile::Scope::All,
+        std::time::Instant::now(),
+    );
     assert_eq!(
         report.writes, 0,
         "an unchanged desired state writes nothing: {report:?}"

@@ -10,9 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sluice_common::BackendState;
-
-use crate::state::MapState;
+use sluice_common::{Backend, BackendState};
 
 /// A scan only judges a backend if it started this long after the backend
 /// stopped being selectable: a packet that picked the backend just before
@@ -68,15 +66,20 @@ impl Drain {
     }
 
     /// Starts the clock for backends that just began draining, stops it for
-    /// those that left the maps or became selectable again.
-    pub fn track(&mut self, target: &MapState, now: Instant) {
-        self.since
-            .retain(|id, _| target.backends.get(id).is_some_and(|b| drains(b.state)));
-        for (id, backend) in &target.backends {
+    /// those that became selectable again.
+    pub fn track(&mut self, backends: &[(u32, Backend)], now: Instant) {
+        for (id, backend) in backends {
             if drains(backend.state) {
                 self.since.entry(*id).or_insert(now);
+            } else {
+                self.since.remove(id);
             }
         }
+    }
+
+    /// A backend left the maps.
+    pub fn forget(&mut self, id: u32) {
+        self.since.remove(&id);
     }
 
     pub fn record_scan(&mut self, counts: FlowCounts) {
@@ -96,20 +99,16 @@ impl Drain {
 
 #[cfg(test)]
 mod tests {
-    use sluice_common::Backend;
-
     use super::*;
 
-    fn with_backend(id: u32, state: BackendState) -> MapState {
-        let mut m = MapState::default();
-        m.backends.insert(
+    fn with_backend(id: u32, state: BackendState) -> Vec<(u32, Backend)> {
+        vec![(
             id,
             Backend {
                 state: state as u8,
                 ..Backend::default()
             },
-        );
-        m
+        )]
     }
 
     #[test]

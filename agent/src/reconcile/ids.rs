@@ -2,18 +2,20 @@
 //!
 //! Ids are what conntrack entries record, so they must survive agent
 //! restarts (adopted from the pinned maps) and must not be reused while an
-//! entry may still name them: both counters only move forward.
+//! entry may still name them: both counters only move forward, skipping
+//! ids still in the maps.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use crate::{
-    model::{Frontend, ServicePortName},
+    model::{FrontendKey, ServicePortName},
     state::MapState,
 };
 
 #[derive(Debug, Default)]
 pub struct Ids {
     by_name: HashMap<ServicePortName, u32>,
+    by_id: HashMap<u32, ServicePortName>,
     next_svc: u32,
     next_backend: u32,
 }
@@ -31,65 +33,74 @@ impl Ids {
         let max_backend = programmed.backends.keys().copied().max().unwrap_or(0);
         Self {
             by_name: HashMap::new(),
+            by_id: HashMap::new(),
             next_svc: max_svc.wrapping_add(1).max(1),
             next_backend: max_backend.wrapping_add(1).max(1),
         }
     }
 
-    /// The id of a service port: the one it had, else the id its frontends
-    /// carry in the maps (after a restart), else a new one. `claimed` holds
-    /// ids already given to other service ports in this pass.
+    pub fn get(&self, name: &ServicePortName) -> Option<u32> {
+        self.by_name.get(name).copied()
+    }
+
+    /// The live service port that holds `id`, if any.
+    pub fn owner(&self, id: u32) -> Option<&ServicePortName> {
+        self.by_id.get(&id)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &ServicePortName> {
+        self.by_name.keys()
+    }
+
+    /// The id of a service port: the one it has, else the id one of its
+    /// frontends carries in the maps and no other service port holds (after
+    /// a restart), else a fresh one (`in_use` tells which ids the maps hold).
     pub fn service(
         &mut self,
         name: &ServicePortName,
-        frontends: &[Frontend],
+        frontends: &[FrontendKey],
         programmed: &MapState,
-        claimed: &HashSet<u32>,
+        in_use: impl Fn(u32) -> bool,
     ) -> u32 {
-        if let Some(&id) = self.by_name.get(name) {
-            if !claimed.contains(&id) {
-                return id;
-            }
+        if let Some(id) = self.get(name) {
+            return id;
         }
         let adopted = frontends
             .iter()
-            .filter_map(|f| programmed.frontends.get(&f.key))
+            .filter_map(|f| programmed.frontends.get(f))
             .map(|f| f.svc_id)
-            .find(|id| *id != 0 && !claimed.contains(id));
+            .find(|id| *id != 0 && !self.by_id.contains_key(id));
         let id = match adopted {
             Some(id) => id,
-            None => self.fresh_service(programmed, claimed),
+            None => loop {
+                let id = self.next_svc;
+                self.next_svc = self.next_svc.wrapping_add(1).max(1);
+                if !in_use(id) && !self.by_id.contains_key(&id) {
+                    break id;
+                }
+            },
         };
         self.by_name.insert(name.clone(), id);
+        self.by_id.insert(id, name.clone());
         id
     }
 
-    fn fresh_service(&mut self, programmed: &MapState, claimed: &HashSet<u32>) -> u32 {
-        loop {
-            let id = self.next_svc;
-            self.next_svc = self.next_svc.wrapping_add(1).max(1);
-            let in_use = claimed.contains(&id)
-                || programmed.frontends.values().any(|f| f.svc_id == id)
-                || programmed.backends.values().any(|b| b.svc_id == id);
-            if !in_use {
-                return id;
-            }
-        }
+    /// Forgets a service port that is no longer desired; its id (if its
+    /// entries remain) becomes a leftover to drain.
+    pub fn release(&mut self, name: &ServicePortName) -> Option<u32> {
+        let id = self.by_name.remove(name)?;
+        self.by_id.remove(&id);
+        Some(id)
     }
 
-    /// A backend id not present in `programmed` nor handed out before.
-    pub fn backend(&mut self, programmed: &MapState, taken: &HashSet<u32>) -> u32 {
+    /// A backend id that `in_use` says is free.
+    pub fn backend(&mut self, in_use: impl Fn(u32) -> bool) -> u32 {
         loop {
             let id = self.next_backend;
             self.next_backend = self.next_backend.wrapping_add(1).max(1);
-            if !programmed.backends.contains_key(&id) && !taken.contains(&id) {
+            if !in_use(id) {
                 return id;
             }
         }
-    }
-
-    /// Forgets service ports that are no longer desired.
-    pub fn retain(&mut self, keep: impl Fn(&ServicePortName) -> bool) {
-        self.by_name.retain(|name, _| keep(name));
     }
 }

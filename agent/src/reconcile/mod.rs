@@ -2,38 +2,59 @@
 //!
 //! It keeps an exact record of what is programmed (read back from the
 //! pinned maps when it starts, so a restarted agent adopts its
-//! predecessor's state), computes the target content from the desired
-//! state, and writes only the difference, in an order that never lets a
-//! packet see a slot without its backend. An unchanged desired state costs
-//! no syscall at all.
+//! predecessor's state) and works one service port (a "unit": its
+//! frontends and its backends) at a time: plan what the unit's entries
+//! should be (`plan.rs`, pure), check the maps have room, and write only
+//! the difference, in an order that never lets a packet see a slot without
+//! its backend. A change to one service costs work proportional to that
+//! service; an unchanged desired state costs no syscall at all.
 
 mod drain;
 mod ids;
-mod target;
+mod plan;
 
 use std::{
-    collections::HashSet,
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     time::{Duration, Instant},
 };
 
-pub use drain::{Drain, FlowCounts};
-pub use target::{endpoint_of, Capacity, Refusal};
+pub use drain::{drains, Drain, FlowCounts};
+pub use plan::{endpoint_of, Refusal, UnitPlan};
 use tracing::{debug, warn};
 
 use crate::{
     conntrack,
     datapath::{read_map_state, DatapathError, MapSizes, MapWriter, WriteError},
-    model::{DesiredState, ServicePortName},
-    state::MapState,
+    model::{DesiredState, FrontendKey, ServicePortName},
+    state::{FrontendState, MapState},
 };
 use ids::Ids;
-use sluice_common::{Config, Svc4Key, ABI_VERSION};
+use sluice_common::{maps::MAX_SLOTS, Backend, Config, Svc4Key, ABI_VERSION};
+
+/// Entries the maps can hold.
+#[derive(Clone, Copy, Debug)]
+pub struct Capacity {
+    /// `sl_svc4` entries (masters plus slots).
+    pub service_entries: usize,
+    pub backends: usize,
+}
+
+/// Which service ports a reconcile looks at.
+#[derive(Clone, Copy, Debug)]
+pub enum Scope<'a> {
+    /// Every desired and every programmed service port (start-up, resyncs).
+    All,
+    /// Only these (changed) service ports, plus those whose draining
+    /// backends may now go.
+    Changed(&'a BTreeSet<ServicePortName>),
+}
 
 /// What one reconcile did.
 #[derive(Debug, Default)]
 pub struct Report {
     /// Map updates and deletions issued.
     pub writes: u64,
+    /// Service ports refused in this reconcile.
     pub refused: Vec<(ServicePortName, Refusal)>,
     pub errors: Vec<WriteError>,
     pub backends_removed: usize,
@@ -45,15 +66,38 @@ pub struct ScanReport {
     pub entries: usize,
     pub deleted: usize,
     pub errors: Vec<WriteError>,
+    pub took: Duration,
 }
 
 pub struct Reconciler {
     writer: MapWriter,
     programmed: MapState,
+    /// Backend ids per service-port id, and frontends per service-port id
+    /// (0 for frontends whose master entry is missing).
+    backends_of: HashMap<u32, BTreeSet<u32>>,
+    frontends_of: HashMap<u32, BTreeSet<FrontendKey>>,
+    /// `sl_svc4` entries in `programmed`.
+    service_entries: usize,
+    /// Which desired service port holds each frontend, and the reverse.
+    owners: HashMap<FrontendKey, ServicePortName>,
+    owned: HashMap<ServicePortName, Vec<FrontendKey>>,
+    refused: BTreeMap<ServicePortName, Refusal>,
     foreign: Vec<Svc4Key>,
     ids: Ids,
     drain: Drain,
     capacity: Capacity,
+}
+
+fn random_seed() -> u32 {
+    let mut buf = [0u8; 4];
+    // SAFETY: getrandom writes at most buf.len() bytes into buf.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n == 4 {
+        u32::from_ne_bytes(buf)
+    } else {
+        // Not secret, only unpredictable enough to spread clients.
+        conntrack::monotonic_ns() as u32 ^ std::process::id()
+    }
 }
 
 impl Reconciler {
@@ -77,9 +121,15 @@ impl Reconciler {
         }
         let (programmed, foreign) = read_map_state(writer.maps())?;
         let ids = Ids::adopt(&programmed);
-        Ok(Self {
+        let mut r = Self {
             writer,
-            programmed,
+            programmed: MapState::default(),
+            backends_of: HashMap::new(),
+            frontends_of: HashMap::new(),
+            service_entries: 0,
+            owners: HashMap::new(),
+            owned: HashMap::new(),
+            refused: BTreeMap::new(),
             foreign,
             ids,
             drain: Drain::new(drain_timeout),
@@ -87,12 +137,24 @@ impl Reconciler {
                 service_entries: sizes.services as usize,
                 backends: sizes.backends as usize,
             },
-        })
+        };
+        for (id, b) in programmed.backends {
+            r.set_backend(id, b);
+        }
+        for (key, fe) in programmed.frontends {
+            r.set_frontend(key, fe);
+        }
+        Ok(r)
     }
 
     /// What the maps hold.
     pub fn programmed(&self) -> &MapState {
         &self.programmed
+    }
+
+    /// Service ports currently refused, and why.
+    pub fn refused(&self) -> &BTreeMap<ServicePortName, Refusal> {
+        &self.refused
     }
 
     /// Backends waiting for their flows to end.
@@ -101,7 +163,7 @@ impl Reconciler {
     }
 
     /// Live flows per backend at the last conntrack scan.
-    pub fn flows(&self) -> Option<&std::collections::HashMap<u32, u32>> {
+    pub fn flows(&self) -> Option<&HashMap<u32, u32>> {
         self.drain.flows()
     }
 
@@ -110,126 +172,328 @@ impl Reconciler {
         &self.writer
     }
 
-    /// Brings the maps to the target computed from `desired`.
-    pub fn reconcile(&mut self, desired: &DesiredState, now: Instant) -> Report {
-        let removable = self.drain.removable(now);
-        let target = target::compute(
-            desired,
-            &self.programmed,
-            &mut self.ids,
-            &removable,
-            self.capacity,
-        );
-        self.ids.retain(|name| desired.services.contains_key(name));
-        self.drain.track(&target.maps, now);
+    /// Map writes issued since this reconciler started.
+    pub fn total_writes(&self) -> u64 {
+        self.writer.writes()
+    }
 
-        let before = self.writer.writes();
-        let mut report = Report {
-            refused: target.refused,
-            ..Report::default()
-        };
-        self.apply(&target.maps, &mut report);
-        report.writes = self.writer.writes() - before;
-        for (name, why) in &report.refused {
-            warn!(service = %name, reason = why.reason(), "service port refused: {why}");
+    // -- the record of what is programmed, and its indexes --
+
+    fn set_backend(&mut self, id: u32, b: Backend) {
+        if let Some(old) = self.programmed.backends.insert(id, b) {
+            if old.svc_id != b.svc_id {
+                self.unindex_backend(id, old.svc_id);
+            }
         }
+        self.backends_of.entry(b.svc_id).or_default().insert(id);
+    }
+
+    fn drop_backend(&mut self, id: u32) {
+        if let Some(old) = self.programmed.backends.remove(&id) {
+            self.unindex_backend(id, old.svc_id);
+        }
+        self.drain.forget(id);
+    }
+
+    fn unindex_backend(&mut self, id: u32, svc_id: u32) {
+        if let Some(set) = self.backends_of.get_mut(&svc_id) {
+            set.remove(&id);
+            if set.is_empty() {
+                self.backends_of.remove(&svc_id);
+            }
+        }
+    }
+
+    fn take_frontend(&mut self, key: &FrontendKey) -> Option<FrontendState> {
+        let old = self.programmed.frontends.remove(key)?;
+        self.service_entries -= 1 + old.slots.len();
+        if let Some(set) = self.frontends_of.get_mut(&old.svc_id) {
+            set.remove(key);
+            if set.is_empty() {
+                self.frontends_of.remove(&old.svc_id);
+            }
+        }
+        Some(old)
+    }
+
+    fn set_frontend(&mut self, key: FrontendKey, fe: FrontendState) {
+        self.take_frontend(&key);
+        self.service_entries += 1 + fe.slots.len();
+        self.frontends_of.entry(fe.svc_id).or_default().insert(key);
+        self.programmed.frontends.insert(key, fe);
+    }
+
+    fn unit_backends(&self, svc_id: u32) -> Vec<(u32, Backend)> {
+        self.backends_of
+            .get(&svc_id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.programmed.backends.get(id).map(|b| (*id, *b)))
+            .collect()
+    }
+
+    fn unit_frontends(&self, svc_id: u32) -> BTreeSet<FrontendKey> {
+        self.frontends_of.get(&svc_id).cloned().unwrap_or_default()
+    }
+
+    fn entries_of(&self, key: &FrontendKey) -> usize {
+        self.programmed
+            .frontends
+            .get(key)
+            .map_or(0, |f| 1 + f.slots.len())
+    }
+
+    // -- reconciling --
+
+    /// Brings the maps to what `desired` asks for, within `scope`.
+    pub fn reconcile(&mut self, desired: &DesiredState, scope: Scope<'_>, now: Instant) -> Report {
+        let before = self.writer.writes();
+        let mut report = Report::default();
+        self.delete_foreign(&mut report);
+
+        let removable = self.drain.removable(now);
+        // Units whose draining backends may go are revisited, whoever
+        // holds them.
+        let mut leftovers: BTreeSet<u32> = removable
+            .iter()
+            .filter_map(|id| self.programmed.backends.get(id).map(|b| b.svc_id))
+            .collect();
+        let mut names: BTreeSet<ServicePortName> = match scope {
+            Scope::All => desired
+                .services
+                .keys()
+                .chain(self.ids.names())
+                .chain(self.refused.keys())
+                .cloned()
+                .collect(),
+            Scope::Changed(set) => set.clone(),
+        };
+        names.extend(
+            leftovers
+                .iter()
+                .filter_map(|id| self.ids.owner(*id))
+                .cloned(),
+        );
+        if matches!(scope, Scope::All) {
+            leftovers.extend(self.backends_of.keys().copied());
+            leftovers.extend(self.frontends_of.keys().copied());
+        }
+
+        // A: the reprocessed service ports let go of their frontends; the
+        // ones no longer desired let go of their ids too.
+        for name in &names {
+            for key in self.owned.remove(name).unwrap_or_default() {
+                self.owners.remove(&key);
+            }
+        }
+        for name in &names {
+            if !desired.services.contains_key(name) {
+                self.refused.remove(name);
+                if let Some(id) = self.ids.release(name) {
+                    leftovers.insert(id);
+                }
+            }
+        }
+
+        // B: desired service ports claim ids and frontends.
+        let mut units: Vec<(&ServicePortName, u32)> = Vec::new();
+        for (name, svc) in names
+            .iter()
+            .filter_map(|n| desired.services.get_key_value(n))
+        {
+            let keys: Vec<FrontendKey> = svc.frontends.iter().map(|f| f.key).collect();
+            if let Some(fe) = keys.iter().find(|k| k.addr.is_ipv6()) {
+                self.refuse(name, Refusal::Ipv6Frontend(*fe), &mut report);
+                continue;
+            }
+            if let Some((fe, owner)) = keys
+                .iter()
+                .find_map(|k| self.owners.get(k).map(|o| (*k, o.clone())))
+            {
+                self.refuse(
+                    name,
+                    Refusal::FrontendTaken {
+                        frontend: fe,
+                        owner,
+                    },
+                    &mut report,
+                );
+                continue;
+            }
+            let (backends_of, frontends_of) = (&self.backends_of, &self.frontends_of);
+            let id = self.ids.service(name, &keys, &self.programmed, |id| {
+                backends_of.contains_key(&id) || frontends_of.contains_key(&id)
+            });
+            for k in &keys {
+                self.owners.insert(*k, name.clone());
+            }
+            self.owned.insert(name.clone(), keys);
+            units.push((name, id));
+        }
+
+        // C: units nobody desires drain, then go.
+        for id in leftovers {
+            if self.ids.owner(id).is_some() {
+                continue;
+            }
+            let frontends: Vec<(FrontendKey, u16)> = self
+                .unit_frontends(id)
+                .into_iter()
+                .filter(|k| !self.owners.contains_key(k))
+                .filter_map(|k| self.programmed.frontends.get(&k).map(|f| (k, f.flags)))
+                .collect();
+            let plan = plan::plan_leftover(id, &frontends, &self.unit_backends(id), &removable);
+            self.apply_unit(id, plan, now, &mut report);
+        }
+
+        // D: desired units, in name order.
+        for (name, id) in units {
+            let Some(svc) = desired.services.get(name) else {
+                continue;
+            };
+            let existing = self.unit_backends(id);
+            let (programmed, ids) = (&self.programmed, &mut self.ids);
+            let mut fresh = HashSet::new();
+            let plan = plan::plan_desired(id, svc, &existing, &removable, || {
+                let id =
+                    ids.backend(|b| programmed.backends.contains_key(&b) || fresh.contains(&b));
+                fresh.insert(id);
+                id
+            });
+            let slots = plan
+                .frontends
+                .iter()
+                .map(|(_, f)| f.slots.len())
+                .max()
+                .unwrap_or(0);
+            if slots > MAX_SLOTS as usize {
+                self.refuse(name, Refusal::TooManyBackends(slots), &mut report);
+                continue;
+            }
+            if !self.fits(id, &plan) {
+                self.refuse(name, Refusal::MapsFull, &mut report);
+                continue;
+            }
+            self.refused.remove(name);
+            self.apply_unit(id, plan, now, &mut report);
+        }
+
+        report.writes = self.writer.writes() - before;
         report
     }
 
-    fn apply(&mut self, target: &MapState, report: &mut Report) {
-        // Entries of a protocol we do not know cannot be ours to keep.
-        for key in std::mem::take(&mut self.foreign) {
-            match self.writer.delete_service_entry(key) {
-                Ok(()) => {}
-                Err(e) => {
-                    self.foreign.push(key);
-                    report.errors.push(e);
-                }
-            }
+    fn refuse(&mut self, name: &ServicePortName, why: Refusal, report: &mut Report) {
+        if self.refused.get(name) != Some(&why) {
+            warn!(service = %name, reason = why.reason(), "service port refused: {why}");
         }
-        // 1. Frontends that go: master first, then slots.
-        let gone: Vec<_> = self
-            .programmed
+        self.refused.insert(name.clone(), why.clone());
+        report.refused.push((name.clone(), why));
+    }
+
+    /// Whether the maps have room for `plan` in place of what the unit
+    /// holds now.
+    fn fits(&self, id: u32, plan: &UnitPlan) -> bool {
+        let mut freed: usize = self
+            .unit_frontends(id)
+            .iter()
+            .map(|k| self.entries_of(k))
+            .sum();
+        // Frontends the plan takes over from a leftover free their entries.
+        freed += plan
             .frontends
-            .keys()
-            .filter(|k| !target.frontends.contains_key(k))
-            .copied()
-            .collect();
-        for key in gone {
-            let Some(mut current) = self.programmed.frontends.remove(&key) else {
+            .iter()
+            .filter(|(k, _)| {
+                self.programmed
+                    .frontends
+                    .get(k)
+                    .is_some_and(|f| f.svc_id != id)
+            })
+            .map(|(k, _)| self.entries_of(k))
+            .sum::<usize>();
+        let services =
+            self.service_entries - freed.min(self.service_entries) + plan.service_entries();
+        let current_backends = self.backends_of.get(&id).map_or(0, BTreeSet::len);
+        let backends = self.programmed.backends.len() - current_backends + plan.backends.len();
+        services <= self.capacity.service_entries && backends <= self.capacity.backends
+    }
+
+    /// Writes one unit's difference: its backends first, then its frontends
+    /// (slots, master, trims), then the frontends and backends it no longer
+    /// has.
+    fn apply_unit(&mut self, id: u32, plan: UnitPlan, now: Instant, report: &mut Report) {
+        for (bid, b) in &plan.backends {
+            if self.programmed.backends.get(bid) == Some(b) {
                 continue;
-            };
-            match self.writer.delete_frontend(&key, &mut current) {
-                Ok(()) => {}
-                Err(e) => {
-                    report.errors.push(e);
-                    self.programmed.frontends.insert(key, current);
-                }
             }
-        }
-        // 2. New and changed backends, before any slot names them.
-        for (id, backend) in &target.backends {
-            if self.programmed.backends.get(id) == Some(backend) {
-                continue;
-            }
-            match self.writer.put_backend(*id, backend) {
-                Ok(()) => {
-                    self.programmed.backends.insert(*id, *backend);
-                }
+            match self.writer.put_backend(*bid, b) {
+                Ok(()) => self.set_backend(*bid, *b),
                 Err(e) => report.errors.push(e),
             }
         }
-        // 3. Frontends: shrinking ones first so the service map never holds
-        //    more than the larger of before and after.
-        let mut changed: Vec<_> = target
+        let mut frontends: Vec<&(FrontendKey, FrontendState)> = plan
             .frontends
             .iter()
             .filter(|(k, t)| self.programmed.frontends.get(k) != Some(t))
             .collect();
-        changed.sort_by_key(|(k, t)| {
-            let now = self
-                .programmed
-                .frontends
-                .get(k)
-                .map_or(0, |c| c.slots.len());
-            (t.slots.len() as isize - now as isize, **k)
-        });
-        for (key, want) in changed {
+        // Shrinking frontends first: the map never holds more than the
+        // larger of before and after.
+        frontends.sort_by_key(|(k, t)| (t.slots.len() as isize - self.entries_of(k) as isize, *k));
+        for (key, want) in frontends {
             if let Some(missing) = want
                 .slots
                 .iter()
-                .find(|id| !self.programmed.backends.contains_key(id))
+                .find(|b| !self.programmed.backends.contains_key(b))
             {
-                debug!(frontend = %key, backend = missing, "skipping frontend: its backend is not written");
+                debug!(frontend = %key, backend = missing, "frontend waits: its backend is not written");
                 continue;
             }
-            let mut current = self.programmed.frontends.remove(key).unwrap_or_default();
+            let mut current = self.take_frontend(key).unwrap_or_default();
             if let Err(e) = self.writer.sync_frontend(key, &mut current, want) {
                 report.errors.push(e);
             }
-            self.programmed.frontends.insert(*key, current);
+            self.set_frontend(*key, current);
         }
-        // 4. Backends that go, once no slot names them.
+        let keep: HashSet<&FrontendKey> = plan.frontends.iter().map(|(k, _)| k).collect();
+        for key in self.unit_frontends(id) {
+            if keep.contains(&key) {
+                continue;
+            }
+            let Some(mut current) = self.take_frontend(&key) else {
+                continue;
+            };
+            if let Err(e) = self.writer.delete_frontend(&key, &mut current) {
+                report.errors.push(e);
+                self.set_frontend(key, current);
+            }
+        }
+        let wanted: HashSet<u32> = plan.backends.iter().map(|(b, _)| *b).collect();
         let referenced: HashSet<u32> = self
-            .programmed
-            .frontends
-            .values()
+            .unit_frontends(id)
+            .iter()
+            .filter_map(|k| self.programmed.frontends.get(k))
             .flat_map(|f| f.slots.iter().copied())
             .collect();
-        let gone: Vec<u32> = self
-            .programmed
-            .backends
-            .keys()
-            .filter(|id| !target.backends.contains_key(id) && !referenced.contains(id))
-            .copied()
-            .collect();
-        for id in gone {
-            match self.writer.delete_backend(id) {
+        for bid in self.backends_of.get(&id).cloned().unwrap_or_default() {
+            if wanted.contains(&bid) || referenced.contains(&bid) {
+                continue;
+            }
+            match self.writer.delete_backend(bid) {
                 Ok(()) => {
-                    self.programmed.backends.remove(&id);
+                    self.drop_backend(bid);
                     report.backends_removed += 1;
                 }
                 Err(e) => report.errors.push(e),
+            }
+        }
+        self.drain.track(&plan.backends, now);
+    }
+
+    /// Entries of a protocol the agent does not know cannot be its to keep.
+    fn delete_foreign(&mut self, report: &mut Report) {
+        for key in std::mem::take(&mut self.foreign) {
+            if let Err(e) = self.writer.delete_service_entry(key) {
+                self.foreign.push(key);
+                report.errors.push(e);
             }
         }
     }
@@ -258,23 +522,7 @@ impl Reconciler {
             started: now,
             flows: scan.flows,
         });
+        report.took = now.elapsed();
         Ok(report)
-    }
-
-    /// Map writes issued since this reconciler started.
-    pub fn total_writes(&self) -> u64 {
-        self.writer.writes()
-    }
-}
-
-fn random_seed() -> u32 {
-    let mut buf = [0u8; 4];
-    // SAFETY: getrandom writes at most buf.len() bytes into buf.
-    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-    if n == 4 {
-        u32::from_ne_bytes(buf)
-    } else {
-        // Not secret, only unpredictable enough to spread clients.
-        conntrack::monotonic_ns() as u32 ^ std::process::id()
     }
 }

@@ -55,43 +55,184 @@ pub struct Translation {
     pub problems: Vec<Problem>,
 }
 
+/// What translation needs from this node, computed once per translation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeContext {
+    /// The node's zone, for topology hints.
+    pub zone: Option<String>,
+    /// Addresses NodePort frontends listen on (IPv4 unless IPv6 is on).
+    pub node_addrs: Vec<IpAddr>,
+    /// Node addresses skipped because IPv6 is off.
+    pub node_v6: Vec<IpAddr>,
+    /// Problems of the Node object itself.
+    pub problems: Vec<Problem>,
+}
+
+impl NodeContext {
+    /// `node` is this node's Node object, if known: it supplies the zone and,
+    /// unless `config.node_addresses` is set, the NodePort addresses.
+    pub fn new(node: Option<&NodeInfo>, config: &TranslateConfig) -> Self {
+        let mut problems = Vec::new();
+        let node = match node {
+            Some(n) if !config.node_name.is_empty() && n.name != config.node_name => {
+                problems.push(Problem::new(
+                    format!("Node {}", n.name),
+                    ProblemReason::InvalidValue,
+                    format!("is not this node ({}), ignored", config.node_name),
+                ));
+                None
+            }
+            other => other,
+        };
+        if let Some(n) = node {
+            problems.extend(n.problems.iter().cloned());
+        }
+        let raw: &[IpAddr] = if config.node_addresses.is_empty() {
+            node.map(|n| n.addresses.as_slice()).unwrap_or_default()
+        } else {
+            &config.node_addresses
+        };
+        let (mut node_addrs, node_v6) = split_family(raw, config.ipv6);
+        node_addrs.sort();
+        node_addrs.dedup();
+        Self {
+            zone: node.and_then(|n| n.zone.clone()),
+            node_addrs,
+            node_v6,
+            problems,
+        }
+    }
+
+    /// Problems that arise when some service wants node ports.
+    pub fn node_port_problems(&self, config: &TranslateConfig) -> Vec<Problem> {
+        let node_object = format!("Node {}", config.node_name);
+        let mut problems = Vec::new();
+        if self.node_addrs.is_empty() {
+            problems.push(Problem::new(
+                node_object.clone(),
+                ProblemReason::MissingField,
+                "no node address known: NodePort services get no node port frontends",
+            ));
+        }
+        if !self.node_v6.is_empty() {
+            problems.push(Problem::new(
+                node_object,
+                ProblemReason::Ipv6Unsupported,
+                format!(
+                    "IPv6 node address(es) get no node ports: {}",
+                    join(&self.node_v6)
+                ),
+            ));
+        }
+        problems
+    }
+}
+
+/// One service's share of a translation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceTranslation {
+    pub ports: Vec<(ServicePortName, DesiredService)>,
+    /// The service's own problems and those translation found in it.
+    pub problems: Vec<Problem>,
+    /// Whether a port asks for node ports (see `node_port_problems`).
+    pub wants_node_ports: bool,
+}
+
+/// Translates one service with its EndpointSlices (in slice-name order).
+/// Slices' own problems are not included: they belong to the slices.
+pub fn translate_service(
+    key: &ObjectKey,
+    svc: &ServiceInfo,
+    own_slices: &[(&ObjectKey, &SliceInfo)],
+    ctx: &NodeContext,
+    config: &TranslateConfig,
+) -> ServiceTranslation {
+    let object = format!("Service {key}");
+    let mut out = ServiceTranslation {
+        problems: svc.problems.clone(),
+        ..ServiceTranslation::default()
+    };
+
+    let (cluster, mut skipped) = split_family(&svc.cluster_ips, config.ipv6);
+    let (external, v6) = split_family(&svc.external_ips, config.ipv6);
+    skipped.extend(v6);
+    let (load_balancer, v6) = split_family(&svc.load_balancer_ips, config.ipv6);
+    skipped.extend(v6);
+    if !skipped.is_empty() {
+        out.problems.push(Problem::new(
+            object.clone(),
+            ProblemReason::Ipv6Unsupported,
+            format!("IPv6 address(es) get no frontend: {}", join(&skipped)),
+        ));
+    }
+    if !config.ipv6 {
+        for (slice_key, _) in own_slices
+            .iter()
+            .filter(|(_, s)| s.family == AddressFamily::V6)
+        {
+            out.problems.push(Problem::new(
+                format!("EndpointSlice {slice_key}"),
+                ProblemReason::Ipv6Unsupported,
+                format!("IPv6 endpoints of service {key} are not balanced"),
+            ));
+        }
+    }
+    let slice_refs: Vec<&SliceInfo> = own_slices.iter().map(|(_, s)| *s).collect();
+    let addrs = Addresses {
+        cluster: &cluster,
+        external: &external,
+        load_balancer: &load_balancer,
+        node: &ctx.node_addrs,
+    };
+    let zone = ctx.zone.as_deref();
+    let mut seen: std::collections::BTreeSet<ServicePortName> = std::collections::BTreeSet::new();
+    for port in &svc.ports {
+        out.wants_node_ports |= frontends::wants_node_ports(svc, port);
+        let candidates = endpoints::collect(
+            &slice_refs,
+            &port.name,
+            port.proto,
+            &config.node_name,
+            config.ipv6,
+        );
+        let list = frontends::frontends(svc, port, &addrs, &candidates, zone);
+        if list.is_empty() {
+            continue;
+        }
+        let name = ServicePortName {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            port: port.port_name(),
+            proto: port.proto,
+        };
+        if !seen.insert(name.clone()) {
+            out.problems.push(Problem::new(
+                object.clone(),
+                ProblemReason::Duplicate,
+                format!("service port {name} appears more than once, later one skipped"),
+            ));
+            continue;
+        }
+        out.ports.push((name, DesiredService { frontends: list }));
+    }
+    out
+}
+
 /// Translates the current objects into the desired datapath state.
 ///
 /// `node` is this node's Node object, if known: it supplies the zone for
 /// topology hints and, unless `config.node_addresses` is set, the NodePort
 /// addresses. Same input, same output: a replayed event gives an equal
-/// `Translation`.
+/// `Translation`. The agent translates incrementally with
+/// `translate_service`; this is the whole-state form of the same rules.
 pub fn translate(
     services: &BTreeMap<ObjectKey, ServiceInfo>,
     slices: &BTreeMap<ObjectKey, SliceInfo>,
     node: Option<&NodeInfo>,
     config: &TranslateConfig,
 ) -> Translation {
-    let mut problems: Vec<Problem> = Vec::new();
-
-    let node = match node {
-        Some(n) if !config.node_name.is_empty() && n.name != config.node_name => {
-            problems.push(Problem::new(
-                format!("Node {}", n.name),
-                ProblemReason::InvalidValue,
-                format!("is not this node ({}), ignored", config.node_name),
-            ));
-            None
-        }
-        other => other,
-    };
-    if let Some(n) = node {
-        problems.extend(n.problems.iter().cloned());
-    }
-    let zone = node.and_then(|n| n.zone.as_deref());
-    let raw_node_addrs: &[IpAddr] = if config.node_addresses.is_empty() {
-        node.map(|n| n.addresses.as_slice()).unwrap_or_default()
-    } else {
-        &config.node_addresses
-    };
-    let (mut node_addrs, node_v6) = split_family(raw_node_addrs, config.ipv6);
-    node_addrs.sort();
-    node_addrs.dedup();
+    let ctx = NodeContext::new(node, config);
+    let mut problems: Vec<Problem> = ctx.problems.clone();
 
     // Slices by the service they belong to, in slice-name order.
     let mut by_service: BTreeMap<ObjectKey, Vec<(&ObjectKey, &SliceInfo)>> = BTreeMap::new();
@@ -106,97 +247,15 @@ pub fn translate(
     let mut desired = DesiredState::default();
     let mut node_ports_wanted = false;
     for (key, svc) in services {
-        let object = format!("Service {key}");
-        problems.extend(svc.problems.iter().cloned());
-
-        let (cluster, mut skipped) = split_family(&svc.cluster_ips, config.ipv6);
-        let (external, v6) = split_family(&svc.external_ips, config.ipv6);
-        skipped.extend(v6);
-        let (load_balancer, v6) = split_family(&svc.load_balancer_ips, config.ipv6);
-        skipped.extend(v6);
-        if !skipped.is_empty() {
-            problems.push(Problem::new(
-                object.clone(),
-                ProblemReason::Ipv6Unsupported,
-                format!("IPv6 address(es) get no frontend: {}", join(&skipped)),
-            ));
-        }
-
         let own_slices = by_service.get(key).map(Vec::as_slice).unwrap_or_default();
-        if !config.ipv6 {
-            for (slice_key, _) in own_slices
-                .iter()
-                .filter(|(_, s)| s.family == AddressFamily::V6)
-            {
-                problems.push(Problem::new(
-                    format!("EndpointSlice {slice_key}"),
-                    ProblemReason::Ipv6Unsupported,
-                    format!("IPv6 endpoints of service {key} are not balanced"),
-                ));
-            }
-        }
-        let slice_refs: Vec<&SliceInfo> = own_slices.iter().map(|(_, s)| *s).collect();
-        let addrs = Addresses {
-            cluster: &cluster,
-            external: &external,
-            load_balancer: &load_balancer,
-            node: &node_addrs,
-        };
-
-        for port in &svc.ports {
-            node_ports_wanted |= frontends::wants_node_ports(svc, port);
-            let candidates = endpoints::collect(
-                &slice_refs,
-                &port.name,
-                port.proto,
-                &config.node_name,
-                config.ipv6,
-            );
-            let list = frontends::frontends(svc, port, &addrs, &candidates, zone);
-            if list.is_empty() {
-                continue;
-            }
-            let name = ServicePortName {
-                namespace: key.namespace.clone(),
-                name: key.name.clone(),
-                port: port.port_name(),
-                proto: port.proto,
-            };
-            if desired.services.contains_key(&name) {
-                problems.push(Problem::new(
-                    object.clone(),
-                    ProblemReason::Duplicate,
-                    format!("service port {name} appears more than once, later one skipped"),
-                ));
-                continue;
-            }
-            desired
-                .services
-                .insert(name, DesiredService { frontends: list });
-        }
+        let t = translate_service(key, svc, own_slices, &ctx, config);
+        problems.extend(t.problems);
+        node_ports_wanted |= t.wants_node_ports;
+        desired.services.extend(t.ports);
     }
-
     if node_ports_wanted {
-        let node_object = format!("Node {}", config.node_name);
-        if node_addrs.is_empty() {
-            problems.push(Problem::new(
-                node_object.clone(),
-                ProblemReason::MissingField,
-                "no node address known: NodePort services get no node port frontends",
-            ));
-        }
-        if !node_v6.is_empty() {
-            problems.push(Problem::new(
-                node_object,
-                ProblemReason::Ipv6Unsupported,
-                format!(
-                    "IPv6 node address(es) get no node ports: {}",
-                    join(&node_v6)
-                ),
-            ));
-        }
+        problems.extend(ctx.node_port_problems(config));
     }
-
     problems.sort();
     problems.dedup();
     Translation { desired, problems }

@@ -1,0 +1,461 @@
+//! Planning one service port ("unit"): what its frontends and backends
+//! should hold, as a pure function of its desired service, what the maps
+//! hold for it now, and which of its draining backends may go.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    fmt,
+    net::IpAddr,
+};
+
+use sluice_common::{
+    maps::MAX_SLOTS,
+    service::{FRONTEND_KIND_MASK, SVC_F_DRAINING, SVC_F_DROP_EMPTY},
+    Backend, BackendState, FAMILY_V4, FAMILY_V6,
+};
+
+use crate::{
+    model::{DesiredBackend, DesiredService, Endpoint, FrontendKey, ServicePortName, WhenEmpty},
+    state::FrontendState,
+};
+
+/// Why a service port was not (re)programmed. Its previous state, if any,
+/// stays as it was.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    TooManyBackends(usize),
+    FrontendTaken {
+        frontend: FrontendKey,
+        owner: ServicePortName,
+    },
+    Ipv6Frontend(FrontendKey),
+    MapsFull,
+}
+
+impl Refusal {
+    /// A short label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::TooManyBackends(_) => "too_many_backends",
+            Refusal::FrontendTaken { .. } => "frontend_conflict",
+            Refusal::Ipv6Frontend(_) => "ipv6_unsupported",
+            Refusal::MapsFull => "maps_full",
+        }
+    }
+
+    /// Every reason label, for zeroing gauges.
+    pub const REASONS: [&'static str; 4] = [
+        "too_many_backends",
+        "frontend_conflict",
+        "ipv6_unsupported",
+        "maps_full",
+    ];
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::TooManyBackends(n) => {
+                write!(
+                    f,
+                    "{n} backends exceed the {MAX_SLOTS} slots a frontend can have"
+                )
+            }
+            Refusal::FrontendTaken { frontend, owner } => {
+                write!(f, "frontend {frontend} already belongs to {owner}")
+            }
+            Refusal::Ipv6Frontend(fe) => write!(f, "IPv6 frontend {fe} is not balanced yet"),
+            Refusal::MapsFull => f.write_str("the service or backend map has no room for it"),
+        }
+    }
+}
+
+/// What one unit's entries should be.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnitPlan {
+    pub frontends: Vec<(FrontendKey, FrontendState)>,
+    pub backends: Vec<(u32, Backend)>,
+}
+
+impl UnitPlan {
+    pub fn service_entries(&self) -> usize {
+        self.frontends.iter().map(|(_, f)| 1 + f.slots.len()).sum()
+    }
+}
+
+fn rank(state: BackendState) -> u8 {
+    match state {
+        BackendState::Active => 0,
+        BackendState::TerminatingServing => 1,
+        _ => 2,
+    }
+}
+
+pub fn backend_value(endpoint: &Endpoint, state: BackendState, svc_id: u32) -> Backend {
+    let (addr, family) = match endpoint.addr {
+        IpAddr::V4(a) => {
+            let mut addr = [0u8; 16];
+            addr[..4].copy_from_slice(&a.octets());
+            (addr, FAMILY_V4)
+        }
+        IpAddr::V6(a) => (a.octets(), FAMILY_V6),
+    };
+    Backend {
+        addr,
+        port: endpoint.port,
+        family,
+        state: state as u8,
+        svc_id,
+    }
+}
+
+pub fn endpoint_of(backend: &Backend) -> Endpoint {
+    let addr = if backend.family == FAMILY_V6 {
+        IpAddr::from(backend.addr)
+    } else {
+        IpAddr::from(backend.addr_v4())
+    };
+    Endpoint {
+        addr,
+        port: backend.port,
+    }
+}
+
+/// Orders backends into slots: active, then terminating-but-serving, then
+/// the never-selected rest; deterministic so that an unchanged input gives
+/// unchanged slots.
+fn frontend_state(
+    svc_id: u32,
+    flags: u16,
+    members: &[(u32, Endpoint, BackendState)],
+) -> FrontendState {
+    let mut order: Vec<(u8, Endpoint, u32)> = members
+        .iter()
+        .map(|(id, ep, state)| (rank(*state), *ep, *id))
+        .collect();
+    order.sort();
+    order.dedup_by_key(|(_, _, id)| *id);
+    let count = |r: u8| order.iter().filter(|(rank, _, _)| *rank == r).count() as u16;
+    FrontendState {
+        svc_id,
+        flags,
+        active: count(0),
+        fallback: count(1),
+        slots: order.into_iter().map(|(_, _, id)| id).collect(),
+    }
+}
+
+/// The most selectable of two states of one endpoint.
+fn better(a: BackendState, b: BackendState) -> BackendState {
+    let order = |s: BackendState| match s {
+        BackendState::Active => 0,
+        BackendState::TerminatingServing => 1,
+        BackendState::NotReady => 2,
+        BackendState::Terminating => 3,
+        BackendState::Draining => 4,
+    };
+    if order(b) < order(a) {
+        b
+    } else {
+        a
+    }
+}
+
+fn dedup_best(list: &[DesiredBackend]) -> BTreeMap<Endpoint, BackendState> {
+    let mut out: BTreeMap<Endpoint, BackendState> = BTreeMap::new();
+    for b in list {
+        out.entry(b.endpoint)
+            .and_modify(|s| *s = better(*s, b.state))
+            .or_insert(b.state);
+    }
+    out
+}
+
+/// A desired service port. `existing` are its backends in the maps (by id),
+/// `new_id` hands out fresh backend ids.
+pub fn plan_desired(
+    svc_id: u32,
+    svc: &DesiredService,
+    existing: &[(u32, Backend)],
+    removable: &HashSet<u32>,
+    mut new_id: impl FnMut() -> u32,
+) -> UnitPlan {
+    // Backend entries are per service port: one per endpoint that any
+    // frontend wants, in its most selectable state.
+    let all: Vec<DesiredBackend> = svc
+        .frontends
+        .iter()
+        .flat_map(|f| f.backends.iter().copied())
+        .collect();
+    let wanted = dedup_best(&all);
+
+    let mut by_endpoint: HashMap<Endpoint, u32> = HashMap::new();
+    for (id, b) in existing {
+        by_endpoint.entry(endpoint_of(b)).or_insert(*id);
+    }
+    let mut ids: HashMap<Endpoint, u32> = HashMap::new();
+    let mut backends = Vec::new();
+    for (endpoint, state) in &wanted {
+        let current = by_endpoint.get(endpoint).copied();
+        let id = match (state, current) {
+            // A terminating endpoint is never added, only kept while its
+            // flows drain.
+            (BackendState::Terminating | BackendState::Draining, Some(id))
+                if !removable.contains(&id) =>
+            {
+                id
+            }
+            (BackendState::Terminating | BackendState::Draining, _) => continue,
+            (_, Some(id)) => id,
+            (_, None) => new_id(),
+        };
+        let state = if *state == BackendState::Draining {
+            BackendState::Terminating
+        } else {
+            *state
+        };
+        ids.insert(*endpoint, id);
+        backends.push((id, backend_value(endpoint, state, svc_id)));
+    }
+    // In the maps but no longer wanted by any frontend: drain.
+    let used: HashSet<u32> = ids.values().copied().collect();
+    let mut draining = Vec::new();
+    for (id, b) in existing {
+        if !used.contains(id) && !removable.contains(id) {
+            let endpoint = endpoint_of(b);
+            backends.push((
+                *id,
+                backend_value(&endpoint, BackendState::Draining, svc_id),
+            ));
+            draining.push((*id, endpoint, BackendState::Draining));
+        }
+    }
+    let frontends = svc
+        .frontends
+        .iter()
+        .map(|fe| {
+            let mut members: Vec<(u32, Endpoint, BackendState)> = dedup_best(&fe.backends)
+                .into_iter()
+                .filter_map(|(ep, state)| ids.get(&ep).map(|id| (*id, ep, state)))
+                .collect();
+            members.extend(draining.iter().copied());
+            let mut flags = fe.kind as u16;
+            if fe.when_empty == WhenEmpty::Drop {
+                flags |= SVC_F_DROP_EMPTY;
+            }
+            (fe.key, frontend_state(svc_id, flags, &members))
+        })
+        .collect();
+    UnitPlan {
+        frontends,
+        backends,
+    }
+}
+
+/// A service port that is no longer desired: its frontends stay (with no
+/// selectable backend, so new flows are refused) while its backends drain.
+/// `frontends` are the ones it still holds in the maps.
+pub fn plan_leftover(
+    svc_id: u32,
+    frontends: &[(FrontendKey, u16)],
+    existing: &[(u32, Backend)],
+    removable: &HashSet<u32>,
+) -> UnitPlan {
+    let backends: Vec<(u32, Backend)> = existing
+        .iter()
+        .filter(|(id, _)| !removable.contains(id))
+        .map(|(id, b)| {
+            (
+                *id,
+                backend_value(&endpoint_of(b), BackendState::Draining, svc_id),
+            )
+        })
+        .collect();
+    if backends.is_empty() {
+        return UnitPlan::default();
+    }
+    let members: Vec<(u32, Endpoint, BackendState)> = backends
+        .iter()
+        .map(|(id, b)| (*id, endpoint_of(b), BackendState::Draining))
+        .collect();
+    let frontends = frontends
+        .iter()
+        .map(|(key, flags)| {
+            let kind = flags & FRONTEND_KIND_MASK;
+            (
+                *key,
+                frontend_state(svc_id, kind | SVC_F_DRAINING, &members),
+            )
+        })
+        .collect();
+    UnitPlan {
+        frontends,
+        backends,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use sluice_common::FrontendKind;
+
+    use super::*;
+    use crate::model::{Frontend, Proto};
+
+    fn ep(last: u8) -> Endpoint {
+        Endpoint {
+            addr: IpAddr::V4(Ipv4Addr::new(10, 20, 0, last)),
+            port: 8080,
+        }
+    }
+
+    fn svc(backends: &[(u8, BackendState)]) -> DesiredService {
+        DesiredService {
+            frontends: vec![Frontend {
+                key: FrontendKey {
+                    addr: IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)),
+                    port: 80,
+                    proto: Proto::Tcp,
+                },
+                kind: FrontendKind::ClusterIp,
+                backends: backends
+                    .iter()
+                    .map(|(l, s)| DesiredBackend {
+                        endpoint: ep(*l),
+                        state: *s,
+                    })
+                    .collect(),
+                when_empty: WhenEmpty::Reject,
+            }],
+        }
+    }
+
+    fn ids() -> impl FnMut() -> u32 {
+        let mut next = 100;
+        move || {
+            next += 1;
+            next
+        }
+    }
+
+    #[test]
+    fn slots_order_active_then_fallback_then_the_rest() {
+        use BackendState::*;
+        let plan = plan_desired(
+            1,
+            &svc(&[
+                (3, NotReady),
+                (2, TerminatingServing),
+                (1, Active),
+                (4, Active),
+            ]),
+            &[],
+            &HashSet::new(),
+            ids(),
+        );
+        let (_, fe) = &plan.frontends[0];
+        assert_eq!((fe.active, fe.fallback, fe.slots.len()), (2, 1, 4));
+        let state_of = |id: u32| {
+            plan.backends
+                .iter()
+                .find(|(i, _)| *i == id)
+                .map(|(_, b)| BackendState::from_u8(b.state))
+        };
+        assert_eq!(state_of(fe.slots[0]), Some(Active));
+        assert_eq!(state_of(fe.slots[1]), Some(Active));
+        assert_eq!(state_of(fe.slots[2]), Some(TerminatingServing));
+        assert_eq!(state_of(fe.slots[3]), Some(NotReady));
+    }
+
+    #[test]
+    fn terminating_endpoints_are_kept_but_never_added() {
+        let existing = [(7, backend_value(&ep(1), BackendState::Active, 1))];
+        let plan = plan_desired(
+            1,
+            &svc(&[
+                (1, BackendState::Terminating),
+                (2, BackendState::Terminating),
+            ]),
+            &existing,
+            &HashSet::new(),
+            ids(),
+        );
+        assert_eq!(plan.backends.len(), 1, "only the programmed one stays");
+        assert_eq!(plan.backends[0].0, 7);
+        assert_eq!(plan.backends[0].1.state, BackendState::Terminating as u8);
+        assert_eq!(plan.frontends[0].1.active, 0);
+    }
+
+    #[test]
+    fn vanished_endpoints_drain_until_removable() {
+        let existing = [(7, backend_value(&ep(1), BackendState::Active, 1))];
+        let plan = plan_desired(
+            1,
+            &svc(&[(2, BackendState::Active)]),
+            &existing,
+            &HashSet::new(),
+            ids(),
+        );
+        let drained: Vec<_> = plan.backends.iter().filter(|(id, _)| *id == 7).collect();
+        assert_eq!(drained[0].1.state, BackendState::Draining as u8);
+        assert_eq!(plan.frontends[0].1.slots.len(), 2);
+        let plan = plan_desired(
+            1,
+            &svc(&[(2, BackendState::Active)]),
+            &existing,
+            &HashSet::from([7]),
+            ids(),
+        );
+        assert!(plan.backends.iter().all(|(id, _)| *id != 7));
+    }
+
+    #[test]
+    fn ids_are_kept_by_endpoint_and_revived_backends_reuse_them() {
+        let existing = [(7, backend_value(&ep(1), BackendState::Draining, 1))];
+        let plan = plan_desired(
+            1,
+            &svc(&[(1, BackendState::Active)]),
+            &existing,
+            &HashSet::new(),
+            ids(),
+        );
+        assert_eq!(
+            plan.backends,
+            vec![(7, backend_value(&ep(1), BackendState::Active, 1))]
+        );
+    }
+
+    #[test]
+    fn same_input_same_plan() {
+        let s = svc(&[(1, BackendState::Active), (2, BackendState::Active)]);
+        let existing = [
+            (5, backend_value(&ep(1), BackendState::Active, 1)),
+            (6, backend_value(&ep(2), BackendState::Active, 1)),
+        ];
+        let a = plan_desired(1, &s, &existing, &HashSet::new(), ids());
+        let b = plan_desired(1, &s, &existing, &HashSet::new(), ids());
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn leftover_keeps_frontends_until_its_backends_are_gone() {
+        let fe = FrontendKey {
+            addr: IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)),
+            port: 80,
+            proto: Proto::Tcp,
+        };
+        let existing = [(7, backend_value(&ep(1), BackendState::Active, 3))];
+        let plan = plan_leftover(3, &[(fe, 0)], &existing, &HashSet::new());
+        assert_eq!(plan.frontends.len(), 1);
+        let (_, state) = &plan.frontends[0];
+        assert_eq!(
+            (state.active, state.fallback, state.flags & SVC_F_DRAINING),
+            (0, 0, SVC_F_DRAINING)
+        );
+        assert_eq!(
+            plan_leftover(3, &[(fe, 0)], &existing, &HashSet::from([7])),
+            UnitPlan::default()
+        );
+    }
+}
