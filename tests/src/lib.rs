@@ -8,6 +8,7 @@
 //! the root namespace's routes or firewall. Everything is removed on drop,
 //! including while unwinding from a failed assertion.
 
+pub mod apiserver;
 pub mod clients;
 pub mod lb;
 pub mod netns;
