@@ -9,6 +9,7 @@
 //! including while unwinding from a failed assertion.
 
 pub mod agent;
+pub mod apiserver;
 pub mod clients;
 pub mod lb;
 pub mod netns;
