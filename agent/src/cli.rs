@@ -148,6 +148,10 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_CONNTRACK_MAP_SIZE", default_value_t = sluice_common::maps::DEFAULT_CONNTRACK_MAX)]
     pub conntrack_map_size: u32,
 
+    /// Capacity of sl_aff4 (client, frontend) session affinity entries.
+    #[arg(long, env = "SLUICE_AFFINITY_MAP_SIZE", default_value_t = sluice_common::maps::DEFAULT_AFFINITY_MAX)]
+    pub affinity_map_size: u32,
+
     /// /healthz fails when a change has waited this long to reach the maps.
     #[arg(long, env = "SLUICE_HEALTHZ_MAX_PENDING", default_value = "30s")]
     pub healthz_max_pending: HumanDuration,

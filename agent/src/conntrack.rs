@@ -14,7 +14,7 @@ use std::{collections::HashMap, time::Duration};
 
 use sluice_common::{
     conntrack::{timeouts, CT_F_SEEN_REPLY},
-    maps as names, Backend, Ct4Key, CtEntry, CtKind, IPPROTO_TCP,
+    maps as names, Affinity4Key, AffinityValue, Backend, Ct4Key, CtEntry, CtKind, IPPROTO_TCP,
 };
 
 use crate::datapath::{DatapathError, Maps};
@@ -46,13 +46,47 @@ pub fn timeout(key: &Ct4Key, entry: &CtEntry) -> Duration {
 
 /// The key of the forward entry a reply entry belongs to.
 pub fn forward_key_of_reply(key: &Ct4Key, entry: &CtEntry) -> Ct4Key {
-    let frontend = [
-        entry.nat_addr[0],
-        entry.nat_addr[1],
-        entry.nat_addr[2],
-        entry.nat_addr[3],
-    ];
-    Ct4Key::new(key.dst, frontend, key.dport, entry.nat_port, key.proto)
+    entry.forward_key_of_reply(key.proto)
+}
+
+/// Session affinity entries to delete: their backend is gone or belongs to
+/// another service port, or they are idle beyond the longest timeout the
+/// API allows (a frontend's own timeout is enforced by the datapath).
+pub fn stale_affinities(
+    entries: &[(Affinity4Key, AffinityValue)],
+    backends: &HashMap<u32, Backend>,
+    now_ns: u64,
+) -> Vec<Affinity4Key> {
+    let max_idle = Duration::from_secs(u64::from(crate::translate::MAX_AFFINITY_TIMEOUT));
+    entries
+        .iter()
+        .filter(|(_, v)| {
+            let idle = Duration::from_nanos(now_ns.saturating_sub(v.last_used_ns));
+            idle > max_idle
+                || backends
+                    .get(&v.backend_id)
+                    .is_none_or(|b| b.svc_id != v.svc_id)
+        })
+        .map(|(k, _)| *k)
+        .collect()
+}
+
+/// Every session affinity entry.
+pub fn read_affinities(maps: &Maps) -> Result<Vec<(Affinity4Key, AffinityValue)>, DatapathError> {
+    let mut all = Vec::new();
+    for item in maps.affinity_v4.iter() {
+        match item {
+            Ok(kv) => all.push(kv),
+            Err(aya::maps::MapError::KeyNotFound) => continue,
+            Err(source) => {
+                return Err(DatapathError::Map {
+                    name: names::AFFINITY_V4,
+                    source,
+                })
+            }
+        }
+    }
+    Ok(all)
 }
 
 #[derive(Debug, Default)]
@@ -164,11 +198,13 @@ mod tests {
         let mut rev = CtEntry {
             kind: CtKind::Reply as u8,
             nat_port: 80,
+            peer_port: 40000,
             flags: 0,
             ..fwd
         };
         rev.nat_addr = [0; 16];
         rev.nat_addr[..4].copy_from_slice(&[10, 96, 0, 1]);
+        rev.peer_addr[..4].copy_from_slice(&[10, 0, 0, 1]);
         [(fwd_key, fwd), (rev_key, rev)]
     }
 

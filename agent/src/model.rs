@@ -82,6 +82,34 @@ pub struct Frontend {
     pub kind: FrontendKind,
     pub backends: Vec<DesiredBackend>,
     pub when_empty: WhenEmpty,
+    /// SNAT new flows to the node's address (external traffic with
+    /// externalTrafficPolicy Cluster, as kube-proxy masquerades it).
+    pub snat: bool,
+    /// sessionAffinity ClientIP: its timeout in seconds.
+    pub affinity_timeout: Option<u32>,
+    /// loadBalancerSourceRanges as (network, prefix length); empty means
+    /// every client may connect.
+    pub source_ranges: Vec<(IpAddr, u8)>,
+}
+
+impl Frontend {
+    /// A frontend with the default behaviour (no SNAT, no affinity, open).
+    pub fn new(
+        key: FrontendKey,
+        kind: FrontendKind,
+        backends: Vec<DesiredBackend>,
+        when_empty: WhenEmpty,
+    ) -> Self {
+        Self {
+            key,
+            kind,
+            backends,
+            when_empty,
+            snat: false,
+            affinity_timeout: None,
+            source_ranges: Vec::new(),
+        }
+    }
 }
 
 /// A backend address: pod IP and target port.

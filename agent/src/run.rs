@@ -97,6 +97,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         services: args.services_map_size,
         backends: args.backends_map_size,
         conntrack: args.conntrack_map_size,
+        affinity: args.affinity_map_size,
     };
     let root = &args.bpf.bpf_root;
     let health = Arc::new(Health::new(

@@ -3,7 +3,7 @@
 //! the pinned maps at start-up, then updated write by write) and computes
 //! another for what should be; the difference is what gets written.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use sluice_common::{service::FRONTEND_KIND_MASK, Backend, FrontendKind};
 
@@ -19,6 +19,8 @@ pub struct FrontendState {
     pub flags: u16,
     pub active: u16,
     pub fallback: u16,
+    /// Session affinity timeout (seconds) of the master entry.
+    pub affinity_s: u32,
     /// Backend id of slot `i + 1`; 0 for a missing slot entry.
     pub slots: Vec<u32>,
 }
@@ -29,11 +31,16 @@ impl FrontendState {
     }
 }
 
-/// `sl_svc4` (+ later `sl_svc6`) and `sl_backends`.
+/// A loadBalancerSourceRanges entry: IPv4 network and prefix length.
+pub type SourceRange = ([u8; 4], u8);
+
+/// `sl_svc4` (+ later `sl_svc6`), `sl_backends` and `sl_srcrng4`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapState {
     pub frontends: HashMap<FrontendKey, FrontendState>,
     pub backends: HashMap<u32, Backend>,
+    /// Source ranges per service-port id.
+    pub source_ranges: HashMap<u32, BTreeSet<SourceRange>>,
 }
 
 impl MapState {

@@ -157,7 +157,7 @@ impl Agent {
             "--source".into(),
             source.into(),
             "--devices".into(),
-            "c*,b*".into(),
+            "c*,b*,e*,u*".into(),
             "--bpf-root".into(),
             topo.bpf.path().display().to_string(),
             "--hostname-override".into(),

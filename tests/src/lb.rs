@@ -102,14 +102,14 @@ pub fn cluster_ip(
             proto,
         },
         DesiredService {
-            frontends: vec![Frontend {
-                key: FrontendKey {
+            frontends: vec![Frontend::new(
+                FrontendKey {
                     addr: IpAddr::V4(vip),
                     port,
                     proto,
                 },
-                kind: FrontendKind::ClusterIp,
-                backends: backends
+                FrontendKind::ClusterIp,
+                backends
                     .iter()
                     .map(|(addr, port, state)| DesiredBackend {
                         endpoint: Endpoint {
@@ -119,8 +119,8 @@ pub fn cluster_ip(
                         state: *state,
                     })
                     .collect(),
-                when_empty: WhenEmpty::Reject,
-            }],
+                WhenEmpty::Reject,
+            )],
         },
     )
 }
@@ -149,4 +149,51 @@ impl Lb {
             .filter(|(_, e)| e.backend_id == id)
             .count())
     }
+}
+
+/// A frontend for tests: `kind` at `addr:port`, the given backends.
+pub fn frontend(
+    kind: FrontendKind,
+    addr: Ipv4Addr,
+    port: u16,
+    proto: Proto,
+    backends: &[(Ipv4Addr, u16, BackendState)],
+) -> Frontend {
+    Frontend::new(
+        FrontendKey {
+            addr: IpAddr::V4(addr),
+            port,
+            proto,
+        },
+        kind,
+        backends
+            .iter()
+            .map(|(addr, port, state)| DesiredBackend {
+                endpoint: Endpoint {
+                    addr: IpAddr::V4(*addr),
+                    port: *port,
+                },
+                state: *state,
+            })
+            .collect(),
+        WhenEmpty::Reject,
+    )
+}
+
+/// A service port `default/<name>:<port>` with the given frontends.
+pub fn service(
+    name: &str,
+    port: u16,
+    proto: Proto,
+    frontends: Vec<Frontend>,
+) -> (ServicePortName, DesiredService) {
+    (
+        ServicePortName {
+            namespace: "default".into(),
+            name: name.into(),
+            port: port.to_string(),
+            proto,
+        },
+        DesiredService { frontends },
+    )
 }

@@ -46,20 +46,35 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// Starts a TCP greeter on `0.0.0.0:port` inside `ns`.
 pub fn tcp_greeter(ns: &Netns, port: u16, name: &str) -> Result<Server> {
+    tcp_server(ns, port, name, false)
+}
+
+/// Like `tcp_greeter`, but the greeting is `<name> <client address>`: what
+/// source address the backend saw (to tell SNAT from a preserved client).
+pub fn tcp_whoami(ns: &Netns, port: u16, name: &str) -> Result<Server> {
+    tcp_server(ns, port, name, true)
+}
+
+fn tcp_server(ns: &Netns, port: u16, name: &str, with_peer: bool) -> Result<Server> {
     let listener = ns
         .run(move || TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)))?
         .with_context(|| format!("binding TCP port {port} in {}", ns.name()))?;
     listener.set_nonblocking(true)?;
     let stop = Arc::new(AtomicBool::new(false));
     let accepted = Arc::new(AtomicU64::new(0));
-    let greeting = format!("{name}\n");
+    let name = name.to_owned();
     let (stop2, accepted2) = (stop.clone(), accepted.clone());
     let handle = thread::spawn(move || {
         while !stop2.load(Ordering::Relaxed) {
             match listener.accept() {
-                Ok((mut stream, _)) => {
+                Ok((mut stream, peer)) => {
                     accepted2.fetch_add(1, Ordering::Relaxed);
                     stream.set_nonblocking(false)?;
+                    let greeting = if with_peer {
+                        format!("{name} {}\n", peer.ip())
+                    } else {
+                        format!("{name}\n")
+                    };
                     if stream.write_all(greeting.as_bytes()).is_err() {
                         continue;
                     }

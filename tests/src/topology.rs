@@ -73,20 +73,40 @@ pub struct Topology {
     pub bpf: BpfRoot,
     pub clients: Vec<Pod>,
     pub backends: Vec<Pod>,
+    /// Hosts outside the cluster, each behind its own node device
+    /// (`e<k>`, node address 192.168.<k+1>.1, host .100).
+    pub externals: Vec<Pod>,
     pub node: Netns,
+    /// 1 or 2: picks the pod address ranges (node 2: 10.50.x clients,
+    /// 10.60.x backends), so that two nodes can be joined.
+    index: u8,
+}
+
+/// The base of the address ranges of node `index`'s clients and backends.
+fn nets(index: u8) -> (u8, u8) {
+    let shift = 40 * (index - 1);
+    (10 + shift, 20 + shift)
 }
 
 impl Topology {
     /// A node with `clients` client pods and `backends` backend pods.
     pub fn new(clients: usize, backends: usize) -> Result<Self> {
+        Self::with_index(1, clients, backends)
+    }
+
+    /// Node number `index` (1 or 2) of a two-node cluster (see `join`).
+    pub fn with_index(index: u8, clients: usize, backends: usize) -> Result<Self> {
         crate::require_root()?;
-        let node = Netns::create("node")?;
+        anyhow::ensure!(index == 1 || index == 2, "node index is 1 or 2");
+        let node = Netns::create(&format!("node{index}"))?;
         node.sysctl("net.ipv4.ip_forward", "1")?;
         let mut topo = Self {
             bpf: BpfRoot::create()?,
             clients: Vec::new(),
             backends: Vec::new(),
+            externals: Vec::new(),
             node,
+            index,
         };
         for _ in 0..clients {
             topo.add_client()?;
@@ -99,23 +119,58 @@ impl Topology {
 
     pub fn add_client(&mut self) -> Result<&Pod> {
         let k = self.clients.len();
-        let pod = self.add_pod(&format!("client-{k}"), &format!("c{k}"), 10, k)?;
+        let name = self.pod_name("client", k);
+        let pod = self.add_pod(&name, &format!("c{k}"), (10, nets(self.index).0, 2), k)?;
         self.clients.push(pod);
         Ok(&self.clients[k])
     }
 
     pub fn add_backend(&mut self) -> Result<&Pod> {
         let k = self.backends.len();
-        let pod = self.add_pod(&format!("backend-{k}"), &format!("b{k}"), 20, k)?;
+        let name = self.pod_name("backend", k);
+        let pod = self.add_pod(&name, &format!("b{k}"), (10, nets(self.index).1, 2), k)?;
         self.backends.push(pod);
         Ok(&self.backends[k])
     }
 
-    fn add_pod(&self, name: &str, host_if: &str, net: u8, k: usize) -> Result<Pod> {
+    /// A host outside the cluster on its own node device `e<k>`: it reaches
+    /// the node at 192.168.<k+1>.1 (a NodePort address) and routes
+    /// everything there, as a client on the node's LAN would.
+    pub fn add_external(&mut self) -> Result<&Pod> {
+        let k = self.externals.len();
+        let net = u8::try_from(k + 1).context("at most 255 external hosts")?;
+        let name = format!("external-{k}");
+        let pod = self.add_pod(&name, &format!("e{k}"), (192, 168, 100), net as usize)?;
+        self.externals.push(pod);
+        Ok(&self.externals[k])
+    }
+
+    /// The node's address on the device of external host `k`.
+    pub fn node_address(&self, k: usize) -> Ipv4Addr {
+        Ipv4Addr::new(192, 168, (k + 1) as u8, 1)
+    }
+
+    fn pod_name(&self, kind: &str, k: usize) -> String {
+        if self.index == 1 {
+            format!("{kind}-{k}")
+        } else {
+            format!("node{}-{kind}-{k}", self.index)
+        }
+    }
+
+    /// A pod (or external host) on network `a.b.k.0/24`: host `a.b.k.host`,
+    /// node side `a.b.k.1`.
+    fn add_pod(
+        &self,
+        name: &str,
+        host_if: &str,
+        (a, b, host): (u8, u8, u8),
+        k: usize,
+    ) -> Result<Pod> {
         let k = u8::try_from(k).context("at most 256 pods of a kind")?;
         let ns = Netns::create(name)?;
-        let ip = Ipv4Addr::new(10, net, k, 2);
-        let gw = Ipv4Addr::new(10, net, k, 1);
+        let ip = Ipv4Addr::new(a, b, k, host);
+        let gw = Ipv4Addr::new(a, b, k, 1);
         self.node.ip(&[
             "link",
             "add",
@@ -144,11 +199,51 @@ impl Topology {
 
     /// Every node-side device: the ones sluice attaches to.
     pub fn devices(&self) -> Vec<String> {
-        self.clients
+        let mut devices: Vec<String> = self
+            .clients
             .iter()
             .chain(&self.backends)
+            .chain(&self.externals)
             .map(|p| p.host_if.clone())
-            .collect()
+            .collect();
+        if self.node.ip(&["link", "show", "u0"]).is_ok() {
+            devices.push("u0".into());
+        }
+        devices
+    }
+
+    /// Joins two nodes with an underlay link `u0` (192.168.200.<index>/24)
+    /// and routes each node's pod networks to the other.
+    pub fn join(a: &Topology, b: &Topology) -> Result<()> {
+        a.node.ip(&[
+            "link",
+            "add",
+            "u0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "u0",
+            "netns",
+            b.node.name(),
+        ])?;
+        for (me, other) in [(a, b), (b, a)] {
+            me.node.ip(&[
+                "addr",
+                "add",
+                &format!("192.168.200.{}/24", me.index),
+                "dev",
+                "u0",
+            ])?;
+            me.node.ip(&["link", "set", "u0", "up"])?;
+            let via = format!("192.168.200.{}", other.index);
+            let (clients, backends) = nets(other.index);
+            for net in [clients, backends] {
+                me.node
+                    .ip(&["route", "add", &format!("10.{net}.0.0/16"), "via", &via])?;
+            }
+        }
+        Ok(())
     }
 
     pub fn backend(&self, name: &str) -> Option<&Pod> {

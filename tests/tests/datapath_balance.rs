@@ -39,9 +39,21 @@ fn three_backends_share_3000_connections_fairly() -> anyhow::Result<()> {
     lb.set(cluster_ip("spread", VIP, 80, Proto::Tcp, &backends));
 
     let mut hits: HashMap<String, usize> = HashMap::new();
-    for outcome in clients::tcp_hellos(&topo.clients[0].ns, vip(VIP, 80), 3000)? {
-        *hits.entry(outcome?).or_default() += 1;
+    let mut failures = Vec::new();
+    for (i, outcome) in clients::tcp_hellos(&topo.clients[0].ns, vip(VIP, 80), 3000)?
+        .into_iter()
+        .enumerate()
+    {
+        match outcome {
+            Ok(name) => *hits.entry(name).or_default() += 1,
+            Err(e) => failures.push(format!("connection {i}: {e}")),
+        }
     }
+    assert!(
+        failures.is_empty(),
+        "{} connections failed: {failures:?}",
+        failures.len()
+    );
     // Expected 1000 each; sd of a fair split is ~26, so +-15% is > 5 sd.
     assert_eq!(hits.len(), 3, "every backend got connections: {hits:?}");
     for (backend, n) in &hits {

@@ -68,12 +68,20 @@ fn bpftool_shows_field_names_of_every_map() -> Result<()> {
             &[
                 "\"src\"",
                 "\"dport\": 80",
-                "\"nat_port\": 8080",
+                "\"nat_port\": 80",
+                "\"peer_addr\"",
                 "\"kind\"",
                 "\"last_seen_ns\"",
             ],
         ),
-        ("sl_config", &["\"abi_version\": 1", "\"hash_seed\""]),
+        (
+            "sl_config",
+            &[
+                "\"abi_version\": 2",
+                "\"hash_seed\"",
+                "\"snat_port_min\": 61000",
+            ],
+        ),
     ];
     for (map, fields) in expect {
         let dump = bpftool_dump(&root.join(map))?;

@@ -13,8 +13,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use sluice_common::{
-    maps as names, stats::STAT_COUNT, Backend, Config, Ct4Key, CtEntry, Svc4Key, SvcValue,
-    ABI_VERSION,
+    maps as names, stats::STAT_COUNT, Affinity4Key, AffinityValue, Backend, Config, Ct4Key,
+    CtEntry, SrcRange4, Svc4Key, SvcValue, ABI_VERSION,
 };
 
 use super::{links::Hook, DatapathError, Maps, BPF_OBJECT, LINKS_DIR};
@@ -25,6 +25,7 @@ pub struct MapSizes {
     pub services: u32,
     pub backends: u32,
     pub conntrack: u32,
+    pub affinity: u32,
 }
 
 impl Default for MapSizes {
@@ -33,6 +34,7 @@ impl Default for MapSizes {
             services: names::DEFAULT_SERVICES_MAX,
             backends: names::DEFAULT_BACKENDS_MAX,
             conntrack: names::DEFAULT_CONNTRACK_MAX,
+            affinity: names::DEFAULT_AFFINITY_MAX,
         }
     }
 }
@@ -54,7 +56,7 @@ struct Spec {
     max_entries: u32,
 }
 
-fn specs(sizes: &MapSizes) -> [Spec; 5] {
+fn specs(sizes: &MapSizes) -> [Spec; 7] {
     [
         Spec {
             name: names::SERVICES_V4,
@@ -86,6 +88,18 @@ fn specs(sizes: &MapSizes) -> [Spec; 5] {
             value_size: mem::size_of::<Config>(),
             max_entries: 1,
         },
+        Spec {
+            name: names::AFFINITY_V4,
+            key_size: mem::size_of::<Affinity4Key>(),
+            value_size: mem::size_of::<AffinityValue>(),
+            max_entries: sizes.affinity,
+        },
+        Spec {
+            name: names::SOURCE_RANGES_V4,
+            key_size: 4 + mem::size_of::<SrcRange4>(),
+            value_size: 1,
+            max_entries: names::SOURCE_RANGES_MAX,
+        },
     ]
 }
 
@@ -106,7 +120,8 @@ impl Datapath {
         loader
             .map_max_entries(names::SERVICES_V4, sizes.services)
             .map_max_entries(names::BACKENDS, sizes.backends)
-            .map_max_entries(names::CONNTRACK_V4, sizes.conntrack);
+            .map_max_entries(names::CONNTRACK_V4, sizes.conntrack)
+            .map_max_entries(names::AFFINITY_V4, sizes.affinity);
         for name in names::ALL {
             loader.map_pin_path(name, root.join(name));
         }

@@ -6,10 +6,13 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, HashMap, Map, MapData, PerCpuArray},
+    maps::{lpm_trie::LpmTrie, Array, HashMap, Map, MapData, PerCpuArray},
     Ebpf,
 };
-use sluice_common::{maps as names, Backend, Config, Ct4Key, CtEntry, Stat, Svc4Key, SvcValue};
+use sluice_common::{
+    maps as names, Affinity4Key, AffinityValue, Backend, Config, Ct4Key, CtEntry, SrcRange4, Stat,
+    Svc4Key, SvcValue,
+};
 
 use super::DatapathError;
 use crate::{
@@ -25,6 +28,8 @@ pub struct Maps {
     pub conntrack_v4: HashMap<MapData, Ct4Key, CtEntry>,
     pub stats: PerCpuArray<MapData, u64>,
     pub config: Array<MapData, Config>,
+    pub affinity_v4: HashMap<MapData, Affinity4Key, AffinityValue>,
+    pub source_ranges_v4: LpmTrie<MapData, SrcRange4, u8>,
 }
 
 fn convert<T>(name: &'static str, map: Map) -> Result<T, DatapathError>
@@ -45,6 +50,8 @@ impl Maps {
             conntrack_v4: convert(names::CONNTRACK_V4, take(names::CONNTRACK_V4)?)?,
             stats: convert(names::STATS, take(names::STATS)?)?,
             config: convert(names::CONFIG, take(names::CONFIG)?)?,
+            affinity_v4: convert(names::AFFINITY_V4, take(names::AFFINITY_V4)?)?,
+            source_ranges_v4: convert(names::SOURCE_RANGES_V4, take(names::SOURCE_RANGES_V4)?)?,
         })
     }
 
@@ -61,6 +68,8 @@ impl Maps {
             conntrack_v4: convert(names::CONNTRACK_V4, open(names::CONNTRACK_V4)?)?,
             stats: convert(names::STATS, open(names::STATS)?)?,
             config: convert(names::CONFIG, open(names::CONFIG)?)?,
+            affinity_v4: convert(names::AFFINITY_V4, open(names::AFFINITY_V4)?)?,
+            source_ranges_v4: convert(names::SOURCE_RANGES_V4, open(names::SOURCE_RANGES_V4)?)?,
         })
     }
 
@@ -118,6 +127,7 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<Svc4Key>), DatapathE
             fe.flags = value.flags;
             fe.active = value.active;
             fe.fallback = value.fallback;
+            fe.affinity_s = value.affinity_s;
         } else {
             let i = usize::from(key.slot) - 1;
             if fe.slots.len() <= i {
@@ -132,6 +142,19 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<Svc4Key>), DatapathE
             source,
         })?;
         state.backends.insert(id, backend);
+    }
+    for item in maps.source_ranges_v4.iter() {
+        let (key, _) = item.map_err(|source| DatapathError::Map {
+            name: names::SOURCE_RANGES_V4,
+            source,
+        })?;
+        let data = key.data();
+        let prefix = key.prefix_len().saturating_sub(32).min(32) as u8;
+        state
+            .source_ranges
+            .entry(u32::from_be_bytes(data.svc_id))
+            .or_default()
+            .insert((data.addr, prefix));
     }
     Ok((state, foreign))
 }

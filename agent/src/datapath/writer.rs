@@ -10,11 +10,16 @@
 
 use std::net::IpAddr;
 
-use aya::maps::MapError;
-use sluice_common::{maps as names, Backend, Config, Ct4Key, Svc4Key, SvcValue};
+use aya::maps::{lpm_trie::Key, MapError};
+use sluice_common::{
+    maps as names, Affinity4Key, Backend, Config, Ct4Key, SrcRange4, Svc4Key, SvcValue,
+};
 
 use super::{Maps, WriteError};
-use crate::{model::FrontendKey, state::FrontendState};
+use crate::{
+    model::FrontendKey,
+    state::{FrontendState, SourceRange},
+};
 
 pub struct MapWriter {
     maps: Maps,
@@ -128,6 +133,7 @@ impl MapWriter {
             || current.flags != target.flags
             || current.active != target.active
             || current.fallback != target.fallback
+            || current.affinity_s != target.affinity_s
             || current.slots.len() != target.slots.len();
         if master_changed {
             let value = SvcValue {
@@ -137,6 +143,8 @@ impl MapWriter {
                 fallback: target.fallback,
                 total: target.slots.len() as u16,
                 flags: target.flags,
+                affinity_s: target.affinity_s,
+                _pad: 0,
             };
             self.maps
                 .services_v4
@@ -147,6 +155,7 @@ impl MapWriter {
             current.flags = target.flags;
             current.active = target.active;
             current.fallback = target.fallback;
+            current.affinity_s = target.affinity_s;
         }
         while current.slots.len() > target.slots.len() {
             let i = current.slots.len() - 1;
@@ -181,6 +190,39 @@ impl MapWriter {
     pub fn delete_service_entry(&mut self, key: Svc4Key) -> Result<(), WriteError> {
         let result = self.maps.services_v4.remove(&key);
         self.settle(names::SERVICES_V4, result)
+    }
+
+    /// Adds a loadBalancerSourceRanges entry of service port `svc_id`.
+    pub fn put_source_range(&mut self, svc_id: u32, range: SourceRange) -> Result<(), WriteError> {
+        let key = Key::new(
+            SrcRange4::prefix_len(range.1),
+            SrcRange4::new(svc_id, range.0),
+        );
+        self.maps
+            .source_ranges_v4
+            .insert(&key, 1, 0)
+            .map_err(|e| WriteError::from_map(names::SOURCE_RANGES_V4, e))?;
+        self.writes += 1;
+        Ok(())
+    }
+
+    pub fn delete_source_range(
+        &mut self,
+        svc_id: u32,
+        range: SourceRange,
+    ) -> Result<(), WriteError> {
+        let key = Key::new(
+            SrcRange4::prefix_len(range.1),
+            SrcRange4::new(svc_id, range.0),
+        );
+        let result = self.maps.source_ranges_v4.remove(&key);
+        self.settle(names::SOURCE_RANGES_V4, result)
+    }
+
+    /// Removes a session affinity entry; a missing one counts as removed.
+    pub fn delete_affinity(&mut self, key: &Affinity4Key) -> Result<(), WriteError> {
+        let result = self.maps.affinity_v4.remove(key);
+        self.settle(names::AFFINITY_V4, result)
     }
 
     /// Removes a conntrack entry; a missing one counts as removed.

@@ -113,6 +113,8 @@ impl Reconciler {
                 .write_config(&Config {
                     abi_version: ABI_VERSION,
                     hash_seed: random_seed(),
+                    snat_port_min: sluice_common::config::SNAT_PORT_MIN,
+                    snat_port_max: sluice_common::config::SNAT_PORT_MAX,
                 })
                 .map_err(|e| DatapathError::Io {
                     path: sluice_common::maps::CONFIG.into(),
@@ -144,6 +146,7 @@ impl Reconciler {
         for (key, fe) in programmed.frontends {
             r.set_frontend(key, fe);
         }
+        r.programmed.source_ranges = programmed.source_ranges;
         Ok(r)
     }
 
@@ -277,6 +280,7 @@ impl Reconciler {
         if matches!(scope, Scope::All) {
             leftovers.extend(self.backends_of.keys().copied());
             leftovers.extend(self.frontends_of.keys().copied());
+            leftovers.extend(self.programmed.source_ranges.keys().copied());
         }
 
         // A: the reprocessed service ports let go of their frontends; the
@@ -421,6 +425,27 @@ impl Reconciler {
     /// (slots, master, trims), then the frontends and backends it no longer
     /// has.
     fn apply_unit(&mut self, id: u32, plan: UnitPlan, now: Instant, report: &mut Report) {
+        // Source ranges a frontend is about to enforce exist before it does.
+        for range in &plan.source_ranges {
+            if self
+                .programmed
+                .source_ranges
+                .get(&id)
+                .is_some_and(|s| s.contains(range))
+            {
+                continue;
+            }
+            match self.writer.put_source_range(id, *range) {
+                Ok(()) => {
+                    self.programmed
+                        .source_ranges
+                        .entry(id)
+                        .or_default()
+                        .insert(*range);
+                }
+                Err(e) => report.errors.push(e),
+            }
+        }
         for (bid, b) in &plan.backends {
             if self.programmed.backends.get(bid) == Some(b) {
                 continue;
@@ -485,6 +510,29 @@ impl Reconciler {
                 Err(e) => report.errors.push(e),
             }
         }
+        // Source ranges no frontend enforces any more go last.
+        let stale: Vec<_> = self
+            .programmed
+            .source_ranges
+            .get(&id)
+            .into_iter()
+            .flatten()
+            .filter(|r| !plan.source_ranges.contains(r))
+            .copied()
+            .collect();
+        for range in stale {
+            match self.writer.delete_source_range(id, range) {
+                Ok(()) => {
+                    if let Some(set) = self.programmed.source_ranges.get_mut(&id) {
+                        set.remove(&range);
+                        if set.is_empty() {
+                            self.programmed.source_ranges.remove(&id);
+                        }
+                    }
+                }
+                Err(e) => report.errors.push(e),
+            }
+        }
         self.drain.track(&plan.backends, now);
     }
 
@@ -514,6 +562,17 @@ impl Reconciler {
         };
         for key in &scan.stale {
             match self.writer.delete_conntrack(key) {
+                Ok(()) => report.deleted += 1,
+                Err(e) => report.errors.push(e),
+            }
+        }
+        let affinities = conntrack::read_affinities(self.writer.maps())?;
+        for key in conntrack::stale_affinities(
+            &affinities,
+            &self.programmed.backends,
+            conntrack::monotonic_ns(),
+        ) {
+            match self.writer.delete_affinity(&key) {
                 Ok(()) => report.deleted += 1,
                 Err(e) => report.errors.push(e),
             }

@@ -3,20 +3,23 @@
 //! hold for it now, and which of its draining backends may go.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fmt,
     net::IpAddr,
 };
 
 use sluice_common::{
     maps::MAX_SLOTS,
-    service::{FRONTEND_KIND_MASK, SVC_F_DRAINING, SVC_F_DROP_EMPTY},
+    service::{
+        FRONTEND_KIND_MASK, SVC_F_AFFINITY, SVC_F_DRAINING, SVC_F_DROP_EMPTY, SVC_F_SNAT,
+        SVC_F_SOURCE_RANGES,
+    },
     Backend, BackendState, FAMILY_V4, FAMILY_V6,
 };
 
 use crate::{
     model::{DesiredBackend, DesiredService, Endpoint, FrontendKey, ServicePortName, WhenEmpty},
-    state::FrontendState,
+    state::{FrontendState, SourceRange},
 };
 
 /// Why a service port was not (re)programmed. Its previous state, if any,
@@ -75,6 +78,8 @@ impl fmt::Display for Refusal {
 pub struct UnitPlan {
     pub frontends: Vec<(FrontendKey, FrontendState)>,
     pub backends: Vec<(u32, Backend)>,
+    /// loadBalancerSourceRanges of the unit's frontends that enforce them.
+    pub source_ranges: BTreeSet<SourceRange>,
 }
 
 impl UnitPlan {
@@ -127,6 +132,7 @@ pub fn endpoint_of(backend: &Backend) -> Endpoint {
 fn frontend_state(
     svc_id: u32,
     flags: u16,
+    affinity_s: u32,
     members: &[(u32, Endpoint, BackendState)],
 ) -> FrontendState {
     let mut order: Vec<(u8, Endpoint, u32)> = members
@@ -141,6 +147,7 @@ fn frontend_state(
         flags,
         active: count(0),
         fallback: count(1),
+        affinity_s,
         slots: order.into_iter().map(|(_, _, id)| id).collect(),
     }
 }
@@ -243,12 +250,32 @@ pub fn plan_desired(
             if fe.when_empty == WhenEmpty::Drop {
                 flags |= SVC_F_DROP_EMPTY;
             }
-            (fe.key, frontend_state(svc_id, flags, &members))
+            if fe.snat {
+                flags |= SVC_F_SNAT;
+            }
+            let affinity_s = fe.affinity_timeout.unwrap_or(0);
+            if affinity_s > 0 {
+                flags |= SVC_F_AFFINITY;
+            }
+            if !fe.source_ranges.is_empty() {
+                flags |= SVC_F_SOURCE_RANGES;
+            }
+            (fe.key, frontend_state(svc_id, flags, affinity_s, &members))
+        })
+        .collect();
+    let source_ranges = svc
+        .frontends
+        .iter()
+        .flat_map(|f| f.source_ranges.iter())
+        .filter_map(|(net, len)| match net {
+            IpAddr::V4(a) => Some((a.octets(), *len)),
+            IpAddr::V6(_) => None,
         })
         .collect();
     UnitPlan {
         frontends,
         backends,
+        source_ranges,
     }
 }
 
@@ -284,13 +311,14 @@ pub fn plan_leftover(
             let kind = flags & FRONTEND_KIND_MASK;
             (
                 *key,
-                frontend_state(svc_id, kind | SVC_F_DRAINING, &members),
+                frontend_state(svc_id, kind | SVC_F_DRAINING, 0, &members),
             )
         })
         .collect();
     UnitPlan {
         frontends,
         backends,
+        source_ranges: BTreeSet::new(),
     }
 }
 
@@ -312,22 +340,22 @@ mod tests {
 
     fn svc(backends: &[(u8, BackendState)]) -> DesiredService {
         DesiredService {
-            frontends: vec![Frontend {
-                key: FrontendKey {
+            frontends: vec![Frontend::new(
+                FrontendKey {
                     addr: IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)),
                     port: 80,
                     proto: Proto::Tcp,
                 },
-                kind: FrontendKind::ClusterIp,
-                backends: backends
+                FrontendKind::ClusterIp,
+                backends
                     .iter()
                     .map(|(l, s)| DesiredBackend {
                         endpoint: ep(*l),
                         state: *s,
                     })
                     .collect(),
-                when_empty: WhenEmpty::Reject,
-            }],
+                WhenEmpty::Reject,
+            )],
         }
     }
 

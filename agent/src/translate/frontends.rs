@@ -63,6 +63,7 @@ pub(super) fn frontends(
                 }
             };
             let (backends, when_empty) = selection.for_policy(local);
+            let external = kind != FrontendKind::ClusterIp;
             Frontend {
                 key: FrontendKey {
                     addr,
@@ -72,6 +73,19 @@ pub(super) fn frontends(
                 kind,
                 backends,
                 when_empty,
+                // kube-proxy masquerades external traffic unless the policy
+                // is Local (which keeps the client address).
+                snat: external && !local,
+                affinity_timeout: svc.session_affinity_timeout,
+                // Source ranges guard load-balancer addresses only.
+                source_ranges: if kind == FrontendKind::LoadBalancer {
+                    svc.load_balancer_source_ranges
+                        .iter()
+                        .map(|n| (n.addr, n.prefix_len))
+                        .collect()
+                } else {
+                    Vec::new()
+                },
             }
         })
         .collect();

@@ -12,7 +12,15 @@ pub struct Config {
     /// Seed of the flow hash that picks backends; random per node, kept
     /// across restarts so that a flow hashes to the same slot.
     pub hash_seed: u32,
+    /// Source ports SNAT may use (inclusive). Outside the kernel's
+    /// ephemeral range (32768-60999) and the NodePort range (30000-32767).
+    pub snat_port_min: u16,
+    pub snat_port_max: u16,
 }
-assert_size!(Config, 8);
+assert_size!(Config, 12);
+
+/// Default SNAT port range.
+pub const SNAT_PORT_MIN: u16 = 61_000;
+pub const SNAT_PORT_MAX: u16 = 65_535;
 
 user_pod!(Config);

@@ -3,9 +3,11 @@
 //! Each flow has two entries, both keyed by a full 5-tuple including the
 //! protocol:
 //! - the forward entry, keyed by the tuple the client sent
-//!   (client -> VIP), records the chosen backend and the TCP state;
+//!   (client -> VIP), records the chosen backend, the TCP state and, for a
+//!   flow SNATed to the node, the node address and port it uses;
 //! - the reply entry, keyed by the tuple the backend sends back
-//!   (backend -> client), records the VIP and port to restore as source.
+//!   (backend -> client, or backend -> node for an SNATed flow), records
+//!   the VIP and port to restore as source and the client.
 //!
 //! The two key spaces cannot collide (one has the VIP as destination, the
 //! other the backend as source), so one lookup of the packet's own tuple
@@ -54,25 +56,57 @@ pub struct CtEntry {
     pub backend_id: u32,
     /// Service port (`SvcValue::svc_id`) the flow was assigned by.
     pub svc_id: u32,
-    /// Forward: the backend's address. Reply: the frontend address to
-    /// restore as source. Network order, IPv4 in the first 4 bytes.
+    /// Forward: the SNAT source (with `CT_F_SNAT`), else unused. Reply: the
+    /// frontend address to restore as source. Network order, IPv4 in the
+    /// first 4 bytes.
     pub nat_addr: [u8; 16],
+    /// Reply: the client, i.e. the forward entry's source (restored as
+    /// destination when the flow was SNATed). Forward: unused.
+    pub peer_addr: [u8; 16],
     /// Port matching `nat_addr`, host order.
     pub nat_port: u16,
+    /// Port matching `peer_addr`, host order.
+    pub peer_port: u16,
     /// A `CtKind` value.
     pub kind: u8,
-    /// `CT_F_*` bits (kept on the forward entry).
+    /// `CT_F_*` bits (kept on the forward entry; a reply entry carries
+    /// `CT_F_SNAT` and what it pushed to its forward entry).
     pub flags: u8,
-    pub _pad: [u8; 4],
+    pub _pad: [u8; 2],
 }
-assert_size!(CtEntry, 40);
+assert_size!(CtEntry, 56);
 
 impl CtEntry {
+    /// The key of the forward entry a reply entry belongs to.
+    pub const fn forward_key_of_reply(&self, proto: u8) -> Ct4Key {
+        Ct4Key::new(
+            [
+                self.peer_addr[0],
+                self.peer_addr[1],
+                self.peer_addr[2],
+                self.peer_addr[3],
+            ],
+            [
+                self.nat_addr[0],
+                self.nat_addr[1],
+                self.nat_addr[2],
+                self.nat_addr[3],
+            ],
+            self.peer_port,
+            self.nat_port,
+            proto,
+        )
+    }
+
     /// Both directions have closed (FIN each way) or a RST was seen.
     pub const fn is_closing(&self) -> bool {
-        self.flags & CT_F_RST != 0
-            || (self.flags & CT_F_TX_CLOSING != 0 && self.flags & CT_F_RX_CLOSING != 0)
+        closing(self.flags)
     }
+}
+
+/// Whether `CT_F_*` flags say both directions closed or a RST was seen.
+pub const fn closing(flags: u8) -> bool {
+    flags & CT_F_RST != 0 || (flags & CT_F_TX_CLOSING != 0 && flags & CT_F_RX_CLOSING != 0)
 }
 
 /// Which side of a flow an entry describes.
@@ -93,6 +127,9 @@ pub const CT_F_RX_CLOSING: u8 = 1 << 2;
 pub const CT_F_RST: u8 = 1 << 3;
 /// The backend has answered at least once.
 pub const CT_F_SEEN_REPLY: u8 = 1 << 4;
+/// The flow is SNATed to the node (`nat_addr:nat_port` on the forward
+/// entry); its replies are handled on the way in.
+pub const CT_F_SNAT: u8 = 1 << 5;
 
 /// The datapath rewrites `last_seen_ns` at most this often per entry.
 pub const CT_REFRESH_NS: u64 = 1_000_000_000;

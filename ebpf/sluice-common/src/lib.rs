@@ -14,18 +14,22 @@
 //! `docs/maps.md` describes the schema for operators.
 #![no_std]
 
+pub mod affinity;
 pub mod backend;
 pub mod config;
 pub mod conntrack;
 pub mod hash;
 pub mod maps;
 pub mod service;
+pub mod source_range;
 pub mod stats;
 
+pub use affinity::{Affinity4Key, AffinityValue};
 pub use backend::{Backend, BackendState};
 pub use config::Config;
 pub use conntrack::{Ct4Key, CtEntry, CtKind};
 pub use service::{FrontendKind, Svc4Key, SvcValue};
+pub use source_range::SrcRange4;
 pub use stats::Stat;
 
 /// IP protocol numbers the datapath balances.
@@ -40,7 +44,7 @@ pub const FAMILY_V6: u8 = 6;
 
 /// Bumped whenever a key or value layout changes. The agent refuses to adopt
 /// pinned maps written with another version (see `Config::abi_version`).
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Implements `aya::Pod` for ABI types when building for userspace.
 macro_rules! user_pod {

@@ -15,9 +15,21 @@ pub const CONNTRACK_V4: &str = "sl_ct4";
 pub const STATS: &str = "sl_stats";
 /// Single-entry array holding `Config`.
 pub const CONFIG: &str = "sl_config";
+/// Session affinity: `Affinity4Key` -> `AffinityValue` (LRU).
+pub const AFFINITY_V4: &str = "sl_aff4";
+/// loadBalancerSourceRanges: LPM trie of `SrcRange4` -> `u8`.
+pub const SOURCE_RANGES_V4: &str = "sl_srcrng4";
 
 /// Every map the agent pins, in the order it creates them.
-pub const ALL: [&str; 5] = [CONFIG, STATS, BACKENDS, SERVICES_V4, CONNTRACK_V4];
+pub const ALL: [&str; 7] = [
+    CONFIG,
+    STATS,
+    BACKENDS,
+    SERVICES_V4,
+    CONNTRACK_V4,
+    AFFINITY_V4,
+    SOURCE_RANGES_V4,
+];
 
 /// Default capacity of `sl_svc4`: one entry per frontend plus one per
 /// backend slot (a frontend with 10 backends uses 11). Not preallocated.
@@ -27,6 +39,13 @@ pub const DEFAULT_BACKENDS_MAX: u32 = 131_072;
 /// Default capacity of `sl_ct4`: two entries per flow (forward and reply),
 /// so 131,072 flows, kube-proxy's default `conntrack-min`. Preallocated (LRU).
 pub const DEFAULT_CONNTRACK_MAX: u32 = 262_144;
+
+/// Default capacity of `sl_aff4` (client, service port) pairs. Preallocated
+/// (LRU).
+pub const DEFAULT_AFFINITY_MAX: u32 = 65_536;
+/// Capacity of `sl_srcrng4` (ranges over all service ports). Not
+/// preallocated.
+pub const SOURCE_RANGES_MAX: u32 = 16_384;
 
 /// Largest number of backend slots one frontend may have (slot is a `u16`
 /// and slot 0 is the master entry).

@@ -74,8 +74,11 @@ pub struct SvcValue {
     pub total: u16,
     /// Master: `FrontendKind` in the low 4 bits, `SVC_F_*` above.
     pub flags: u16,
+    /// Master: session affinity timeout in seconds (with `SVC_F_AFFINITY`).
+    pub affinity_s: u32,
+    pub _pad: u32,
 }
-assert_size!(SvcValue, 16);
+assert_size!(SvcValue, 24);
 
 impl SvcValue {
     /// The kind of frontend this master entry describes.
@@ -96,6 +99,19 @@ pub const SVC_F_DRAINING: u16 = 1 << 4;
 /// of rejecting them (kube-proxy's DROP for traffic that has endpoints but
 /// none it may use).
 pub const SVC_F_DROP_EMPTY: u16 = 1 << 5;
+
+/// Master flag: new flows are also SNATed to the node's address on the way
+/// to the backend (external traffic with externalTrafficPolicy Cluster, as
+/// kube-proxy masquerades it), so replies come back through this node.
+pub const SVC_F_SNAT: u16 = 1 << 6;
+
+/// Master flag: only clients in `sl_srcrng4` under this frontend's `svc_id`
+/// may open flows (`loadBalancerSourceRanges`); others are dropped.
+pub const SVC_F_SOURCE_RANGES: u16 = 1 << 7;
+
+/// Master flag: a client's new flows go to the backend its last flow used,
+/// within `affinity_s` (sessionAffinity ClientIP), if it is still active.
+pub const SVC_F_AFFINITY: u16 = 1 << 8;
 
 /// What kind of address a frontend is, for operators (`sluice lb list`).
 #[repr(u16)]

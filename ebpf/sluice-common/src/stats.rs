@@ -32,10 +32,18 @@ pub enum Stat {
     /// A frontend marked drop-when-empty had no selectable backend: the
     /// new flow was dropped (kube-proxy's DROP for traffic policy Local).
     NoBackendDrop = 12,
+    /// A new flow that needed SNAT got no route or no free port: dropped.
+    SnatFailed = 13,
+    /// A client outside the frontend's loadBalancerSourceRanges: dropped.
+    SourceDenied = 14,
+    /// A new flow followed its client's session affinity.
+    AffinityHit = 15,
+    /// A reply of an SNATed flow was reverse-translated on its way in.
+    SnatReply = 16,
 }
 
 /// Number of counters (the `max_entries` of `sl_stats`).
-pub const STAT_COUNT: u32 = 13;
+pub const STAT_COUNT: u32 = 17;
 
 impl Stat {
     /// Every counter, in index order.
@@ -53,6 +61,10 @@ impl Stat {
         Stat::RejectFailed,
         Stat::Truncated,
         Stat::NoBackendDrop,
+        Stat::SnatFailed,
+        Stat::SourceDenied,
+        Stat::AffinityHit,
+        Stat::SnatReply,
     ];
 
     /// The name used in metrics and `sluice status`.
@@ -71,6 +83,10 @@ impl Stat {
             Stat::RejectFailed => "reject_failed",
             Stat::Truncated => "truncated",
             Stat::NoBackendDrop => "no_backend_drop",
+            Stat::SnatFailed => "snat_failed",
+            Stat::SourceDenied => "source_denied",
+            Stat::AffinityHit => "affinity_hit",
+            Stat::SnatReply => "snat_reply",
         }
     }
 }

@@ -45,9 +45,18 @@ fn ensure(ctx: &TcContext, len: usize) -> bool {
     ctx.data() + len <= ctx.data_end()
 }
 
-/// Copies a `T` out of the packet at `off`, bounds-checked.
+/// The furthest header offset the datapath reads: Ethernet plus an IPv4
+/// header with the most options.
+pub const MAX_L4_OFF: usize = ETH_LEN + 60;
+
+/// Copies a `T` out of the packet at `off`, bounds-checked. The explicit
+/// bound on `off` keeps the verifier's range when the offset comes from
+/// another stack frame.
 #[inline(always)]
 fn read<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
+    if off > MAX_L4_OFF {
+        return None;
+    }
     let start = ctx.data();
     if start + off + core::mem::size_of::<T>() > ctx.data_end() {
         return None;

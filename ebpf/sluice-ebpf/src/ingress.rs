@@ -1,35 +1,40 @@
 //! Packets arriving at the node: service frontends get DNAT.
 //!
-//! 1. Not IPv4 TCP/UDP, or not a frontend (no master entry): pass, one
+//! 1. A packet to a port in the SNAT range may be the reply of an SNATed
+//!    flow: turned back and redirected to its client (`snat::reply`).
+//! 2. Not IPv4 TCP/UDP, or not a frontend (no master entry): pass, one
 //!    hash lookup spent.
-//! 2. A forward conntrack entry exists: follow it to its backend (even a
+//! 3. A forward conntrack entry exists: follow it to its backend (even a
 //!    terminating one) unless the backend or the frontend's owner changed,
 //!    or a SYN shows a new connection on a closed or non-active entry.
-//! 3. Otherwise pick a slot by flow hash among the active backends, or the
-//!    terminating-but-serving ones when none is active; none at all means
-//!    reject (RST / ICMP port unreachable).
+//! 4. Otherwise a new flow: source ranges, session affinity, then a slot by
+//!    flow hash among the active backends, or the terminating-but-serving
+//!    ones when none is active; none at all means reject (RST / ICMP port
+//!    unreachable) or drop. SNAT when the frontend asks for it or the
+//!    client is its own backend (hairpin).
 
 use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_ns, programs::TcContext};
 use sluice_common::{
-    conntrack::{CT_F_RST, CT_F_SYN, CT_F_TX_CLOSING, CT_REFRESH_NS},
+    conntrack::{CT_F_SNAT, CT_REFRESH_NS},
     hash::pick_slot,
-    service::SVC_F_DROP_EMPTY,
-    Backend, BackendState, CtEntry, CtKind, Stat, Svc4Key, SvcValue, IPPROTO_TCP, IPPROTO_UDP,
+    service::{SVC_F_AFFINITY, SVC_F_DROP_EMPTY, SVC_F_SNAT, SVC_F_SOURCE_RANGES},
+    Affinity4Key, AffinityValue, Backend, BackendState, Config, CtKind, Stat, Svc4Key, SvcValue,
+    IPPROTO_TCP, IPPROTO_UDP,
 };
 
 use crate::{
+    conntrack::tcp_bits,
     error::{Error, Verdict},
     flow::{Flow4, Parsed},
     hash,
-    headers::{TCP_FIN, TCP_RST, TCP_SYN},
-    maps::{self, count, CONNTRACK_V4},
+    maps::{self, count, AFFINITY_V4, CONNTRACK_V4},
     nat::{self, Side},
-    reject,
+    reject, snat,
 };
 
 enum Tracked {
     /// Keep sending the flow to this backend.
-    Follow(Backend),
+    Follow(&'static Backend),
     /// Treat the packet as the first of a new flow.
     Reselect,
     /// The flow's backend is gone mid-connection: reset it.
@@ -46,22 +51,42 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         }
         Parsed::Other => return Ok(Verdict::Next),
     };
+    let config = maps::config();
+    if flow.dport >= config.snat_port_min
+        && flow.dport <= config.snat_port_max
+        && config.snat_port_min != 0
+    {
+        if let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) {
+            // SAFETY: pointer from a successful lookup; copied at once.
+            let ct = unsafe { *entry };
+            if ct.kind == CtKind::Reply as u8 && ct.flags & CT_F_SNAT != 0 {
+                return snat::reply(ctx.skb.skb, &flow, entry);
+            }
+        }
+    }
     let Some(master) = maps::service(&Svc4Key::new(flow.dst, flow.dport, flow.proto, 0)) else {
         return Ok(Verdict::Next);
     };
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    let key = flow.ct_key();
 
     let mut reselected = false;
-    if let Some(entry) = CONNTRACK_V4.get_ptr_mut(key) {
-        // SAFETY: pointer from a successful lookup; copied at once.
-        let ct = unsafe { *entry };
-        if ct.kind == CtKind::Forward as u8 {
-            match judge(&flow, &master, &ct) {
+    if let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) {
+        // SAFETY: pointer from a successful lookup; fields copied at once.
+        let (kind, ct_flags, backend_id, svc_id, last_seen) = unsafe {
+            (
+                (*entry).kind,
+                (*entry).flags,
+                (*entry).backend_id,
+                (*entry).svc_id,
+                (*entry).last_seen_ns,
+            )
+        };
+        if kind == CtKind::Forward as u8 {
+            match judge(&flow, master, backend_id, svc_id, ct_flags) {
                 Tracked::Follow(backend) => {
-                    let flags = ct.flags | tcp_bits(&flow);
-                    if flags != ct.flags || now.wrapping_sub(ct.last_seen_ns) > CT_REFRESH_NS {
+                    let flags = ct_flags | tcp_bits(&flow);
+                    if flags != ct_flags || now.wrapping_sub(last_seen) > CT_REFRESH_NS {
                         // SAFETY: the entry stays valid for this program
                         // run; a racing writer only loses a refresh.
                         unsafe {
@@ -69,29 +94,33 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
                             (*entry).last_seen_ns = now;
                         }
                     }
-                    nat::rewrite(ctx, &flow, Side::Dst, backend.addr_v4(), backend.port)?;
                     count(Stat::Established);
+                    if ct_flags & CT_F_SNAT != 0 {
+                        return snat::forward(ctx.skb.skb, &flow, backend_id, entry);
+                    }
+                    nat::rewrite(ctx, &flow, Side::Dst, backend.addr_v4(), backend.port)?;
                     return Ok(Verdict::Next);
                 }
                 Tracked::Reset => {
                     count(Stat::StaleReset);
-                    return reject::tcp_reset(ctx, &flow);
+                    return reject::tcp_reset(ctx.skb.skb, &flow);
                 }
                 Tracked::Reselect => reselected = true,
             }
         }
     }
-    new_flow(ctx, &flow, &master, now, reselected)
+    new_flow(ctx, &flow, master, now, reselected, &config)
 }
 
 /// Decides what a tracked flow's packet gets.
 #[inline(always)]
-fn judge(flow: &Flow4, master: &SvcValue, ct: &CtEntry) -> Tracked {
-    match maps::backend(ct.backend_id) {
-        Some(b) if b.svc_id == ct.svc_id && master.svc_id == ct.svc_id => {
+fn judge(flow: &Flow4, master: &SvcValue, backend_id: u32, svc_id: u32, ct_flags: u8) -> Tracked {
+    let closing = sluice_common::conntrack::closing(ct_flags);
+    match maps::backend(backend_id) {
+        Some(b) if b.svc_id == svc_id && master.svc_id == svc_id => {
             // A SYN on a finished flow, or to a backend that no longer takes
             // new flows, starts a new connection (source-port reuse).
-            if flow.is_syn() && (ct.is_closing() || b.state != BackendState::Active as u8) {
+            if flow.is_syn() && (closing || b.state != BackendState::Active as u8) {
                 Tracked::Reselect
             } else {
                 Tracked::Follow(b)
@@ -105,23 +134,29 @@ fn judge(flow: &Flow4, master: &SvcValue, ct: &CtEntry) -> Tracked {
     }
 }
 
-/// Conntrack flag bits this client packet contributes.
-#[inline(always)]
-fn tcp_bits(flow: &Flow4) -> u8 {
-    if flow.proto != IPPROTO_TCP {
+/// The backend the client's session affinity points to, if it may still
+/// take new flows (0: none). A separate BPF function, off the main frame.
+#[inline(never)]
+fn affinity(key: &Affinity4Key, master: &SvcValue, now: u64) -> u32 {
+    let Some(a) = AFFINITY_V4.get_ptr(key) else {
+        return 0;
+    };
+    // SAFETY: pointer from a successful lookup; fields copied at once.
+    let (last_used, backend_id, svc_id) =
+        unsafe { ((*a).last_used_ns, (*a).backend_id, (*a).svc_id) };
+    if now.wrapping_sub(last_used) > u64::from(master.affinity_s) * 1_000_000_000 {
         return 0;
     }
-    let mut bits = 0;
-    if flow.tcp_flags & TCP_SYN != 0 {
-        bits |= CT_F_SYN;
+    let Some(b) = maps::backend(backend_id) else {
+        return 0;
+    };
+    let selectable = b.state == BackendState::Active as u8
+        || (master.active == 0 && b.state == BackendState::TerminatingServing as u8);
+    if b.svc_id == master.svc_id && svc_id == master.svc_id && selectable {
+        backend_id
+    } else {
+        0
     }
-    if flow.tcp_flags & TCP_FIN != 0 {
-        bits |= CT_F_TX_CLOSING;
-    }
-    if flow.tcp_flags & TCP_RST != 0 {
-        bits |= CT_F_RST;
-    }
-    bits
 }
 
 #[inline(always)]
@@ -131,7 +166,12 @@ fn new_flow(
     master: &SvcValue,
     now: u64,
     reselected: bool,
+    config: &Config,
 ) -> Result<Verdict, Error> {
+    if master.flags & SVC_F_SOURCE_RANGES != 0 && !maps::source_allowed(master.svc_id, flow.src) {
+        count(Stat::SourceDenied);
+        return Ok(Verdict::Drop);
+    }
     let (first, n) = if master.active > 0 {
         (1, master.active)
     } else if master.fallback > 0 {
@@ -142,65 +182,67 @@ fn new_flow(
     } else {
         count(Stat::NoBackend);
         return if flow.proto == IPPROTO_TCP {
-            reject::tcp_reset(ctx, flow)
+            reject::tcp_reset(ctx.skb.skb, flow)
         } else {
-            reject::icmp_port_unreachable(ctx, flow)
+            reject::icmp_port_unreachable(ctx.skb.skb, flow)
         };
     };
-    let slot = pick_slot(hash::flow(flow, maps::hash_seed()), first, n);
-    let slot = maps::service(&Svc4Key::new(flow.dst, flow.dport, flow.proto, slot))
-        .ok_or(Error::Dangling)?;
-    let backend = maps::backend(slot.backend_id).ok_or(Error::Dangling)?;
-    let backend_addr = backend.addr_v4();
-
-    let forward = CtEntry {
-        last_seen_ns: now,
-        backend_id: slot.backend_id,
-        svc_id: master.svc_id,
-        nat_addr: v4_in_16(backend_addr),
-        nat_port: backend.port,
-        kind: CtKind::Forward as u8,
-        flags: tcp_bits(flow),
-        _pad: [0; 4],
+    let h = hash::flow(flow, config.hash_seed);
+    let sticky = master.flags & SVC_F_AFFINITY != 0;
+    let affinity_key = Affinity4Key {
+        client: flow.src,
+        frontend: flow.dst,
+        port: flow.dport,
+        proto: flow.proto,
+        _pad: 0,
     };
-    let reply_key =
-        sluice_common::Ct4Key::new(backend_addr, flow.src, backend.port, flow.sport, flow.proto);
-    let reply = CtEntry {
-        last_seen_ns: now,
-        backend_id: slot.backend_id,
-        svc_id: master.svc_id,
-        nat_addr: v4_in_16(flow.dst),
-        nat_port: flow.dport,
-        kind: CtKind::Reply as u8,
-        flags: 0,
-        _pad: [0; 4],
+    let sticky_backend = if sticky {
+        affinity(&affinity_key, master, now)
+    } else {
+        0
     };
-    // The reply entry goes in first: the backend cannot answer before the
-    // rewritten packet leaves this program.
-    if CONNTRACK_V4
-        .insert(reply_key, reply, BPF_ANY as u64)
-        .is_err()
-        || CONNTRACK_V4
-            .insert(flow.ct_key(), forward, BPF_ANY as u64)
-            .is_err()
-    {
-        count(Stat::CtInsertFailed);
+    let chosen = if sticky_backend != 0 {
+        maps::backend(sticky_backend).map(|b| (sticky_backend, b))
+    } else {
+        None
+    };
+    let (backend_id, backend) = match chosen {
+        Some(chosen) => {
+            count(Stat::AffinityHit);
+            chosen
+        }
+        None => {
+            let slot = pick_slot(h, first, n);
+            let slot = maps::service(&Svc4Key::new(flow.dst, flow.dport, flow.proto, slot))
+                .ok_or(Error::Dangling)?;
+            let backend = maps::backend(slot.backend_id).ok_or(Error::Dangling)?;
+            (slot.backend_id, backend)
+        }
+    };
+    if sticky {
+        let value = AffinityValue {
+            last_used_ns: now,
+            backend_id,
+            svc_id: master.svc_id,
+        };
+        let _ = AFFINITY_V4.insert(affinity_key, value, BPF_ANY as u64);
     }
-    nat::rewrite(ctx, flow, Side::Dst, backend_addr, backend.port)?;
     count(if reselected {
         Stat::Reselected
     } else {
         Stat::NewFlow
     });
+    let nf = snat::NewFlow {
+        svc_id: master.svc_id,
+        backend_id,
+        now,
+        hash: h,
+    };
+    let backend_addr = backend.addr_v4();
+    if master.flags & SVC_F_SNAT != 0 || backend_addr == flow.src {
+        return snat::new_flow(ctx.skb.skb, flow, &nf);
+    }
+    snat::record(flow, &nf)?;
+    nat::rewrite(ctx, flow, Side::Dst, backend_addr, backend.port)?;
     Ok(Verdict::Next)
-}
-
-#[inline(always)]
-pub fn v4_in_16(a: [u8; 4]) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    out[0] = a[0];
-    out[1] = a[1];
-    out[2] = a[2];
-    out[3] = a[3];
-    out
 }

@@ -14,6 +14,7 @@
 #![no_main]
 
 mod checksum;
+mod conntrack;
 mod egress;
 mod error;
 mod flow;
@@ -23,6 +24,7 @@ mod ingress;
 mod maps;
 mod nat;
 mod reject;
+mod snat;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
 

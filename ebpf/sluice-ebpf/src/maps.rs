@@ -2,15 +2,19 @@
 //! sizes here are defaults that the agent overrides at load time.
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    bindings::{bpf_fib_lookup, BPF_F_NO_PREALLOC},
+    btf_maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use sluice_common::{
     maps as names,
-    maps::{DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX},
+    maps::{
+        DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX,
+        SOURCE_RANGES_MAX,
+    },
     stats::STAT_COUNT,
-    Backend, Config, Ct4Key, CtEntry, Stat, Svc4Key, SvcValue,
+    Affinity4Key, AffinityValue, Backend, Config, Ct4Key, CtEntry, SrcRange4, Stat, Svc4Key,
+    SvcValue,
 };
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -33,6 +37,35 @@ pub static STATS: PerCpuArray<u64, { STAT_COUNT as usize }> = PerCpuArray::new()
 #[btf_map(name = "sl_config")]
 pub static CONFIG: Array<Config, 1> = Array::new();
 
+#[btf_map(name = "sl_aff4")]
+pub static AFFINITY_V4: LruHashMap<Affinity4Key, AffinityValue, { DEFAULT_AFFINITY_MAX as usize }> =
+    LruHashMap::new();
+
+#[btf_map(name = "sl_srcrng4")]
+pub static SOURCE_RANGES_V4: LpmTrie<SrcRange4, u8, { SOURCE_RANGES_MAX as usize }> =
+    LpmTrie::new();
+
+/// Per-CPU room for temporaries too large for the 512-byte BPF stack: a
+/// conntrack entry under construction, FIB lookup parameters, a reply
+/// packet being built. One program run uses it at a time on a CPU (TC runs
+/// with bottom halves off). Not pinned: each loaded program has its own.
+#[repr(C)]
+pub struct Scratch {
+    pub ct: CtEntry,
+    pub fib: bpf_fib_lookup,
+    pub pkt: [u8; 80],
+}
+
+#[btf_map(name = "sl_scratch")]
+pub static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
+
+/// This CPU's scratch space.
+#[inline(always)]
+pub fn scratch() -> Option<&'static mut Scratch> {
+    // SAFETY: a per-CPU slot that only the running program uses.
+    SCRATCH.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+}
+
 // The literal names above must be the ABI's names.
 const fn same(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
@@ -53,6 +86,8 @@ const _: () = assert!(same("sl_backends", names::BACKENDS));
 const _: () = assert!(same("sl_ct4", names::CONNTRACK_V4));
 const _: () = assert!(same("sl_stats", names::STATS));
 const _: () = assert!(same("sl_config", names::CONFIG));
+const _: () = assert!(same("sl_aff4", names::AFFINITY_V4));
+const _: () = assert!(same("sl_srcrng4", names::SOURCE_RANGES_V4));
 
 /// Adds one to a per-CPU counter.
 #[inline(always)]
@@ -63,26 +98,36 @@ pub fn count(stat: Stat) {
     }
 }
 
-/// A copy of a frontend entry (master or slot).
+/// A frontend entry (master or slot). The agent replaces entries rather
+/// than writing them in place (these maps are not preallocated), and a
+/// replaced element is freed only after the program run: the reference is
+/// a consistent snapshot for as long as the program runs.
 #[inline(always)]
-pub fn service(key: &Svc4Key) -> Option<SvcValue> {
-    // SAFETY: the pointer comes from a successful lookup; we copy at once.
-    SERVICES_V4.get_ptr(key).map(|p| unsafe { *p })
+pub fn service(key: &Svc4Key) -> Option<&'static SvcValue> {
+    // SAFETY: see above.
+    SERVICES_V4.get_ptr(key).map(|p| unsafe { &*p })
 }
 
-/// A copy of a backend.
+/// A backend (a reference, as for `service`).
 #[inline(always)]
-pub fn backend(id: u32) -> Option<Backend> {
-    // SAFETY: as above.
-    BACKENDS.get_ptr(id).map(|p| unsafe { *p })
+pub fn backend(id: u32) -> Option<&'static Backend> {
+    // SAFETY: see `service`.
+    BACKENDS.get_ptr(id).map(|p| unsafe { &*p })
 }
 
-/// The node's flow-hash seed (0 until the agent writes the config).
+/// The node's configuration (all zero until the agent writes it).
 #[inline(always)]
-pub fn hash_seed() -> u32 {
-    // SAFETY: array slot 0 always exists.
-    CONFIG
-        .get_ptr(0)
-        .map(|p| unsafe { (*p).hash_seed })
-        .unwrap_or(0)
+pub fn config() -> Config {
+    // SAFETY: array slot 0 always exists; copied at once.
+    CONFIG.get_ptr(0).map(|p| unsafe { *p }).unwrap_or_default()
+}
+
+/// Whether `client` is within the source ranges of service port `svc_id`.
+#[inline(always)]
+pub fn source_allowed(svc_id: u32, client: [u8; 4]) -> bool {
+    let key = Key {
+        prefix_len: SrcRange4::prefix_len(32),
+        data: SrcRange4::new(svc_id, client),
+    };
+    SOURCE_RANGES_V4.get(&key).is_some()
 }

@@ -6,14 +6,27 @@
 //! checksum of 0 means "none" and stays 0 (`BPF_F_MARK_MANGLED_0`).
 
 use aya_ebpf::{
-    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    bindings::{__sk_buff, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
 use sluice_common::IPPROTO_TCP;
 
 use crate::{error::Error, flow::Flow4, headers::ETH_LEN};
 
+/// Rewrites one end of the packet (see `rewrite_skb`).
+#[inline(always)]
+pub fn rewrite(
+    ctx: &TcContext,
+    flow: &Flow4,
+    side: Side,
+    addr: [u8; 4],
+    port: u16,
+) -> Result<(), Error> {
+    rewrite_skb(ctx.skb.skb, flow, side, addr, port)
+}
+
 /// Which end of the packet to rewrite.
+#[derive(Clone, Copy)]
 pub enum Side {
     Src,
     Dst,
@@ -23,14 +36,17 @@ const IP_CSUM_OFF: usize = ETH_LEN + 10;
 const IP_SRC_OFF: usize = ETH_LEN + 12;
 const IP_DST_OFF: usize = ETH_LEN + 16;
 
-#[inline(always)]
-pub fn rewrite(
-    ctx: &TcContext,
+/// A separate BPF function: called from every path, its temporaries then
+/// live in one small frame of their own.
+#[inline(never)]
+pub fn rewrite_skb(
+    skb: *mut __sk_buff,
     flow: &Flow4,
     side: Side,
     addr: [u8; 4],
     port: u16,
 ) -> Result<(), Error> {
+    let ctx = &TcContext::new(skb);
     let (addr_off, port_off, old_addr, old_port) = match side {
         Side::Src => (IP_SRC_OFF, flow.l4_off, flow.src, flow.sport),
         Side::Dst => (IP_DST_OFF, flow.l4_off + 2, flow.dst, flow.dport),

@@ -5,7 +5,7 @@
 //! once instead of a timeout.
 
 use aya_ebpf::{
-    bindings::BPF_F_RECOMPUTE_CSUM,
+    bindings::{__sk_buff, BPF_F_RECOMPUTE_CSUM},
     helpers::{bpf_redirect, bpf_skb_change_tail},
     programs::TcContext,
 };
@@ -83,6 +83,7 @@ fn swap_eth(eth: &EthHdr) -> EthHdr {
 /// of the interface it arrived on.
 #[inline(always)]
 fn send_back<T>(ctx: &TcContext, pkt: &T, len: usize) -> Result<Verdict, Error> {
+    const { assert!(core::mem::size_of::<T>() <= 80) };
     // SAFETY: the skb pointer is the program's context.
     if unsafe { bpf_skb_change_tail(ctx.skb.skb, len as u32, 0) } != 0 {
         return Err(Error::Reject);
@@ -101,9 +102,11 @@ fn send_back<T>(ctx: &TcContext, pkt: &T, len: usize) -> Result<Verdict, Error> 
 }
 
 /// Answers a TCP segment with a RST from the address it was sent to
-/// (RFC 9293 3.10.7.1). A RST is never answered.
-#[inline(always)]
-pub fn tcp_reset(ctx: &TcContext, flow: &Flow4) -> Result<Verdict, Error> {
+/// (RFC 9293 3.10.7.1). A RST is never answered. A separate BPF function:
+/// its packet buffer must not share the caller's stack frame.
+#[inline(never)]
+pub fn tcp_reset(skb: *mut __sk_buff, flow: &Flow4) -> Result<Verdict, Error> {
+    let ctx = &TcContext::new(skb);
     if flow.proto != IPPROTO_TCP || flow.has_tcp_flag(TCP_RST) {
         return Ok(Verdict::Drop);
     }
@@ -128,7 +131,11 @@ pub fn tcp_reset(ctx: &TcContext, flow: &Flow4) -> Result<Verdict, Error> {
         ([0; 4], ack.to_be_bytes(), TCP_RST | TCP_ACK)
     };
 
-    let mut out = RstPacket {
+    let scratch = crate::maps::scratch().ok_or(Error::Reject)?;
+    // SAFETY: the scratch buffer is large enough (checked in send_back) and
+    // the header structs are byte-aligned.
+    let out = unsafe { &mut *(scratch.pkt.as_mut_ptr() as *mut RstPacket) };
+    *out = RstPacket {
         eth: swap_eth(&eth),
         ip: reply_ip(flow.dst, flow.src, IPV4_LEN + TCP_LEN, IPPROTO_TCP),
         tcp: TcpHdr {
@@ -150,19 +157,24 @@ pub fn tcp_reset(ctx: &TcContext, flow: &Flow4) -> Result<Verdict, Error> {
     sum = sum_words::<TCP_LEN>(bytes_of(&out.tcp), sum);
     out.tcp.check = fold(sum);
 
-    send_back(ctx, &out, RST_LEN)
+    send_back(ctx, out, RST_LEN)
 }
 
-/// Answers a UDP datagram with ICMP destination/port unreachable.
-#[inline(always)]
-pub fn icmp_port_unreachable(ctx: &TcContext, flow: &Flow4) -> Result<Verdict, Error> {
+/// Answers a UDP datagram with ICMP destination/port unreachable (a
+/// separate BPF function, like `tcp_reset`).
+#[inline(never)]
+pub fn icmp_port_unreachable(skb: *mut __sk_buff, flow: &Flow4) -> Result<Verdict, Error> {
+    let ctx = &TcContext::new(skb);
     let eth = header::<EthHdr>(ctx, 0)?;
     let mut inner_ip = header::<Ipv4Hdr>(ctx, ETH_LEN)?;
     let inner_l4 = header::<UdpHdr>(ctx, flow.l4_off)?;
     // The quoted header is sent without its options.
     inner_ip.vihl = 0x45;
 
-    let mut out = IcmpPacket {
+    let scratch = crate::maps::scratch().ok_or(Error::Reject)?;
+    // SAFETY: as in tcp_reset.
+    let out = unsafe { &mut *(scratch.pkt.as_mut_ptr() as *mut IcmpPacket) };
+    *out = IcmpPacket {
         eth: swap_eth(&eth),
         ip: reply_ip(flow.dst, flow.src, ICMP_LEN - ETH_LEN, IPPROTO_ICMP),
         icmp: IcmpHdr {
@@ -179,5 +191,5 @@ pub fn icmp_port_unreachable(ctx: &TcContext, flow: &Flow4) -> Result<Verdict, E
     sum = sum_words::<8>(bytes_of(&out.inner_l4), sum);
     out.icmp.check = fold(sum);
 
-    send_back(ctx, &out, ICMP_LEN)
+    send_back(ctx, out, ICMP_LEN)
 }

@@ -1,0 +1,254 @@
+//! Flows SNATed to the node: external traffic with externalTrafficPolicy
+//! Cluster (so that replies from a backend on another node come back
+//! through this node, as kube-proxy's masquerade does), and hairpin traffic
+//! (a pod reaching itself through a service).
+//!
+//! After the rewrite the packet's source is one of the node's own
+//! addresses, which the kernel's input path would drop as a martian; so the
+//! packet is routed here with `bpf_fib_lookup` (which also picks the source
+//! address, like MASQUERADE) and sent with `bpf_redirect_neigh`. Replies
+//! come back to the node's address and an SNAT port, and are turned back
+//! on the way in, then redirected towards the client the same way.
+//!
+//! These are separate BPF functions (`inline(never)`), and their large
+//! temporaries live in the per-CPU scratch map: the BPF stack of a whole
+//! call chain is 512 bytes. Map inserts take references on purpose (clippy
+//! would pass by value): a value copy would put the entry back on the stack.
+#![allow(clippy::needless_borrows_for_generic_args)]
+
+use aya_ebpf::{
+    bindings::{
+        __sk_buff, BPF_ANY, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
+        BPF_FIB_LOOKUP_SRC, BPF_NOEXIST, TC_ACT_REDIRECT,
+    },
+    helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect_neigh},
+    programs::TcContext,
+    EbpfContext,
+};
+use sluice_common::{conntrack::CT_F_SNAT, Ct4Key, CtEntry, CtKind, Stat};
+
+use crate::{
+    conntrack::{note_reply, tcp_bits, v4, v4_in_16},
+    error::{Error, Verdict},
+    flow::Flow4,
+    headers::ETH_LEN,
+    maps::{self, count, CONNTRACK_V4},
+    nat::{self, Side},
+};
+
+const AF_INET: u8 = 2;
+/// SNAT port candidates tried before giving up on a new flow.
+const PORT_TRIES: u32 = 8;
+
+/// What a new flow was assigned, handed to the functions that record it.
+pub struct NewFlow {
+    pub svc_id: u32,
+    pub backend_id: u32,
+    pub now: u64,
+    pub hash: u32,
+}
+
+/// Where a packet to `dst` leaves, and the source address a locally
+/// generated packet would use there: (ifindex, source).
+#[inline(always)]
+fn route(ctx: &TcContext, flow: &Flow4, dst: [u8; 4]) -> Option<(u32, [u8; 4])> {
+    let scratch = maps::scratch()?;
+    let p = &mut scratch.fib;
+    // SAFETY: all-zero is a valid bpf_fib_lookup; we then set the fields
+    // the IPv4 lookup reads.
+    *p = unsafe { core::mem::zeroed() };
+    p.family = AF_INET;
+    p.l4_protocol = flow.proto;
+    p.sport = flow.sport.to_be();
+    p.dport = flow.dport.to_be();
+    // SAFETY: reading the context's ingress interface.
+    p.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(flow.src);
+    p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
+    // SAFETY: the helper reads and writes only the struct we pass.
+    let ret = unsafe {
+        fib_lookup(
+            ctx.as_ptr(),
+            p,
+            core::mem::size_of::<aya_ebpf::bindings::bpf_fib_lookup>() as i32,
+            BPF_FIB_LOOKUP_SRC,
+        )
+    };
+    if ret != BPF_FIB_LKUP_RET_SUCCESS as i64 && ret != BPF_FIB_LKUP_RET_NO_NEIGH as i64 {
+        return None;
+    }
+    // SAFETY: the lookup filled the IPv4 source.
+    let src = unsafe { p.__bindgen_anon_3.ipv4_src }.to_ne_bytes();
+    Some((p.ifindex, src))
+}
+
+/// Decrements the TTL as a router does, then sends the packet out of
+/// `ifindex` with L2 addresses from the neighbour table.
+#[inline(always)]
+fn send(ctx: &TcContext, ifindex: u32) -> Result<Verdict, Error> {
+    let ttl: u8 = ctx.load(ETH_LEN + 8).map_err(|_| Error::Truncated)?;
+    let proto: u8 = ctx.load(ETH_LEN + 9).map_err(|_| Error::Truncated)?;
+    if ttl <= 1 {
+        return Ok(Verdict::Drop);
+    }
+    let from = u16::from_ne_bytes([ttl, proto]) as u64;
+    let to = u16::from_ne_bytes([ttl - 1, proto]) as u64;
+    ctx.l3_csum_replace(ETH_LEN + 10, from, to, 2)
+        .map_err(|_| Error::Nat)?;
+    ctx.store(ETH_LEN + 8, &(ttl - 1), 0)
+        .map_err(|_| Error::Nat)?;
+    // SAFETY: NULL params: the helper does its own lookup and resolution.
+    let ret = unsafe { bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) };
+    if ret == TC_ACT_REDIRECT as i64 {
+        Ok(Verdict::Redirect)
+    } else {
+        Err(Error::Nat)
+    }
+}
+
+/// A new flow that must be SNATed: claims a port, records the flow, and
+/// sends the rewritten packet on.
+#[inline(never)]
+pub fn new_flow(skb: *mut __sk_buff, flow: &Flow4, nf: &NewFlow) -> Result<Verdict, Error> {
+    let ctx = &TcContext::new(skb);
+    let backend = maps::backend(nf.backend_id).ok_or(Error::Dangling)?;
+    let baddr = backend.addr_v4();
+    let Some((ifindex, src)) = route(ctx, flow, baddr) else {
+        count(Stat::SnatFailed);
+        return Ok(Verdict::Drop);
+    };
+    let config = maps::config();
+    let (min, max) = (config.snat_port_min, config.snat_port_max);
+    if min == 0 || max < min {
+        count(Stat::SnatFailed);
+        return Ok(Verdict::Drop);
+    }
+    let range = (max - min) as u32 + 1;
+    let scratch = maps::scratch().ok_or(Error::Dangling)?;
+    let e = &mut scratch.ct;
+    fill(e, flow, nf, CtKind::Reply, CT_F_SNAT);
+    // A port whose reply tuple is free; the reply entry claims it.
+    let mut key = Ct4Key::new(baddr, src, backend.port, 0, flow.proto);
+    let mut port = 0u16;
+    let mut i = 0;
+    while i < PORT_TRIES {
+        key.dport = min + (nf.hash.wrapping_add(i.wrapping_mul(0x9e37_79b9)) % range) as u16;
+        if CONNTRACK_V4.insert(&key, &*e, BPF_NOEXIST as u64).is_ok() {
+            port = key.dport;
+            break;
+        }
+        i += 1;
+    }
+    if port == 0 {
+        count(Stat::SnatFailed);
+        return Ok(Verdict::Drop);
+    }
+    e.nat_addr = v4_in_16(src);
+    e.nat_port = port;
+    e.peer_addr = [0; 16];
+    e.peer_port = 0;
+    e.kind = CtKind::Forward as u8;
+    e.flags = tcp_bits(flow) | CT_F_SNAT;
+    if CONNTRACK_V4
+        .insert(flow.ct_key(), &*e, BPF_ANY as u64)
+        .is_err()
+    {
+        count(Stat::CtInsertFailed);
+    }
+    nat::rewrite(ctx, flow, Side::Dst, baddr, backend.port)?;
+    nat::rewrite(ctx, flow, Side::Src, src, port)?;
+    send(ctx, ifindex)
+}
+
+/// A packet of an established SNATed flow (`entry` is its forward entry).
+#[inline(never)]
+pub fn forward(
+    skb: *mut __sk_buff,
+    flow: &Flow4,
+    backend_id: u32,
+    entry: *const CtEntry,
+) -> Result<Verdict, Error> {
+    let ctx = &TcContext::new(skb);
+    let backend = maps::backend(backend_id).ok_or(Error::Dangling)?;
+    let baddr = backend.addr_v4();
+    // SAFETY: the caller found the entry; the fields are copied at once.
+    let (snat_addr, snat_port) = unsafe { (v4(&(*entry).nat_addr), (*entry).nat_port) };
+    let Some((ifindex, _)) = route(ctx, flow, baddr) else {
+        count(Stat::SnatFailed);
+        return Ok(Verdict::Drop);
+    };
+    nat::rewrite(ctx, flow, Side::Dst, baddr, backend.port)?;
+    nat::rewrite(ctx, flow, Side::Src, snat_addr, snat_port)?;
+    send(ctx, ifindex)
+}
+
+/// A reply to an SNATed flow, arriving at the node: back to VIP -> client.
+#[inline(never)]
+pub fn reply(skb: *mut __sk_buff, flow: &Flow4, entry: *mut CtEntry) -> Result<Verdict, Error> {
+    let ctx = &TcContext::new(skb);
+    // SAFETY: the caller found the entry; fields copied at once.
+    let (client, client_port, frontend, frontend_port) = unsafe {
+        (
+            v4(&(*entry).peer_addr),
+            (*entry).peer_port,
+            v4(&(*entry).nat_addr),
+            (*entry).nat_port,
+        )
+    };
+    note_reply(flow, entry);
+    let Some((ifindex, _)) = route(ctx, flow, client) else {
+        count(Stat::SnatFailed);
+        return Ok(Verdict::Drop);
+    };
+    nat::rewrite(ctx, flow, Side::Src, frontend, frontend_port)?;
+    nat::rewrite(ctx, flow, Side::Dst, client, client_port)?;
+    count(Stat::SnatReply);
+    send(ctx, ifindex)
+}
+
+/// Writes a new flow's reply entry into `e` (in place: no stack copy).
+#[inline(always)]
+fn fill(e: &mut CtEntry, flow: &Flow4, nf: &NewFlow, kind: CtKind, flags: u8) {
+    e.last_seen_ns = nf.now;
+    e.backend_id = nf.backend_id;
+    e.svc_id = nf.svc_id;
+    e.nat_addr = v4_in_16(flow.dst);
+    e.peer_addr = v4_in_16(flow.src);
+    e.nat_port = flow.dport;
+    e.peer_port = flow.sport;
+    e.kind = kind as u8;
+    e.flags = flags;
+    e._pad = [0; 2];
+}
+
+/// Records a new flow that is not SNATed: reply entry first (the backend
+/// cannot answer before the rewritten packet leaves), then forward entry.
+#[inline(never)]
+pub fn record(flow: &Flow4, nf: &NewFlow) -> Result<(), Error> {
+    let backend = maps::backend(nf.backend_id).ok_or(Error::Dangling)?;
+    let scratch = maps::scratch().ok_or(Error::Dangling)?;
+    let e = &mut scratch.ct;
+    fill(e, flow, nf, CtKind::Reply, 0);
+    let reply_key = Ct4Key::new(
+        backend.addr_v4(),
+        flow.src,
+        backend.port,
+        flow.sport,
+        flow.proto,
+    );
+    let reply_ok = CONNTRACK_V4.insert(&reply_key, &*e, BPF_ANY as u64).is_ok();
+    e.nat_addr = [0; 16];
+    e.peer_addr = [0; 16];
+    e.nat_port = 0;
+    e.peer_port = 0;
+    e.kind = CtKind::Forward as u8;
+    e.flags = tcp_bits(flow);
+    if !reply_ok
+        || CONNTRACK_V4
+            .insert(flow.ct_key(), &*e, BPF_ANY as u64)
+            .is_err()
+    {
+        count(Stat::CtInsertFailed);
+    }
+    Ok(())
+}
