@@ -88,6 +88,16 @@ impl Health {
         self.with(|s| s.api_down_since.remove(&kind));
     }
 
+    /// The API answered: every watch may resume.
+    pub fn api_ok_all(&self) {
+        self.with(|s| s.api_down_since.clear());
+    }
+
+    /// No watch is failing.
+    pub fn api_healthy(&self) -> bool {
+        self.with(|s| s.api_down_since.is_empty())
+    }
+
     pub fn api_error(&self, kind: Kind) {
         self.with(|s| {
             s.api_down_since.entry(kind).or_insert_with(Instant::now);

@@ -371,3 +371,52 @@ pub mod yaml {
         s
     }
 }
+
+impl Agent {
+    /// `sluice lb list --json` as frontend -> [(backend, state)], sorted.
+    pub fn frontends(&self) -> Result<std::collections::BTreeMap<String, Vec<(String, String)>>> {
+        let rows: serde_json::Value = serde_json::from_str(&self.cli(&["lb", "list", "--json"])?)?;
+        let mut out = std::collections::BTreeMap::new();
+        for row in rows.as_array().into_iter().flatten() {
+            let mut backends: Vec<(String, String)> = row["backends"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|b| {
+                    (
+                        b["address"].as_str().unwrap_or_default().to_owned(),
+                        b["state"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect();
+            backends.sort();
+            out.insert(
+                row["frontend"].as_str().unwrap_or_default().to_owned(),
+                backends,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Waits until `f` holds, polling every 20 ms.
+    pub fn wait_until(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut f: impl FnMut(&Agent) -> Result<bool>,
+    ) -> Result<Duration> {
+        let start = Instant::now();
+        loop {
+            if f(self)? {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "timed out after {timeout:?} waiting for {what}:\n{}",
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

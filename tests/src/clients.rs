@@ -117,3 +117,60 @@ pub fn udp_hello(ns: &Netns, addr: SocketAddrV4) -> Result<(String, SocketAddr)>
     })?
     .with_context(|| format!("UDP hello to {addr}"))
 }
+
+/// What a prober thread returns: successes and failures.
+type ProbeOutcome = std::io::Result<(u64, Vec<String>)>;
+
+/// Keeps connecting to a service from inside a namespace until stopped,
+/// counting successes and keeping every failure: the "a client keeps
+/// connecting and sees zero failures" half of a scenario.
+pub struct Prober {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<ProbeOutcome>>,
+}
+
+impl Prober {
+    /// One connection (with the greeting read) every `every`.
+    pub fn start(ns: &Netns, addr: SocketAddrV4, every: Duration) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let handle = ns.spawn(move || {
+            let (mut ok, mut failures) = (0u64, Vec::new());
+            while !stop2.load(Ordering::Relaxed) {
+                let started = std::time::Instant::now();
+                match TcpStream::connect_timeout(&addr.into(), TIMEOUT).and_then(hello) {
+                    Ok(_) => ok += 1,
+                    Err(e) => {
+                        failures.push(format!("after {ok} ok: {e} ({:?})", started.elapsed()))
+                    }
+                }
+                std::thread::sleep(every);
+            }
+            (ok, failures)
+        });
+        Self {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Stops and returns (successful connections, failures).
+    pub fn finish(mut self) -> Result<(u64, Vec<String>)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let handle = self.handle.take().context("prober already finished")?;
+        let outcome = handle
+            .join()
+            .map_err(|_| anyhow::anyhow!("prober panicked"))??;
+        Ok(outcome)
+    }
+}
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}

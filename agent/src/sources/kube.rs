@@ -58,16 +58,36 @@ pub async fn run(
     };
     let nodes = Watch {
         kind: Kind::Node,
-        api: Api::<Node>::all(client),
+        api: Api::<Node>::all(client.clone()),
         config: watcher::Config::default().fields(&format!("metadata.name={node_name}")),
         convert: super::node,
         wrap: Update::Node,
     };
+    let probe_api = Api::<Node>::all(client);
     tokio::join!(
         services.run(&tx, &health, &metrics),
         slices.run(&tx, &health, &metrics),
         nodes.run(&tx, &health, &metrics),
+        probe(probe_api, &node_name, &health),
     );
+}
+
+/// While a watch is failing, checks every second whether the API answers
+/// again (a one-item list of this node): a watch that resumed quietly
+/// yields no event to say so.
+async fn probe(api: Api<Node>, node_name: &str, health: &Health) {
+    let params = kube::api::ListParams::default()
+        .fields(&format!("metadata.name={node_name}"))
+        .limit(1);
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        if health.api_healthy() {
+            continue;
+        }
+        if api.list_metadata(&params).await.is_ok() {
+            health.api_ok_all();
+        }
+    }
 }
 
 /// What the guard makes of a watch event.

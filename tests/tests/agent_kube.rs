@@ -1,0 +1,394 @@
+//! The real agent binary against a test Kubernetes API server speaking the
+//! real list/watch protocol, through a kubeconfig: relists after 410,
+//! dropped watches, stale and duplicated events (incident 4), an API
+//! outage, churn with agent restarts. A client keeps connecting to a
+//! stable service throughout and must see zero failures; the maps must end
+//! equal to what the final objects ask for.
+
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, SocketAddrV4},
+    time::Duration,
+};
+
+use anyhow::{ensure, Context, Result};
+use serde_json::json;
+use sluice_tests::{
+    agent::{
+        yaml::{self, READY, TERMINATING},
+        Agent, ManifestDir,
+    },
+    apiserver::{ApiServer, Fault, Outage, ResourceKind, Verb},
+    clients::{self, Prober, Stream},
+    servers, Topology,
+};
+
+const STABLE: Ipv4Addr = Ipv4Addr::new(10, 96, 1, 1);
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+struct Cluster {
+    agent: Agent,
+    server: ApiServer,
+    _dir: ManifestDir,
+    _servers: Vec<servers::Server>,
+    topo: Topology,
+}
+
+/// A node with `backends` backend pods, a test API server inside the node
+/// namespace holding the stable service (backed by backends 0 and 1), and
+/// the agent watching it.
+fn cluster(backends: usize, extra_args: &[&str]) -> Result<Cluster> {
+    let topo = Topology::new(1, backends)?;
+    let servers = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let server = ApiServer::start_in(&topo.node)?;
+    server.apply_yaml(&yaml::service("stable", STABLE, 80, 8080))?;
+    let eps: Vec<_> = topo.backends[..2].iter().map(|b| (b.ip, READY)).collect();
+    server.apply_yaml(&yaml::slice("stable-1", "stable", 8080, &eps))?;
+    let dir = ManifestDir::create()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig)?;
+    let kubeconfig = kubeconfig.display().to_string();
+    let mut args = vec!["--kubeconfig", kubeconfig.as_str()];
+    args.extend_from_slice(extra_args);
+    let mut agent = Agent::start(&topo, "kube", &args)?;
+    agent.wait_ready(READY_TIMEOUT)?;
+    Ok(Cluster {
+        agent,
+        server,
+        _dir: dir,
+        _servers: servers,
+        topo,
+    })
+}
+
+fn stable() -> SocketAddrV4 {
+    SocketAddrV4::new(STABLE, 80)
+}
+
+fn metric_with(agent: &Agent, name: &str, label: &str) -> Result<f64> {
+    let text = agent.metrics()?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+#[test]
+fn follows_services_and_endpoint_slices_and_drains_through_the_api() -> Result<()> {
+    let c = cluster(3, &[])?;
+    let client = &c.topo.clients[0].ns;
+    let (b0, b1, b2) = (
+        &c.topo.backends[0],
+        &c.topo.backends[1],
+        &c.topo.backends[2],
+    );
+    let eps = |list: &[(Ipv4Addr, yaml::Cond)]| yaml::slice("stable-1", "stable", 8080, list);
+
+    c.server
+        .apply_yaml(&eps(&[(b0.ip, READY), (b1.ip, READY), (b2.ip, READY)]))?;
+    c.agent
+        .wait_until("three backends", Duration::from_secs(5), |a| {
+            Ok(a.frontends()?
+                .get(&stable().to_string())
+                .is_some_and(|b| b.len() == 3))
+        })?;
+    let mut stream = (0..100)
+        .map(|_| Stream::connect(client, stable()))
+        .find(|s| s.as_ref().map_or(true, |s| s.backend == b2.name))
+        .context("no stream to backend-2")??;
+
+    // backend-2 turns terminating, then disappears: its stream lives on.
+    c.server.apply_yaml(&eps(&[
+        (b0.ip, READY),
+        (b1.ip, READY),
+        (b2.ip, TERMINATING),
+    ]))?;
+    let addr2 = format!("{}:8080", b2.ip);
+    c.agent
+        .wait_until("backend-2 terminating", Duration::from_secs(5), |a| {
+            Ok(a.frontends()?[&stable().to_string()]
+                .contains(&(addr2.clone(), "terminating".into())))
+        })?;
+    stream.ping()?;
+    let hits: Vec<String> = clients::tcp_hellos(client, stable(), 100)?
+        .into_iter()
+        .collect::<std::io::Result<_>>()?;
+    ensure!(
+        !hits.contains(&b2.name),
+        "a terminating backend got a new flow"
+    );
+    c.server
+        .apply_yaml(&eps(&[(b0.ip, READY), (b1.ip, READY)]))?;
+    c.agent
+        .wait_until("backend-2 draining", Duration::from_secs(5), |a| {
+            Ok(a.frontends()?[&stable().to_string()].contains(&(addr2.clone(), "draining".into())))
+        })?;
+    stream.ping()?;
+    drop(stream);
+    let took = c
+        .agent
+        .wait_until("backend-2 removed", Duration::from_secs(5), |a| {
+            Ok(a.frontends()?[&stable().to_string()].len() == 2)
+        })?;
+    eprintln!("last flow closed -> backend removed: {took:?}");
+
+    // A deleted service leaves the maps (its backends have no flows).
+    c.server.apply_yaml(&yaml::service(
+        "gone",
+        Ipv4Addr::new(10, 96, 1, 2),
+        80,
+        8080,
+    ))?;
+    c.server
+        .apply_yaml(&yaml::slice("gone-1", "gone", 8080, &[(b0.ip, READY)]))?;
+    c.agent
+        .wait_until("service gone programmed", Duration::from_secs(5), |a| {
+            Ok(a.frontends()?.len() == 2)
+        })?;
+    c.server.delete_service("default", "gone");
+    c.server.delete_endpoint_slice("default", "gone-1");
+    c.agent
+        .wait_until("service gone removed", Duration::from_secs(5), |a| {
+            Ok(a.frontends()?.len() == 1)
+        })?;
+    Ok(())
+}
+
+#[test]
+fn stable_service_survives_relists_dropped_watches_stale_events_and_an_outage() -> Result<()> {
+    let c = cluster(2, &["--healthz-max-api-down", "2s"])?;
+    let prober = Prober::start(&c.topo.clients[0].ns, stable(), Duration::from_millis(10));
+    let expected = c.agent.frontends()?;
+    let relists = |kind: &str| {
+        metric_with(
+            &c.agent,
+            "sluice_relists_total",
+            &format!("kind=\"{kind}\""),
+        )
+    };
+
+    // 410 Gone: history compacted, the next watch expires -> relist.
+    let before = relists("EndpointSlice")?;
+    c.server.compact();
+    c.server.inject_fault(
+        Verb::Watch,
+        Some(ResourceKind::EndpointSlice),
+        1,
+        Fault::ExpiredWatch,
+    );
+    c.server.close_watches();
+    c.agent
+        .wait_until("relist after 410", Duration::from_secs(10), |_| {
+            Ok(relists("EndpointSlice")? > before)
+        })?;
+
+    // A dropped connection: resumed, nothing changes.
+    c.server.abort_watches();
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Incident 4: a stale event for the stable slice (an old version that
+    // says it was deleted), a duplicate, then the connection drops. kube-rs
+    // would resume from the stale version and replay history; the guard
+    // relists instead and never applies the stale delete.
+    c.agent
+        .wait_until("slice watch open", Duration::from_secs(5), |_| {
+            Ok(c.server.open_watches(Some(ResourceKind::EndpointSlice)) > 0)
+        })?;
+    let mut slice = c
+        .server
+        .get_kind(ResourceKind::EndpointSlice, "default", "stable-1")
+        .context("slice")?;
+    let current = slice["metadata"]["resourceVersion"].clone();
+    c.server
+        .inject_event(ResourceKind::EndpointSlice, "MODIFIED", slice.clone());
+    slice["metadata"]["resourceVersion"] = json!("1");
+    c.server
+        .inject_event(ResourceKind::EndpointSlice, "DELETED", slice);
+    c.server.close_watches();
+    c.agent
+        .wait_until("stale event seen", Duration::from_secs(5), |a| {
+            Ok(metric_with(a, "sluice_stale_events_total", "EndpointSlice")? >= 1.0)
+        })?;
+    ensure!(metric_with(&c.agent, "sluice_duplicate_events_total", "EndpointSlice")? >= 1.0);
+    let resumed: Vec<Option<String>> = c
+        .server
+        .watch_resource_versions(ResourceKind::EndpointSlice);
+    ensure!(
+        !resumed.iter().any(|rv| rv.as_deref() == Some("1")),
+        "never resumed from the stale version: {resumed:?} (current {current})"
+    );
+
+    // The API goes away for a while; a service created meanwhile is
+    // programmed once it is back; /healthz reports the outage.
+    c.server.set_outage(Outage::CloseConnections);
+    c.agent.wait_until(
+        "healthz red during the outage",
+        Duration::from_secs(10),
+        |a| Ok(a.healthz()?.0 == 503),
+    )?;
+    let b0 = &c.topo.backends[0];
+    c.server.apply_yaml(&yaml::service(
+        "later",
+        Ipv4Addr::new(10, 96, 1, 3),
+        80,
+        8080,
+    ))?;
+    c.server
+        .apply_yaml(&yaml::slice("later-1", "later", 8080, &[(b0.ip, READY)]))?;
+    std::thread::sleep(Duration::from_secs(1));
+    c.server.set_outage(Outage::Off);
+    c.agent.wait_until(
+        "service created during the outage",
+        Duration::from_secs(20),
+        |a| Ok(a.frontends()?.len() == 2),
+    )?;
+    c.agent
+        .wait_until("healthz green again", Duration::from_secs(10), |a| {
+            Ok(a.healthz()?.0 == 200)
+        })?;
+    ensure!(metric_with(&c.agent, "sluice_api_errors_total", "")? >= 1.0);
+
+    let (ok, failures) = prober.finish()?;
+    ensure!(
+        failures.is_empty(),
+        "{} of {} connections failed: {:?}",
+        failures.len(),
+        ok + failures.len() as u64,
+        &failures[..failures.len().min(5)]
+    );
+    ensure!(ok > 100, "the prober kept connecting ({ok})");
+    let now = c.agent.frontends()?;
+    ensure!(
+        now[&stable().to_string()] == expected[&stable().to_string()],
+        "stable service unchanged: {now:?}"
+    );
+    Ok(())
+}
+
+/// A small deterministic random number generator (xorshift).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[test]
+fn churn_with_agent_restarts_ends_with_exactly_the_final_state() -> Result<()> {
+    let mut c = cluster(2, &[])?;
+    let prober = Prober::start(&c.topo.clients[0].ns, stable(), Duration::from_millis(10));
+    let mut rng = Rng(0x5eed_1234_abcd);
+    // Final objects, as the test knows them: service -> (vip, endpoints).
+    let mut expected: BTreeMap<String, (Ipv4Addr, Vec<Ipv4Addr>)> = BTreeMap::new();
+    let ops = 3000;
+    for op in 0..ops {
+        let i = rng.below(60);
+        let name = format!("churn-{i}");
+        let vip = Ipv4Addr::new(10, 96, 2, i as u8 + 1);
+        match rng.below(10) {
+            // Create or update: a service with 0..6 endpoints.
+            0..=6 => {
+                let n = rng.below(7) as u8;
+                let eps: Vec<Ipv4Addr> = (0..n)
+                    .map(|k| Ipv4Addr::new(10, 77, i as u8, k + 1 + rng.below(3) as u8 * 10))
+                    .collect();
+                let mut eps_sorted = eps.clone();
+                eps_sorted.sort();
+                eps_sorted.dedup();
+                c.server.apply_yaml(&yaml::service(&name, vip, 80, 8080))?;
+                let conds: Vec<_> = eps_sorted.iter().map(|ip| (*ip, READY)).collect();
+                c.server
+                    .apply_yaml(&yaml::slice(&format!("{name}-1"), &name, 8080, &conds))?;
+                expected.insert(name, (vip, eps_sorted));
+            }
+            // Delete the service and its slice.
+            _ => {
+                c.server.delete_service("default", &name);
+                c.server
+                    .delete_endpoint_slice("default", &format!("{name}-1"));
+                expected.remove(&name);
+            }
+        }
+        if op % 1000 == 500 {
+            c.agent.kill9();
+            std::thread::sleep(Duration::from_millis(100));
+            c.agent.restart(&c.topo.node)?;
+            c.agent.wait_ready(READY_TIMEOUT)?;
+        }
+    }
+    let mut want: BTreeMap<String, Vec<(String, String)>> = expected
+        .values()
+        .map(|(vip, eps)| {
+            let mut backends: Vec<(String, String)> = eps
+                .iter()
+                .map(|ip| (format!("{ip}:8080"), "active".to_owned()))
+                .collect();
+            backends.sort();
+            (format!("{vip}:80"), backends)
+        })
+        .collect();
+    let stable_backends: Vec<(String, String)> = c.topo.backends[..2]
+        .iter()
+        .map(|b| (format!("{}:8080", b.ip), "active".to_owned()))
+        .collect();
+    want.insert(stable().to_string(), stable_backends);
+    c.agent.wait_until(
+        "maps equal the final objects",
+        Duration::from_secs(30),
+        |a| Ok(a.frontends()? == want),
+    )?;
+    // Entry counts, straight from the maps: nothing leaked.
+    let status: serde_json::Value = serde_json::from_str(&c.agent.cli(&[
+        "status",
+        "--json",
+        "--healthz-url",
+        "http://127.0.0.1:10256/healthz",
+    ])?)?;
+    let entries = |map: &str| -> u64 {
+        status["maps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["map"] == map)
+            .and_then(|m| m["entries"].as_u64())
+            .unwrap_or(u64::MAX)
+    };
+    let backends: u64 = want.values().map(|b| b.len() as u64).sum();
+    ensure!(
+        entries("sl_svc4") == want.len() as u64 + backends,
+        "sl_svc4 holds {} entries, want {}",
+        entries("sl_svc4"),
+        want.len() as u64 + backends
+    );
+    ensure!(
+        entries("sl_backends") == backends,
+        "sl_backends holds {}, want {backends}",
+        entries("sl_backends")
+    );
+    let (ok, failures) = prober.finish()?;
+    ensure!(
+        failures.is_empty(),
+        "{} of {} connections to the stable service failed: {:?}",
+        failures.len(),
+        ok + failures.len() as u64,
+        &failures[..failures.len().min(5)]
+    );
+    eprintln!(
+        "{ops} operations, {} services at the end, {ok} probe connections, 0 failures",
+        want.len()
+    );
+    Ok(())
+}
