@@ -7,6 +7,7 @@ pub mod conntrack;
 pub mod datapath;
 pub mod devices;
 pub mod health;
+pub mod healthcheck;
 pub mod inspect;
 pub mod manifests;
 pub mod metrics;

@@ -165,6 +165,12 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         node_addresses: nodeport_addresses(&args.nodeport_addresses)?,
         ipv6: false,
     };
+    let (checks_tx, checks_rx) = watch::channel(Default::default());
+    tasks.spawn(crate::healthcheck::run(
+        checks_rx,
+        health.clone(),
+        shutdown_rx.clone(),
+    ));
     let (tx, rx) = mpsc::channel(1024);
     let sync = Sync::new(
         SyncConfig {
@@ -177,6 +183,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         reconciler,
         health.clone(),
         metrics.clone(),
+        checks_tx,
     );
     let mut sync_task = tokio::spawn(sync.run(rx, shutdown_rx.clone()));
 

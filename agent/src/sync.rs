@@ -23,13 +23,15 @@ use tracing::{debug, info, warn};
 use crate::{
     datapath::MapSizes,
     health::Health,
+    healthcheck::HealthChecks,
     metrics::{MapLabel, Metrics, ReasonLabel},
     model::{DesiredState, ServicePortName},
     reconcile::{Reconciler, Refusal, Scope},
     sources::Envelope,
     stores::{Dirty, Stores},
     translate::{
-        translate_service, NodeContext, ObjectKey, Problem, ProblemReason, TranslateConfig,
+        translate_service, HealthCheck, NodeContext, ObjectKey, Problem, ProblemReason,
+        TranslateConfig,
     },
 };
 
@@ -49,6 +51,7 @@ struct Desired {
     ports_of: HashMap<ObjectKey, Vec<ServicePortName>>,
     problems_of: HashMap<ObjectKey, Vec<Problem>>,
     wants_node_ports: BTreeSet<ObjectKey>,
+    health_checks: BTreeMap<ObjectKey, HealthCheck>,
     node: NodeContext,
 }
 
@@ -85,11 +88,15 @@ impl Desired {
                 .collect();
             self.problems_of.remove(&key);
             self.wants_node_ports.remove(&key);
+            self.health_checks.remove(&key);
             let mut new_names = Vec::new();
             if let Some(svc) = stores.services.get(&key) {
                 let t = translate_service(&key, svc, &stores.slices_of(&key), &self.node, config);
                 if t.wants_node_ports {
                     self.wants_node_ports.insert(key.clone());
+                }
+                if let Some(hc) = t.health_check {
+                    self.health_checks.insert(key.clone(), hc);
                 }
                 if !t.problems.is_empty() {
                     self.problems_of.insert(key.clone(), t.problems);
@@ -112,6 +119,16 @@ impl Desired {
             }
         }
         changed
+    }
+
+    /// The health check node ports to serve (the first service wins a port).
+    fn health_checks(&self) -> HealthChecks {
+        let mut out = HealthChecks::new();
+        for (svc, hc) in &self.health_checks {
+            out.entry(hc.port)
+                .or_insert_with(|| (svc.clone(), hc.local_endpoints));
+        }
+        out
     }
 
     /// Every current problem: the node's, the services', the slices', and
@@ -147,6 +164,7 @@ pub struct Sync {
     pending: BTreeSet<ServicePortName>,
     dirty: Dirty,
     first_sync: bool,
+    health_checks: watch::Sender<HealthChecks>,
 }
 
 impl Sync {
@@ -155,6 +173,7 @@ impl Sync {
         reconciler: Reconciler,
         health: Arc<Health>,
         metrics: Arc<Metrics>,
+        health_checks: watch::Sender<HealthChecks>,
     ) -> Self {
         Self {
             config,
@@ -168,6 +187,7 @@ impl Sync {
             pending: BTreeSet::new(),
             dirty: Dirty::default(),
             first_sync: false,
+            health_checks,
         }
     }
 
@@ -211,6 +231,12 @@ impl Sync {
                     .update(&self.stores, &dirty, &self.config.translate);
                 self.pending.extend(changed);
                 self.refresh_problems();
+                let checks = self.desired.health_checks();
+                self.health_checks.send_if_modified(|current| {
+                    let modified = *current != checks;
+                    *current = checks;
+                    modified
+                });
             }
             let work =
                 resync_due || scan_due || !self.pending.is_empty() || !self.unsynced.is_empty();

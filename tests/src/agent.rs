@@ -21,12 +21,17 @@ pub const NODE_NAME: &str = "node-1";
 const HEALTHZ: &str = "127.0.0.1:10256";
 const METRICS: &str = "127.0.0.1:10249";
 
-/// Path of the `sluice` binary, built once per test process (a no-op when
-/// it is up to date) so that tests never run a stale agent.
+/// Path of the `sluice` binary: `$SLUICE_AGENT_BIN` when set (`cargo xtask
+/// test` and `demo` build it once and set it), else built once per test
+/// process with cargo (a no-op when up to date), so that tests never run a
+/// stale agent.
 pub fn binary() -> Result<PathBuf> {
     static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
+            if let Some(bin) = std::env::var_os("SLUICE_AGENT_BIN") {
+                return Ok(PathBuf::from(bin));
+            }
             let exe = std::env::current_exe().map_err(|e| e.to_string())?;
             // target/<profile>/deps/<test>, or target/<profile>/<bin>.
             let mut profile_dir = exe.parent().ok_or("unexpected binary location")?.to_owned();

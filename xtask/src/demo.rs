@@ -29,5 +29,7 @@ pub fn run_demo() -> Result<()> {
         "sluice-demo",
     ]))?;
     let demo = root().join("target/debug/sluice-demo");
-    run(Command::new(demo).arg(root().join("deploy/demo")))
+    run(Command::new(demo)
+        .arg(root().join("deploy/demo"))
+        .env("SLUICE_AGENT_BIN", root().join("target/debug/sluice")))
 }

@@ -128,6 +128,17 @@ impl NodeContext {
     }
 }
 
+/// kube-proxy's health check node port of a LoadBalancer service with
+/// externalTrafficPolicy Local: load balancers send traffic only to nodes
+/// that answer 200 (this node has a ready endpoint of the service).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub port: u16,
+    /// Ready endpoints of the service on this node (terminating ones do
+    /// not count: a node with only those must drain from the balancer).
+    pub local_endpoints: u32,
+}
+
 /// One service's share of a translation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceTranslation {
@@ -136,6 +147,7 @@ pub struct ServiceTranslation {
     pub problems: Vec<Problem>,
     /// Whether a port asks for node ports (see `node_port_problems`).
     pub wants_node_ports: bool,
+    pub health_check: Option<HealthCheck>,
 }
 
 /// Translates one service with its EndpointSlices (in slice-name order).
@@ -186,6 +198,7 @@ pub fn translate_service(
     };
     let zone = ctx.zone.as_deref();
     let mut seen: std::collections::BTreeSet<ServicePortName> = std::collections::BTreeSet::new();
+    let mut local_ready: std::collections::BTreeSet<IpAddr> = std::collections::BTreeSet::new();
     for port in &svc.ports {
         out.wants_node_ports |= frontends::wants_node_ports(svc, port);
         let candidates = endpoints::collect(
@@ -194,6 +207,12 @@ pub fn translate_service(
             port.proto,
             &config.node_name,
             config.ipv6,
+        );
+        local_ready.extend(
+            candidates
+                .iter()
+                .filter(|c| c.local && c.conditions.state() == crate::model::BackendState::Active)
+                .map(|c| c.endpoint.addr),
         );
         let list = frontends::frontends(svc, port, &addrs, &candidates, zone);
         if list.is_empty() {
@@ -214,6 +233,12 @@ pub fn translate_service(
             continue;
         }
         out.ports.push((name, DesiredService { frontends: list }));
+    }
+    if svc.service_type == ServiceType::LoadBalancer && svc.external_traffic_local {
+        out.health_check = svc.health_check_node_port.map(|port| HealthCheck {
+            port,
+            local_endpoints: local_ready.len() as u32,
+        });
     }
     out
 }
