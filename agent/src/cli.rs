@@ -126,6 +126,16 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub bpf: BpfRootArg,
 
+    /// Balance the node's own sockets (traffic from the node to services,
+    /// which crosses no TC ingress hook) with cgroup socket programs.
+    #[arg(long, env = "SLUICE_SOCKET_LB", default_value_t = true, action = clap::ArgAction::Set)]
+    pub socket_lb: bool,
+
+    /// cgroup (v2) whose processes get socket-level balancing (default: the
+    /// cgroup2 mount's root, i.e. the whole node).
+    #[arg(long, env = "SLUICE_CGROUP_ROOT")]
+    pub cgroup_root: Option<PathBuf>,
+
     /// How long a terminating or removed backend may keep its flows before
     /// it is removed anyway.
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT", default_value = "1h")]

@@ -14,7 +14,8 @@ use std::{collections::HashMap, time::Duration};
 
 use sluice_common::{
     conntrack::{timeouts, CT_F_SEEN_REPLY},
-    maps as names, Affinity4Key, AffinityValue, Backend, Ct4Key, CtEntry, CtKind, IPPROTO_TCP,
+    maps as names, Affinity4Key, AffinityValue, Backend, Ct4Key, CtEntry, CtKind, SockEntry,
+    SockRevKey, IPPROTO_TCP,
 };
 
 use crate::datapath::{DatapathError, Maps};
@@ -284,4 +285,91 @@ mod tests {
         let later = 100 * S + ORPHAN_GRACE.as_nanos() as u64 + 1;
         assert_eq!(scan(&[reply], &backends, later).stale, vec![reply.0]);
     }
+}
+
+/// The node's own sockets (socket-level balancing): live flows per backend
+/// and entries to delete.
+#[derive(Debug, Default)]
+pub struct SockScan {
+    pub flows: HashMap<u32, u32>,
+    /// Sockets whose backend is gone (they cannot reach it any more).
+    pub stale_sockets: Vec<u64>,
+    /// Reverse entries of sockets that were released, or whose backend is
+    /// gone.
+    pub stale_revs: Vec<SockRevKey>,
+}
+
+/// The socket map's entries and the reverse map's keys.
+pub type SocketEntries = (Vec<(u64, SockEntry)>, Vec<SockRevKey>);
+
+/// Every socket entry and every reverse entry.
+pub fn read_sockets(maps: &Maps) -> Result<SocketEntries, DatapathError> {
+    let mut sockets = Vec::new();
+    for item in maps.sockets_v4.iter() {
+        match item {
+            Ok(kv) => sockets.push(kv),
+            Err(aya::maps::MapError::KeyNotFound) => continue,
+            Err(source) => {
+                return Err(DatapathError::Map {
+                    name: names::SOCKETS_V4,
+                    source,
+                })
+            }
+        }
+    }
+    let mut revs = Vec::new();
+    for key in maps.sock_rev_v4.keys() {
+        match key {
+            Ok(k) => revs.push(k),
+            Err(aya::maps::MapError::KeyNotFound) => continue,
+            Err(source) => {
+                return Err(DatapathError::Map {
+                    name: names::SOCK_REV_V4,
+                    source,
+                })
+            }
+        }
+    }
+    Ok((sockets, revs))
+}
+
+/// Judges the node's own sockets against the programmed backends.
+pub fn scan_sockets(
+    sockets: &[(u64, SockEntry)],
+    revs: &[SockRevKey],
+    backends: &HashMap<u32, Backend>,
+) -> SockScan {
+    let mut out = SockScan::default();
+    let mut live = std::collections::HashSet::new();
+    for (cookie, e) in sockets {
+        if backends
+            .get(&e.backend_id)
+            .is_some_and(|b| b.svc_id == e.svc_id)
+        {
+            *out.flows.entry(e.backend_id).or_default() += 1;
+            live.insert(*cookie);
+        } else {
+            out.stale_sockets.push(*cookie);
+        }
+    }
+    out.stale_revs = revs
+        .iter()
+        .filter(|k| !live.contains(&k.cookie))
+        .copied()
+        .collect();
+    out
+}
+
+/// Live flows per backend: conntrack's and the node's own sockets'.
+pub fn live_flows(
+    maps: &Maps,
+    backends: &HashMap<u32, Backend>,
+) -> Result<HashMap<u32, u32>, DatapathError> {
+    let entries = read_all(maps)?;
+    let mut flows = scan(&entries, backends, monotonic_ns()).flows;
+    let (sockets, revs) = read_sockets(maps)?;
+    for (id, n) in scan_sockets(&sockets, &revs, backends).flows {
+        *flows.entry(id).or_default() += n;
+    }
+    Ok(flows)
 }

@@ -79,9 +79,8 @@ struct FrontendRow {
 
 fn frontends(maps: &Maps) -> Result<Vec<FrontendRow>> {
     let (state, _) = read_map_state(maps)?;
-    let entries = conntrack::read_all(maps)?;
-    let flows: HashMap<u32, u32> =
-        conntrack::scan(&entries, &state.backends, conntrack::monotonic_ns()).flows;
+    // Live flows: conntrack's and the node's own sockets'.
+    let flows: HashMap<u32, u32> = conntrack::live_flows(maps, &state.backends)?;
     let mut keys: Vec<_> = state.frontends.keys().copied().collect();
     keys.sort();
     Ok(keys

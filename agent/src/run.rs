@@ -106,9 +106,21 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     ));
     let metrics = Arc::new(Metrics::new());
 
-    let (datapath, maps) = Datapath::load(root, &sizes).context("loading the datapath")?;
-    let reconciler = Reconciler::new(MapWriter::new(maps), &sizes, args.drain_timeout.0)
+    let (mut datapath, maps) = Datapath::load(root, &sizes).context("loading the datapath")?;
+    let mut reconciler = Reconciler::new(MapWriter::new(maps), &sizes, args.drain_timeout.0)
         .context("adopting the pinned maps")?;
+    if args.socket_lb {
+        let cgroup = match &args.cgroup_root {
+            Some(path) => path.clone(),
+            None => crate::datapath::cgroup2_mount()
+                .context("no cgroup2 mount found for socket-level balancing (use --cgroup-root or --socket-lb=false)")?,
+        };
+        reconciler.set_netns_cookie(crate::datapath::netns_cookie()?)?;
+        datapath
+            .attach_cgroup(&cgroup)
+            .with_context(|| format!("attaching socket-level balancing to {}", cgroup.display()))?;
+        info!(cgroup = %cgroup.display(), "socket-level balancing for the node's own processes");
+    }
     info!(
         node = %node_name,
         bpf_root = %root.display(),

@@ -171,6 +171,8 @@ impl Agent {
             HEALTHZ.into(),
             "--metrics-bind-address".into(),
             METRICS.into(),
+            "--cgroup-root".into(),
+            topo.cgroup.path().display().to_string(),
         ];
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let log = std::env::temp_dir().join(format!("{}.log", unique_name("agent")));

@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod apiserver;
 pub mod clients;
+pub mod host;
 pub mod lb;
 pub mod netns;
 pub mod servers;

@@ -39,18 +39,34 @@ pub fn sweep_own() {
             let _ = Command::new("ip").args(["netns", "del", &name]).status();
         }
     }
-    for dir in [Path::new(BPFFS).to_owned(), std::env::temp_dir()] {
+    for dir in [Path::new(BPFFS).to_owned(), std::env::temp_dir()]
+        .into_iter()
+        .chain(cgroup2_mount())
+    {
         for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
             if entry.file_name().to_string_lossy().starts_with(&own) {
-                let path = entry.path();
-                if path.is_dir() {
-                    let _ = fs::remove_dir_all(&path);
-                } else {
-                    let _ = fs::remove_file(&path);
-                }
+                remove(&entry.path());
             }
         }
     }
+}
+
+/// Removes a directory (a cgroup only with rmdir), tree or file.
+fn remove(path: &Path) {
+    if fs::remove_dir(path).is_ok() || fs::remove_file(path).is_ok() {
+        return;
+    }
+    let _ = fs::remove_dir_all(path);
+}
+
+/// Where cgroup v2 is mounted.
+fn cgroup2_mount() -> Option<std::path::PathBuf> {
+    let mounts = fs::read_to_string("/proc/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_, path, fstype) = (f.next()?, f.next()?, f.next()?);
+        (fstype == "cgroup2").then(|| std::path::PathBuf::from(path))
+    })
 }
 
 /// Sweeps once per process.
@@ -67,16 +83,14 @@ pub fn sweep() {
             let _ = Command::new("ip").args(["netns", "del", &name]).status();
         }
     }
-    for dir in [Path::new(BPFFS).to_owned(), std::env::temp_dir()] {
+    for dir in [Path::new(BPFFS).to_owned(), std::env::temp_dir()]
+        .into_iter()
+        .chain(cgroup2_mount())
+    {
         for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with(PREFIX) && !owner_alive(&name) {
-                let path = entry.path();
-                if path.is_dir() {
-                    let _ = fs::remove_dir_all(&path);
-                } else {
-                    let _ = fs::remove_file(&path);
-                }
+                remove(&entry.path());
             }
         }
     }

@@ -68,9 +68,58 @@ pub fn ensure_bpffs() -> Result<()> {
     Ok(())
 }
 
+/// A cgroup (v2) for one test's "host" processes, removed on drop: the
+/// socket-level programs are attached here, never to the machine's root.
+pub struct TestCgroup {
+    path: PathBuf,
+}
+
+impl TestCgroup {
+    pub fn create() -> Result<Self> {
+        let mounts = fs::read_to_string("/proc/mounts").context("reading /proc/mounts")?;
+        let root = mounts
+            .lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                let (_, path, fstype) = (f.next()?, f.next()?, f.next()?);
+                (fstype == "cgroup2").then(|| PathBuf::from(path))
+            })
+            .context("no cgroup2 mount")?;
+        let path = root.join(unique_name("cg"));
+        fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Self { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Processes left inside keep the cgroup busy.
+        if let Ok(pids) = fs::read_to_string(self.path.join("cgroup.procs")) {
+            for pid in pids
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+            {
+                // SAFETY: sending a signal has no memory-safety effect.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        for _ in 0..50 {
+            if fs::remove_dir(&self.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
 pub struct Topology {
     // Field order is drop order: pins go before the namespaces.
     pub bpf: BpfRoot,
+    pub cgroup: TestCgroup,
     pub clients: Vec<Pod>,
     pub backends: Vec<Pod>,
     /// Hosts outside the cluster, each behind its own node device
@@ -102,6 +151,7 @@ impl Topology {
         node.sysctl("net.ipv4.ip_forward", "1")?;
         let mut topo = Self {
             bpf: BpfRoot::create()?,
+            cgroup: TestCgroup::create()?,
             clients: Vec::new(),
             backends: Vec::new(),
             externals: Vec::new(),
@@ -244,6 +294,38 @@ impl Topology {
             }
         }
         Ok(())
+    }
+
+    /// A command for a process of the node itself: in the node's network
+    /// namespace and in this topology's cgroup.
+    pub fn host_command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = self.node.command(program);
+        let procs = std::ffi::CString::new(
+            self.cgroup
+                .path()
+                .join("cgroup.procs")
+                .as_os_str()
+                .as_encoded_bytes(),
+        )
+        .unwrap_or_default();
+        // SAFETY: open/write/close are async-signal-safe; "0" moves the
+        // calling (child) process.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                libc::close(fd);
+                if ok {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        cmd
     }
 
     pub fn backend(&self, name: &str) -> Option<&Pod> {

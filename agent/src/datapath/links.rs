@@ -174,6 +174,7 @@ pub fn attached_devices(root: &Path) -> Vec<String> {
         .into_iter()
         .flatten()
         .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
             let (device, _) = name.rsplit_once('_')?;

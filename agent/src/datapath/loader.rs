@@ -14,7 +14,7 @@ use aya::{
 };
 use sluice_common::{
     maps as names, stats::STAT_COUNT, Affinity4Key, AffinityValue, Backend, Config, Ct4Key,
-    CtEntry, SrcRange4, Svc4Key, SvcValue, ABI_VERSION,
+    CtEntry, SockEntry, SockRevKey, SockRevValue, SrcRange4, Svc4Key, SvcValue, ABI_VERSION,
 };
 
 use super::{links::Hook, DatapathError, Maps, BPF_OBJECT, LINKS_DIR};
@@ -56,7 +56,7 @@ struct Spec {
     max_entries: u32,
 }
 
-fn specs(sizes: &MapSizes) -> [Spec; 7] {
+fn specs(sizes: &MapSizes) -> [Spec; 9] {
     [
         Spec {
             name: names::SERVICES_V4,
@@ -100,6 +100,18 @@ fn specs(sizes: &MapSizes) -> [Spec; 7] {
             value_size: 1,
             max_entries: names::SOURCE_RANGES_MAX,
         },
+        Spec {
+            name: names::SOCKETS_V4,
+            key_size: mem::size_of::<u64>(),
+            value_size: mem::size_of::<SockEntry>(),
+            max_entries: names::SOCKETS_MAX,
+        },
+        Spec {
+            name: names::SOCK_REV_V4,
+            key_size: mem::size_of::<SockRevKey>(),
+            value_size: mem::size_of::<SockRevValue>(),
+            max_entries: names::SOCKETS_MAX,
+        },
     ]
 }
 
@@ -137,6 +149,7 @@ impl Datapath {
                 .load()
                 .map_err(|source| DatapathError::Program { name, source })?;
         }
+        super::cgroup::load(&mut ebpf)?;
         let maps = Maps::take(&mut ebpf)?;
         Ok((
             Self {

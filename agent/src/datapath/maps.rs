@@ -10,8 +10,8 @@ use aya::{
     Ebpf,
 };
 use sluice_common::{
-    maps as names, Affinity4Key, AffinityValue, Backend, Config, Ct4Key, CtEntry, SrcRange4, Stat,
-    Svc4Key, SvcValue,
+    maps as names, Affinity4Key, AffinityValue, Backend, Config, Ct4Key, CtEntry, SockEntry,
+    SockRevKey, SockRevValue, SrcRange4, Stat, Svc4Key, SvcValue,
 };
 
 use super::DatapathError;
@@ -30,6 +30,8 @@ pub struct Maps {
     pub config: Array<MapData, Config>,
     pub affinity_v4: HashMap<MapData, Affinity4Key, AffinityValue>,
     pub source_ranges_v4: LpmTrie<MapData, SrcRange4, u8>,
+    pub sockets_v4: HashMap<MapData, u64, SockEntry>,
+    pub sock_rev_v4: HashMap<MapData, SockRevKey, SockRevValue>,
 }
 
 fn convert<T>(name: &'static str, map: Map) -> Result<T, DatapathError>
@@ -52,6 +54,8 @@ impl Maps {
             config: convert(names::CONFIG, take(names::CONFIG)?)?,
             affinity_v4: convert(names::AFFINITY_V4, take(names::AFFINITY_V4)?)?,
             source_ranges_v4: convert(names::SOURCE_RANGES_V4, take(names::SOURCE_RANGES_V4)?)?,
+            sockets_v4: convert(names::SOCKETS_V4, take(names::SOCKETS_V4)?)?,
+            sock_rev_v4: convert(names::SOCK_REV_V4, take(names::SOCK_REV_V4)?)?,
         })
     }
 
@@ -70,6 +74,8 @@ impl Maps {
             config: convert(names::CONFIG, open(names::CONFIG)?)?,
             affinity_v4: convert(names::AFFINITY_V4, open(names::AFFINITY_V4)?)?,
             source_ranges_v4: convert(names::SOURCE_RANGES_V4, open(names::SOURCE_RANGES_V4)?)?,
+            sockets_v4: convert(names::SOCKETS_V4, open(names::SOCKETS_V4)?)?,
+            sock_rev_v4: convert(names::SOCK_REV_V4, open(names::SOCK_REV_V4)?)?,
         })
     }
 

@@ -2,12 +2,14 @@
 //! adopting pinned maps, attaching to devices, and the one writer of the
 //! maps.
 
+mod cgroup;
 mod error;
 mod links;
 mod loader;
 mod maps;
 mod writer;
 
+pub use cgroup::{cgroup2_mount, netns_cookie};
 pub use error::{DatapathError, WriteError};
 pub use links::{attached_devices, detach_device, Attached, Hook};
 pub use loader::{Datapath, MapSizes};

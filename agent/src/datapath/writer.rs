@@ -12,7 +12,7 @@ use std::net::IpAddr;
 
 use aya::maps::{lpm_trie::Key, MapError};
 use sluice_common::{
-    maps as names, Affinity4Key, Backend, Config, Ct4Key, SrcRange4, Svc4Key, SvcValue,
+    maps as names, Affinity4Key, Backend, Config, Ct4Key, SockRevKey, SrcRange4, Svc4Key, SvcValue,
 };
 
 use super::{Maps, WriteError};
@@ -223,6 +223,17 @@ impl MapWriter {
     pub fn delete_affinity(&mut self, key: &Affinity4Key) -> Result<(), WriteError> {
         let result = self.maps.affinity_v4.remove(key);
         self.settle(names::AFFINITY_V4, result)
+    }
+
+    /// Removes a socket-level entry of the node's own sockets.
+    pub fn delete_socket(&mut self, cookie: u64) -> Result<(), WriteError> {
+        let result = self.maps.sockets_v4.remove(&cookie);
+        self.settle(names::SOCKETS_V4, result)
+    }
+
+    pub fn delete_sock_rev(&mut self, key: &SockRevKey) -> Result<(), WriteError> {
+        let result = self.maps.sock_rev_v4.remove(key);
+        self.settle(names::SOCK_REV_V4, result)
     }
 
     /// Removes a conntrack entry; a missing one counts as removed.

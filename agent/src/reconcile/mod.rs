@@ -115,6 +115,8 @@ impl Reconciler {
                     hash_seed: random_seed(),
                     snat_port_min: sluice_common::config::SNAT_PORT_MIN,
                     snat_port_max: sluice_common::config::SNAT_PORT_MAX,
+                    _pad: 0,
+                    netns_cookie: 0,
                 })
                 .map_err(|e| DatapathError::Io {
                     path: sluice_common::maps::CONFIG.into(),
@@ -148,6 +150,22 @@ impl Reconciler {
         }
         r.programmed.source_ranges = programmed.source_ranges;
         Ok(r)
+    }
+
+    /// Sets the network namespace the socket-level programs serve (written
+    /// only when it changes, so a restart writes nothing).
+    pub fn set_netns_cookie(&mut self, cookie: u64) -> Result<(), DatapathError> {
+        let mut config = self.writer.maps().config()?;
+        if config.netns_cookie == cookie {
+            return Ok(());
+        }
+        config.netns_cookie = cookie;
+        self.writer
+            .write_config(&config)
+            .map_err(|e| DatapathError::Io {
+                path: sluice_common::maps::CONFIG.into(),
+                source: std::io::Error::other(e),
+            })
     }
 
     /// What the maps hold.
@@ -566,6 +584,24 @@ impl Reconciler {
                 Err(e) => report.errors.push(e),
             }
         }
+        let (sockets, revs) = conntrack::read_sockets(self.writer.maps())?;
+        let socks = conntrack::scan_sockets(&sockets, &revs, &self.programmed.backends);
+        for cookie in &socks.stale_sockets {
+            match self.writer.delete_socket(*cookie) {
+                Ok(()) => report.deleted += 1,
+                Err(e) => report.errors.push(e),
+            }
+        }
+        for key in &socks.stale_revs {
+            match self.writer.delete_sock_rev(key) {
+                Ok(()) => report.deleted += 1,
+                Err(e) => report.errors.push(e),
+            }
+        }
+        let mut flows = scan.flows;
+        for (id, n) in socks.flows {
+            *flows.entry(id).or_default() += n;
+        }
         let affinities = conntrack::read_affinities(self.writer.maps())?;
         for key in conntrack::stale_affinities(
             &affinities,
@@ -579,7 +615,7 @@ impl Reconciler {
         }
         self.drain.record_scan(FlowCounts {
             started: now,
-            flows: scan.flows,
+            flows,
         });
         report.took = now.elapsed();
         Ok(report)

@@ -16,8 +16,13 @@ pub struct Config {
     /// ephemeral range (32768-60999) and the NodePort range (30000-32767).
     pub snat_port_min: u16,
     pub snat_port_max: u16,
+    pub _pad: u32,
+    /// Network namespace cookie of the node (`SO_NETNS_COOKIE`): the
+    /// socket-level programs act only on sockets of this namespace, as
+    /// they are attached to a cgroup that may span several.
+    pub netns_cookie: u64,
 }
-assert_size!(Config, 12);
+assert_size!(Config, 24);
 
 /// Default SNAT port range.
 pub const SNAT_PORT_MIN: u16 = 61_000;

@@ -21,6 +21,7 @@ pub mod conntrack;
 pub mod hash;
 pub mod maps;
 pub mod service;
+pub mod socket;
 pub mod source_range;
 pub mod stats;
 
@@ -29,6 +30,7 @@ pub use backend::{Backend, BackendState};
 pub use config::Config;
 pub use conntrack::{Ct4Key, CtEntry, CtKind};
 pub use service::{FrontendKind, Svc4Key, SvcValue};
+pub use socket::{SockEntry, SockRevKey, SockRevValue};
 pub use source_range::SrcRange4;
 pub use stats::Stat;
 

@@ -19,9 +19,13 @@ pub const CONFIG: &str = "sl_config";
 pub const AFFINITY_V4: &str = "sl_aff4";
 /// loadBalancerSourceRanges: LPM trie of `SrcRange4` -> `u8`.
 pub const SOURCE_RANGES_V4: &str = "sl_srcrng4";
+/// Socket-level balancing: socket cookie -> `SockEntry` (LRU).
+pub const SOCKETS_V4: &str = "sl_sock4";
+/// Socket-level reverse translation: `SockRevKey` -> `SockRevValue` (LRU).
+pub const SOCK_REV_V4: &str = "sl_sockrev4";
 
 /// Every map the agent pins, in the order it creates them.
-pub const ALL: [&str; 7] = [
+pub const ALL: [&str; 9] = [
     CONFIG,
     STATS,
     BACKENDS,
@@ -29,6 +33,8 @@ pub const ALL: [&str; 7] = [
     CONNTRACK_V4,
     AFFINITY_V4,
     SOURCE_RANGES_V4,
+    SOCKETS_V4,
+    SOCK_REV_V4,
 ];
 
 /// Default capacity of `sl_svc4`: one entry per frontend plus one per
@@ -46,6 +52,10 @@ pub const DEFAULT_AFFINITY_MAX: u32 = 65_536;
 /// Capacity of `sl_srcrng4` (ranges over all service ports). Not
 /// preallocated.
 pub const SOURCE_RANGES_MAX: u32 = 16_384;
+
+/// Capacity of `sl_sock4` and `sl_sockrev4` (sockets of the node itself
+/// talking to services). Preallocated (LRU).
+pub const SOCKETS_MAX: u32 = 65_536;
 
 /// Largest number of backend slots one frontend may have (slot is a `u16`
 /// and slot 0 is the master entry).

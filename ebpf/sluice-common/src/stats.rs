@@ -40,10 +40,14 @@ pub enum Stat {
     AffinityHit = 15,
     /// A reply of an SNATed flow was reverse-translated on its way in.
     SnatReply = 16,
+    /// A socket of the node itself was connected (or sent) to a backend.
+    SockConnect = 17,
+    /// A socket of the node itself asked for a service with no backend.
+    SockRefused = 18,
 }
 
 /// Number of counters (the `max_entries` of `sl_stats`).
-pub const STAT_COUNT: u32 = 17;
+pub const STAT_COUNT: u32 = 19;
 
 impl Stat {
     /// Every counter, in index order.
@@ -65,6 +69,8 @@ impl Stat {
         Stat::SourceDenied,
         Stat::AffinityHit,
         Stat::SnatReply,
+        Stat::SockConnect,
+        Stat::SockRefused,
     ];
 
     /// The name used in metrics and `sluice status`.
@@ -87,6 +93,8 @@ impl Stat {
             Stat::SourceDenied => "source_denied",
             Stat::AffinityHit => "affinity_hit",
             Stat::SnatReply => "snat_reply",
+            Stat::SockConnect => "sock_connect",
+            Stat::SockRefused => "sock_refused",
         }
     }
 }

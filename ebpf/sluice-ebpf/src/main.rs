@@ -7,8 +7,12 @@
 //! - `sl_egress` sees packets leaving the node towards a client. A reply
 //!   from a backend gets the frontend address back as its source.
 //!
-//! Both are thin: they call a `handle` function and turn its typed result
-//! into a verdict, counting every error by reason. See
+//! - `sl_connect4`, `sl_sendmsg4`, `sl_recvmsg4`, `sl_getpeername4` and
+//!   `sl_sock_release` (cgroup programs) balance the node's own sockets,
+//!   whose packets never cross a TC ingress hook.
+//!
+//! The TC programs are thin: they call a `handle` function and turn its
+//! typed result into a verdict, counting every error by reason. See
 //! `docs/architecture.md` for the walk of one packet.
 #![no_std]
 #![no_main]
@@ -25,8 +29,12 @@ mod maps;
 mod nat;
 mod reject;
 mod snat;
+mod sock;
 
-use aya_ebpf::{macros::classifier, programs::TcContext};
+use aya_ebpf::{
+    macros::{cgroup_sock, cgroup_sock_addr, classifier},
+    programs::{SockAddrContext, SockContext, TcContext},
+};
 
 use crate::error::Verdict;
 
@@ -38,6 +46,31 @@ pub fn sl_ingress(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn sl_egress(ctx: TcContext) -> i32 {
     finish(egress::handle(&ctx))
+}
+
+#[cgroup_sock_addr(connect4)]
+pub fn sl_connect4(ctx: SockAddrContext) -> i32 {
+    sock::connect(&ctx, false)
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn sl_sendmsg4(ctx: SockAddrContext) -> i32 {
+    sock::connect(&ctx, true)
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn sl_recvmsg4(ctx: SockAddrContext) -> i32 {
+    sock::reverse(&ctx)
+}
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn sl_getpeername4(ctx: SockAddrContext) -> i32 {
+    sock::reverse(&ctx)
+}
+
+#[cgroup_sock(sock_release)]
+pub fn sl_sock_release(ctx: SockContext) -> i32 {
+    sock::release(&ctx)
 }
 
 #[inline(always)]

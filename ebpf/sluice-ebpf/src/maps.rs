@@ -10,11 +10,11 @@ use sluice_common::{
     maps as names,
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX,
-        SOURCE_RANGES_MAX,
+        SOCKETS_MAX, SOURCE_RANGES_MAX,
     },
     stats::STAT_COUNT,
-    Affinity4Key, AffinityValue, Backend, Config, Ct4Key, CtEntry, SrcRange4, Stat, Svc4Key,
-    SvcValue,
+    Affinity4Key, AffinityValue, Backend, Config, Ct4Key, CtEntry, SockEntry, SockRevKey,
+    SockRevValue, SrcRange4, Stat, Svc4Key, SvcValue,
 };
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -39,6 +39,13 @@ pub static CONFIG: Array<Config, 1> = Array::new();
 
 #[btf_map(name = "sl_aff4")]
 pub static AFFINITY_V4: LruHashMap<Affinity4Key, AffinityValue, { DEFAULT_AFFINITY_MAX as usize }> =
+    LruHashMap::new();
+
+#[btf_map(name = "sl_sock4")]
+pub static SOCKETS_V4: LruHashMap<u64, SockEntry, { SOCKETS_MAX as usize }> = LruHashMap::new();
+
+#[btf_map(name = "sl_sockrev4")]
+pub static SOCK_REV_V4: LruHashMap<SockRevKey, SockRevValue, { SOCKETS_MAX as usize }> =
     LruHashMap::new();
 
 #[btf_map(name = "sl_srcrng4")]
@@ -88,6 +95,8 @@ const _: () = assert!(same("sl_stats", names::STATS));
 const _: () = assert!(same("sl_config", names::CONFIG));
 const _: () = assert!(same("sl_aff4", names::AFFINITY_V4));
 const _: () = assert!(same("sl_srcrng4", names::SOURCE_RANGES_V4));
+const _: () = assert!(same("sl_sock4", names::SOCKETS_V4));
+const _: () = assert!(same("sl_sockrev4", names::SOCK_REV_V4));
 
 /// Adds one to a per-CPU counter.
 #[inline(always)]

@@ -1,0 +1,179 @@
+//! The socket-level programs: loaded with the TC ones, attached to a
+//! cgroup (the whole node's, by default the cgroup2 root) with pinned links
+//! `<root>/links/cgroup/<program>` (apart from the device links, which the
+//! device manager owns), replaced in place on restart.
+
+use std::{
+    fs, io,
+    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    programs::{links::FdLink, CgroupAttachMode, Program},
+    Ebpf,
+};
+use tracing::info;
+
+use super::{Datapath, DatapathError, LINKS_DIR};
+
+/// The cgroup programs, by name.
+pub const PROGRAMS: [&str; 5] = [
+    "sl_connect4",
+    "sl_sendmsg4",
+    "sl_recvmsg4",
+    "sl_getpeername4",
+    "sl_sock_release",
+];
+
+pub(super) fn load(ebpf: &mut Ebpf) -> Result<(), DatapathError> {
+    for name in PROGRAMS {
+        let program = ebpf
+            .program_mut(name)
+            .ok_or(DatapathError::MissingProgram(name))?;
+        let result = match program {
+            Program::CgroupSockAddr(p) => p.load(),
+            Program::CgroupSock(p) => p.load(),
+            _ => return Err(DatapathError::MissingProgram(name)),
+        };
+        result.map_err(|source| DatapathError::Program { name, source })?;
+    }
+    Ok(())
+}
+
+/// Where cgroup v2 is mounted (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified`
+/// on hybrid hosts).
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let mounts = fs::read_to_string("/proc/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_, path, fstype) = (f.next()?, f.next()?, f.next()?);
+        (fstype == "cgroup2").then(|| PathBuf::from(path))
+    })
+}
+
+/// The calling thread's network namespace cookie (`SO_NETNS_COOKIE`).
+pub fn netns_cookie() -> io::Result<u64> {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cookie`.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
+/// `BPF_OBJ_GET`: opens the object pinned at `path`.
+fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    const BPF_OBJ_GET: libc::c_long = 7;
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut attr = [0u64; 16];
+    attr[0] = c.as_ptr() as u64;
+    // SAFETY: the bpf syscall reads `attr` (pathname, bpf_fd 0, flags 0)
+    // for BPF_OBJ_GET and returns a new fd we own.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, attr.as_mut_ptr(), 128u32) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd returned by the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `BPF_LINK_UPDATE`: swaps the program of the link pinned at `pin`.
+fn link_update(pin: &Path, program_fd: i32) -> io::Result<()> {
+    const BPF_LINK_UPDATE: libc::c_long = 29;
+    let link = obj_get(pin)?;
+    let mut attr = [0u32; 32];
+    attr[0] = link.as_raw_fd() as u32; // link_fd
+    attr[1] = program_fd as u32; // new_prog_fd
+                                 // SAFETY: the bpf syscall reads `attr` for BPF_LINK_UPDATE.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_UPDATE, attr.as_mut_ptr(), 128u32) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl Datapath {
+    /// Attaches the socket-level programs to `cgroup`, swapping programs
+    /// into pinned links left by a previous agent.
+    pub fn attach_cgroup(&mut self, cgroup: &Path) -> Result<(), DatapathError> {
+        let dir = fs::File::open(cgroup).map_err(|source| DatapathError::Io {
+            path: cgroup.to_owned(),
+            source,
+        })?;
+        let pins = self.root.join(LINKS_DIR).join("cgroup");
+        fs::create_dir_all(&pins).map_err(|source| DatapathError::Io {
+            path: pins.clone(),
+            source,
+        })?;
+        for name in PROGRAMS {
+            let pin = pins.join(name);
+            let program = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(DatapathError::MissingProgram(name))?;
+            let program_fd = match program {
+                Program::CgroupSockAddr(p) => p.fd(),
+                Program::CgroupSock(p) => p.fd(),
+                _ => return Err(DatapathError::MissingProgram(name)),
+            }
+            .map_err(|source| DatapathError::Program { name, source })?
+            .as_fd()
+            .as_raw_fd();
+            if pin.exists() {
+                if link_update(&pin, program_fd).is_ok() {
+                    info!(program = name, "replaced program in pinned cgroup link");
+                    continue;
+                }
+                let _ = fs::remove_file(&pin);
+            }
+            let target = format!("cgroup {}", cgroup.display());
+            // Link-based cgroup attachments take no flags: they always
+            // coexist with other programs (`Single` passes 0).
+            let link: FdLink = match program {
+                Program::CgroupSockAddr(p) => {
+                    let id = p.attach(&dir, CgroupAttachMode::Single);
+                    let link = id.and_then(|id| p.take_link(id));
+                    let link = link.map_err(|source| DatapathError::Attach {
+                        device: target.clone(),
+                        source,
+                    })?;
+                    FdLink::try_from(link).map_err(|source| DatapathError::Link {
+                        device: target,
+                        source,
+                    })?
+                }
+                Program::CgroupSock(p) => {
+                    let id = p.attach(&dir, CgroupAttachMode::Single);
+                    let link = id.and_then(|id| p.take_link(id));
+                    let link = link.map_err(|source| DatapathError::Attach {
+                        device: target.clone(),
+                        source,
+                    })?;
+                    FdLink::try_from(link).map_err(|source| DatapathError::Link {
+                        device: target,
+                        source,
+                    })?
+                }
+                _ => return Err(DatapathError::MissingProgram(name)),
+            };
+            link.pin(&pin).map_err(|e| DatapathError::Io {
+                path: pin.clone(),
+                source: io::Error::other(e),
+            })?;
+        }
+        Ok(())
+    }
+}

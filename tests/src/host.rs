@@ -1,0 +1,98 @@
+//! Processes of the node itself (in the node's network namespace and the
+//! topology's cgroup), for socket-level balancing: a small Python client
+//! driven over stdin/stdout.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    process::{Child, ChildStdin, ChildStdout, Stdio},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::topology::Topology;
+
+const CLIENT: &str = r#"
+import socket, sys
+mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    if mode == "tcp":
+        s = socket.create_connection((host, port), timeout=3)
+        f = s.makefile("rw")
+        greeting = f.readline().strip()
+        peer = s.getpeername()
+        print("ok", greeting, "%s:%d" % peer, flush=True)
+        for line in sys.stdin:
+            f.write("ping\n"); f.flush()
+            print("ok" if f.readline() == "ping\n" else "err", flush=True)
+    else:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(3)
+        s.sendto(b"hello", (host, port))
+        data, src = s.recvfrom(512)
+        print("ok", data.decode(), "%s:%d" % src, flush=True)
+except OSError as e:
+    import errno
+    print("error", errno.errorcode.get(e.errno, str(e)), flush=True)
+"#;
+
+/// A node-side client process.
+pub struct HostClient {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl HostClient {
+    /// Starts a TCP (`"tcp"`) or UDP (`"udp"`) client to `host:port`.
+    pub fn start(topo: &Topology, mode: &str, host: &str, port: u16) -> Result<Self> {
+        let mut child = topo
+            .host_command("python3")
+            .args(["-c", CLIENT, mode, host, &port.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting python3 in the node namespace")?;
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().context("stdout")?);
+        Ok(Self {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// The next line the client printed, split into words.
+    pub fn line(&mut self) -> Result<Vec<String>> {
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line)? == 0 {
+            bail!("host client exited");
+        }
+        Ok(line.split_whitespace().map(str::to_owned).collect())
+    }
+
+    /// Asks a TCP client to exchange one line over its connection.
+    pub fn ping(&mut self) -> Result<()> {
+        let stdin = self.stdin.as_mut().context("stdin closed")?;
+        writeln!(stdin)?;
+        stdin.flush()?;
+        match self.line()?.first().map(String::as_str) {
+            Some("ok") => Ok(()),
+            other => bail!("ping failed: {other:?}"),
+        }
+    }
+
+    /// One-shot: start, read the first line.
+    pub fn once(topo: &Topology, mode: &str, host: &str, port: u16) -> Result<Vec<String>> {
+        let mut c = Self::start(topo, mode, host, port)?;
+        c.line()
+    }
+}
+
+impl Drop for HostClient {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

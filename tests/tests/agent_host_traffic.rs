@@ -1,0 +1,137 @@
+//! Traffic from the node itself (which crosses no TC ingress hook) through
+//! the socket-level programs: TCP and UDP to a ClusterIP and a NodePort,
+//! the service address seen by the application, refusal of an empty
+//! service, and graceful termination of a host connection.
+
+use std::{net::Ipv4Addr, time::Duration};
+
+use anyhow::{ensure, Result};
+use sluice_tests::{
+    agent::{
+        yaml::{self, READY, TERMINATING},
+        Agent, ManifestDir,
+    },
+    host::HostClient,
+    servers, Topology,
+};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 90);
+
+fn node_port_yaml(node_ip: Ipv4Addr) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-1\nstatus:\n  addresses:\n  - type: InternalIP\n    address: {node_ip}\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: np\n  namespace: default\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.91\n  clusterIPs: [10.96.0.91]\n  ports:\n  - name: http\n    protocol: TCP\n    port: 80\n    targetPort: 8080\n    nodePort: 30090\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: np-1\n  namespace: default\n  labels:\n    kubernetes.io/service-name: np\naddressType: IPv4\nports:\n- name: http\n  protocol: TCP\n  port: 8080\nendpoints:\n- addresses: [\"10.20.0.2\"]\n  nodeName: node-1\n  conditions: {{ready: true}}\n"
+    )
+}
+
+#[test]
+fn the_nodes_own_processes_reach_services() -> Result<()> {
+    let mut topo = Topology::new(0, 2)?;
+    topo.add_external()?;
+    let _tcp = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let _udp = topo
+        .backends
+        .iter()
+        .map(|b| servers::udp_greeter(&b.ns, 5353, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let dir = ManifestDir::create()?;
+    let (b0, b1) = (&topo.backends[0], &topo.backends[1]);
+    dir.write("web.yaml", &yaml::service("web", VIP, 80, 8080))?;
+    dir.write(
+        "web-slice.yaml",
+        &yaml::slice("web-1", "web", 8080, &[(b0.ip, READY), (b1.ip, READY)]),
+    )?;
+    dir.write(
+        "empty.yaml",
+        &yaml::service("empty", Ipv4Addr::new(10, 96, 0, 92), 80, 8080),
+    )?;
+    dir.write(
+        "dns.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: dns\n  namespace: default\nspec:\n  clusterIP: 10.96.0.93\n  ports:\n  - name: dns\n    protocol: UDP\n    port: 53\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: dns-1\n  namespace: default\n  labels:\n    kubernetes.io/service-name: dns\naddressType: IPv4\nports:\n- name: dns\n  protocol: UDP\n  port: 5353\nendpoints:\n- addresses: [\"10.20.0.2\"]\n  conditions: {ready: true}\n",
+    )?;
+    dir.write("np.yaml", &node_port_yaml(topo.node_address(0)))?;
+    let mut agent = Agent::start(&topo, &format!("dir:{}", dir.path().display()), &[])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+
+    // ClusterIP from the node: a backend answers, and getpeername() says
+    // the service address.
+    let out = HostClient::once(&topo, "tcp", &VIP.to_string(), 80)?;
+    ensure!(
+        out[0] == "ok" && out[1].starts_with("backend-") && out[2] == format!("{VIP}:80"),
+        "{out:?}"
+    );
+    // NodePort on the node's own address.
+    let out = HostClient::once(&topo, "tcp", &topo.node_address(0).to_string(), 30090)?;
+    ensure!(
+        out[0] == "ok"
+            && out[1] == "backend-0"
+            && out[2] == format!("{}:30090", topo.node_address(0)),
+        "{out:?}"
+    );
+    // UDP: the reply reads as coming from the service address.
+    let out = HostClient::once(&topo, "udp", "10.96.0.93", 53)?;
+    ensure!(out == ["ok", "backend-0", "10.96.0.93:53"], "{out:?}");
+    // A service without endpoints refuses at once.
+    let out = HostClient::once(&topo, "tcp", "10.96.0.92", 80)?;
+    ensure!(out == ["error", "ECONNREFUSED"], "{out:?}");
+
+    // A host connection drains gracefully like any other flow.
+    let mut host = (0..40)
+        .map(|_| HostClient::start(&topo, "tcp", &VIP.to_string(), 80))
+        .find_map(|c| {
+            let mut c = c.ok()?;
+            let first = c.line().ok()?;
+            (first.get(1).map(String::as_str) == Some("backend-1")).then_some(c)
+        })
+        .ok_or_else(|| anyhow::anyhow!("no host connection landed on backend-1"))?;
+    dir.write(
+        "web-slice.yaml",
+        &yaml::slice(
+            "web-1",
+            "web",
+            8080,
+            &[(b0.ip, READY), (b1.ip, TERMINATING)],
+        ),
+    )?;
+    let b1_addr = format!("{}:8080", b1.ip);
+    agent.wait_until(
+        "backend-1 terminating with one flow",
+        Duration::from_secs(5),
+        |a| {
+            let out = a.cli(&["lb", "list", "--json"])?;
+            let rows: serde_json::Value = serde_json::from_str(&out)?;
+            Ok(rows
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|r| r["backends"].as_array().cloned().unwrap_or_default())
+                .any(|b| {
+                    b["address"] == b1_addr.as_str()
+                        && b["state"] == "terminating"
+                        && b["flows"] == 1
+                }))
+        },
+    )?;
+    for _ in 0..5 {
+        host.ping()?;
+    }
+    dir.write(
+        "web-slice.yaml",
+        &yaml::slice("web-1", "web", 8080, &[(b0.ip, READY)]),
+    )?;
+    std::thread::sleep(Duration::from_millis(600));
+    host.ping()?;
+    ensure!(agent.frontends()?[&format!("{VIP}:80")]
+        .iter()
+        .any(|(a, s)| *a == b1_addr && s == "draining"));
+    drop(host);
+    agent.wait_until(
+        "backend-1 removed once the host socket closed",
+        Duration::from_secs(5),
+        |a| Ok(a.frontends()?[&format!("{VIP}:80")].len() == 1),
+    )?;
+    Ok(())
+}
