@@ -87,11 +87,23 @@ impl Stream {
     /// Sends one line and expects it back.
     pub fn ping(&mut self) -> Result<()> {
         self.seq += 1;
-        let msg = format!("ping {}\n", self.seq);
+        self.exchange(&format!("ping {}", self.seq))
+    }
+
+    /// Sends `text` (no newline in it) as one line and expects it back.
+    pub fn exchange(&mut self, text: &str) -> Result<()> {
+        let msg = format!("{text}\n");
         self.writer.write_all(msg.as_bytes())?;
         let mut line = String::new();
         self.reader.read_line(&mut line)?;
         if line != msg {
+            if msg.len() > 80 {
+                bail!(
+                    "echo mismatch: sent {} bytes, got {}",
+                    msg.len(),
+                    line.len()
+                );
+            }
             bail!("echo mismatch: sent {msg:?}, got {line:?}");
         }
         Ok(())

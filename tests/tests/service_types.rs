@@ -256,6 +256,52 @@ fn backend_on_another_node_is_reached_and_replies_carry_the_frontend() -> Result
     Ok(())
 }
 
+/// Path MTU discovery through a VIP: the underlay between the nodes has a
+/// smaller MTU than the pods, so node 1 answers the client's full-size
+/// (DNATed) segments with "fragmentation needed" quoting client -> backend.
+/// Unless the egress program puts the VIP back into the quoted header, the
+/// client's stack finds no socket for it, never lowers its MSS, and the
+/// transfer stalls.
+#[test]
+fn icmp_fragmentation_needed_reaches_the_client_as_about_the_vip() -> Result<()> {
+    let node1 = Topology::with_index(1, 1, 0)?;
+    let node2 = Topology::with_index(2, 0, 1)?;
+    Topology::join(&node1, &node2)?;
+    for node in [&node1, &node2] {
+        node.node.ip(&["link", "set", "u0", "mtu", "1200"])?;
+    }
+    let remote = &node2.backends[0];
+    let _server = servers::tcp_greeter(&remote.ns, 8080, &remote.name)?;
+    let mut lb = Lb::load(&node1)?;
+    lb.set(service(
+        "big",
+        80,
+        Proto::Tcp,
+        vec![frontend(
+            FrontendKind::ClusterIp,
+            VIP,
+            80,
+            Proto::Tcp,
+            &active(&[remote.ip]),
+        )],
+    ));
+
+    let mut stream = Stream::connect(&node1.clients[0].ns, vip(VIP, 80))?;
+    assert_eq!(stream.backend, "node2-backend-0");
+    // 64 KiB in one line: many segments of the client's 1500-byte MTU.
+    let big = "x".repeat(64 * 1024);
+    for _ in 0..3 {
+        stream
+            .exchange(&big)
+            .context("a transfer larger than the underlay MTU")?;
+    }
+    assert!(
+        lb.stat(Stat::IcmpTranslated)? >= 1,
+        "no ICMP error was translated, so the test did not exercise PMTU"
+    );
+    Ok(())
+}
+
 #[test]
 fn a_pod_reaches_itself_through_its_service() -> Result<()> {
     let topo = Topology::new(0, 1)?;

@@ -44,10 +44,13 @@ pub enum Stat {
     SockConnect = 17,
     /// A socket of the node itself asked for a service with no backend.
     SockRefused = 18,
+    /// An ICMP error quoting a DNATed packet was translated back for the
+    /// client (path MTU discovery).
+    IcmpTranslated = 19,
 }
 
 /// Number of counters (the `max_entries` of `sl_stats`).
-pub const STAT_COUNT: u32 = 19;
+pub const STAT_COUNT: u32 = 20;
 
 impl Stat {
     /// Every counter, in index order.
@@ -71,6 +74,7 @@ impl Stat {
         Stat::SnatReply,
         Stat::SockConnect,
         Stat::SockRefused,
+        Stat::IcmpTranslated,
     ];
 
     /// The name used in metrics and `sluice status`.
@@ -95,6 +99,7 @@ impl Stat {
             Stat::SnatReply => "snat_reply",
             Stat::SockConnect => "sock_connect",
             Stat::SockRefused => "sock_refused",
+            Stat::IcmpTranslated => "icmp_translated",
         }
     }
 }

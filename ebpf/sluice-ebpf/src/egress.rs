@@ -9,14 +9,17 @@ use crate::{
     conntrack::{note_reply, v4},
     error::{Error, Verdict},
     flow::{Flow4, Parsed},
+    icmp,
     maps::{count, CONNTRACK_V4},
     nat::{self, Side},
 };
 
 #[inline(always)]
 pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
-    let Parsed::Flow(flow) = Flow4::parse(ctx)? else {
-        return Ok(Verdict::Next);
+    let flow = match Flow4::parse(ctx)? {
+        Parsed::Flow(flow) => flow,
+        Parsed::OtherIpv4(ip) => return icmp::egress(ctx, &ip),
+        Parsed::Fragment | Parsed::Other => return Ok(Verdict::Next),
     };
     let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) else {
         return Ok(Verdict::Next);

@@ -26,6 +26,8 @@ pub struct Flow4 {
 
 pub enum Parsed {
     Flow(Flow4),
+    /// An IPv4 packet of another protocol (its header, for ICMP).
+    OtherIpv4(Ipv4Hdr),
     /// An IPv4 fragment: ports unknown, so it cannot be balanced.
     Fragment,
     /// Anything else (not IPv4, not TCP/UDP): not ours.
@@ -81,7 +83,7 @@ impl Flow4 {
         let ip = read::<Ipv4Hdr>(ctx, ETH_LEN).ok_or(Error::Truncated)?;
         let proto = ip.proto;
         if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
-            return Ok(Parsed::Other);
+            return Ok(Parsed::OtherIpv4(ip));
         }
         if u16::from_be_bytes(ip.frag_off) & IP_MF_OFFSET != 0 {
             return Ok(Parsed::Fragment);

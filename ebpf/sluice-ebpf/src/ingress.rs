@@ -49,7 +49,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
             count(Stat::Fragment);
             return Ok(Verdict::Next);
         }
-        Parsed::Other => return Ok(Verdict::Next),
+        Parsed::Other | Parsed::OtherIpv4(_) => return Ok(Verdict::Next),
     };
     let config = maps::config();
     if flow.dport >= config.snat_port_min

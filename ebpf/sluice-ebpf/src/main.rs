@@ -24,6 +24,7 @@ mod error;
 mod flow;
 mod hash;
 mod headers;
+mod icmp;
 mod ingress;
 mod maps;
 mod nat;
