@@ -2,13 +2,15 @@
 //! network namespaces as the node and its pods ([`netns`], [`topology`]),
 //! small servers and clients that run inside them ([`servers`],
 //! [`clients`]), and cleanup of what a killed test run left behind
-//! ([`sweep`]).
+//! ([`sweep`]), and the benchmark behind `cargo xtask bench` ([`bench`]).
 //!
 //! All traffic stays inside namespaces this crate creates; nothing touches
 //! the root namespace's routes or firewall. Everything is removed on drop,
 //! including while unwinding from a failed assertion.
 
 pub mod agent;
+pub mod bench;
+pub mod build;
 pub mod clients;
 pub mod lb;
 pub mod netns;

@@ -3,8 +3,10 @@
 //! - `setup`: make this machine able to build eBPF code (idempotent).
 //! - `build-ebpf`: build the kernel programs to `target/bpf/sluice.bpf.o`.
 //! - `test`: everything a contributor runs before submitting.
+//! - `bench`: sluice against direct, iptables and nftables (needs root).
 //! - `demo`: sluice's main job on an embedded default, in namespaces.
 
+mod bench;
 mod ebpf;
 mod exec;
 mod test;
@@ -28,6 +30,9 @@ enum Command {
     BuildEbpf,
     /// Formatting, clippy (user and eBPF side), unit and integration tests.
     Test(test::TestArgs),
+    /// Benchmark sluice against direct connections and kube-proxy's
+    /// iptables and nftables layouts (results in target/bench/).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -38,5 +43,6 @@ fn main() -> Result<()> {
             ebpf::build(&tc)
         }
         Command::Test(args) => test::run_tests(&args),
+        Command::Bench(args) => bench::run_bench(&args),
     }
 }
