@@ -51,6 +51,9 @@ pub struct AgentRun {
     pub first_sync_reconcile: Measure,
     /// Peak resident set (VmHWM) after programming and the change series.
     pub vm_hwm_kb: Option<u64>,
+    /// Resident set (VmRSS) right after the first sync, and at the end.
+    pub vm_rss_ready_kb: Option<u64>,
+    pub vm_rss_end_kb: Option<u64>,
     pub bytes_per_service: Option<f64>,
     pub churn: Churn,
 }
@@ -122,11 +125,12 @@ fn write_manifests(dir: &ManifestDir, set: &ServiceSet, churned: usize) -> Resul
     )
 }
 
-fn vm_hwm_kb(pid: u32) -> Option<u64> {
+/// A `kB` field of /proc/<pid>/status (`VmHWM`, `VmRSS`).
+fn status_kb(pid: u32, field: &str) -> Option<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
 }
@@ -191,6 +195,7 @@ pub fn agent_run(set: &ServiceSet, cfg: &Config, sizes: MapSizes) -> Result<Agen
             agent.log_tail()
         );
     }
+    out.vm_rss_ready_kb = agent.pid().and_then(|p| status_kb(p, "VmRSS"));
     let sync_sum = agent.metric("sluice_sync_duration_seconds_sum")?;
     let sync_count = agent.metric("sluice_sync_duration_seconds_count")?;
     out.first_sync_reconcile = if sync_count >= 1.0 {
@@ -207,7 +212,8 @@ pub fn agent_run(set: &ServiceSet, cfg: &Config, sizes: MapSizes) -> Result<Agen
         "agent, manifest-directory source (5 ms poll; each change re-reads every manifest)".into();
 
     if let Some(pid) = agent.pid() {
-        out.vm_hwm_kb = vm_hwm_kb(pid);
+        out.vm_hwm_kb = status_kb(pid, "VmHWM");
+        out.vm_rss_end_kb = status_kb(pid, "VmRSS");
         out.bytes_per_service = out.vm_hwm_kb.map(|kb| kb as f64 * 1024.0 / set.n as f64);
     }
     agent.stop()?;
@@ -257,7 +263,7 @@ fn agent_churn(
             }
             std::thread::sleep(Duration::from_micros(100));
         }
-        samples.push(u32::try_from(start.elapsed().as_nanos()).unwrap_or(u32::MAX));
+        samples.push(start.elapsed().as_nanos() as u64);
         // Let the agent finish the batch before the next change.
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -299,7 +305,7 @@ pub fn reconciler_churn(lb: &mut Lb, set: &ServiceSet, cfg: &Config) -> Result<C
             ));
             break;
         }
-        samples.push(u32::try_from(took.as_nanos()).unwrap_or(u32::MAX));
+        samples.push(took.as_nanos() as u64);
     }
     if toggles % 2 == 1 {
         toggle(lb, &name)?;

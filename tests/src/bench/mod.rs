@@ -11,6 +11,7 @@
 //! latency percentiles come from all samples of all rounds.
 
 pub mod control;
+pub mod cpu;
 pub mod env;
 pub mod kubeproxy;
 pub mod report;
@@ -36,6 +37,35 @@ use kubeproxy::Layout;
 use services::{ServiceSet, ENDPOINTS};
 use stats::{Latency, Rate};
 
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    if INTERRUPTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        // A second signal: leave now (the next run sweeps what is left).
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(130) };
+    }
+}
+
+/// Makes SIGINT and SIGTERM stop the run at the next measurement
+/// boundary, so that namespaces, pins and rules are removed on the way
+/// out; a second signal exits at once.
+pub fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only touches an atomic and calls _exit.
+        unsafe {
+            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+fn check_interrupted() -> Result<()> {
+    if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+        anyhow::bail!("interrupted");
+    }
+    Ok(())
+}
+
 /// What one run measures and how hard.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -49,6 +79,16 @@ pub struct Config {
     pub connects: usize,
     /// Unrecorded connections before each series.
     pub warmup: usize,
+    /// A connect series stops early after this long (with at least a
+    /// tenth of `connects` recorded).
+    pub connect_limit: Duration,
+    /// Pin the client to CPU 0 and the servers to CPU 1.
+    pub pin: bool,
+    /// A round of one variant during which other processes used more
+    /// than this share of one CPU is measured again (at most
+    /// `max_retries` times); the share is recorded either way.
+    pub foreign_limit: f64,
+    pub max_retries: usize,
     pub rr: Duration,
     pub bulk: Duration,
     /// Time allowed for loading one ruleset.
@@ -77,6 +117,10 @@ impl Config {
             warmup_rounds: 1,
             connects: 2000,
             warmup: 200,
+            connect_limit: Duration::from_secs(3),
+            pin: true,
+            foreign_limit: 0.15,
+            max_retries: 2,
             rr: Duration::from_millis(500),
             bulk: Duration::from_secs(1),
             load_budget: Duration::from_secs(240),
@@ -99,6 +143,7 @@ impl Config {
             warmup_rounds: 0,
             connects: 300,
             warmup: 50,
+            connect_limit: Duration::from_secs(1),
             rr: Duration::from_millis(200),
             bulk: Duration::from_millis(250),
             load_budget: Duration::from_secs(10),
@@ -168,6 +213,11 @@ pub struct VariantResult {
     pub rr: RrResult,
     /// Bulk throughput of one connection, Gbit/s.
     pub bulk_gbit: Rate,
+    /// CPU other processes used during each recorded round of this
+    /// variant (share of one CPU), and how many rounds were repeated
+    /// because it exceeded the limit.
+    pub foreign_cpu: Vec<f64>,
+    pub repeated_rounds: usize,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -262,6 +312,10 @@ pub struct ConfigSummary {
     pub warmup_rounds: usize,
     pub connects_per_target_per_round: usize,
     pub warmup_connects: usize,
+    pub connect_series_limit_s: f64,
+    /// Client on CPU 0, servers on CPU 1.
+    pub pinned: bool,
+    pub foreign_limit: f64,
     pub rr_seconds_per_round: f64,
     pub bulk_seconds_per_round: f64,
     pub load_budget_s: f64,
@@ -530,17 +584,35 @@ fn program_sluice(
 
 #[derive(Default)]
 struct Acc {
-    last: Vec<u32>,
+    last: Vec<u64>,
     last_rates: Vec<f64>,
     last_errors: usize,
-    random: Vec<u32>,
+    random: Vec<u64>,
     random_rates: Vec<f64>,
     random_errors: usize,
     first_error: Option<String>,
-    rr: Vec<u32>,
+    rr: Vec<u64>,
     rr_rates: Vec<f64>,
     bulk: Vec<f64>,
+    foreign: Vec<f64>,
+    repeated: usize,
     error: Option<String>,
+}
+
+impl Acc {
+    fn merge(&mut self, other: Acc) {
+        self.last.extend(other.last);
+        self.last_rates.extend(other.last_rates);
+        self.last_errors += other.last_errors;
+        self.random.extend(other.random);
+        self.random_rates.extend(other.random_rates);
+        self.random_errors += other.random_errors;
+        self.first_error = self.first_error.take().or(other.first_error);
+        self.rr.extend(other.rr);
+        self.rr_rates.extend(other.rr_rates);
+        self.bulk.extend(other.bulk);
+        self.foreign.extend(other.foreign);
+    }
 }
 
 fn measure_round(env: &Env, set: &ServiceSet, cfg: &Config, acc: &mut Acc) -> Result<()> {
@@ -550,12 +622,14 @@ fn measure_round(env: &Env, set: &ServiceSet, cfg: &Config, acc: &mut Acc) -> Re
         &env.targets(set, set.last),
         cfg.warmup,
         cfg.connects,
+        cfg.connect_limit,
     )?;
     let random = traffic::connects(
         client,
         &env.targets(set, set.random),
         cfg.warmup,
         cfg.connects,
+        cfg.connect_limit,
     )?;
     let target = env.targets(set, set.last)[0];
     let rr = traffic::request_response(client, target, cfg.rr)?;
@@ -608,6 +682,8 @@ fn finish(env: &Env, acc: Acc) -> VariantResult {
             latency: Latency::from_ns(acc.rr),
         },
         bulk_gbit: Rate::from_rounds(&acc.bulk),
+        foreign_cpu: acc.foreign,
+        repeated_rounds: acc.repeated,
     }
 }
 
@@ -627,6 +703,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
     let mut control = Control::default();
     let mut errors: HashMap<Variant, String> = HashMap::new();
     for env in &mut envs {
+        check_interrupted()?;
         let programmed = match env.variant {
             Variant::Direct => Ok(()),
             Variant::Sluice => program_sluice(env, &set, sizes, cfg, &mut control),
@@ -640,6 +717,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
             errors.insert(env.variant, format!("programming failed: {e:#}"));
         }
     }
+    check_interrupted()?;
     if cfg.agent && cfg.variants.contains(&Variant::Sluice) {
         let run = control::agent_run(&set, cfg, sizes).unwrap_or_else(|e| AgentRun {
             start_to_ready: Measure::skipped(format!("{e:#}")),
@@ -661,7 +739,8 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
             continue;
         }
         for i in [set.last, set.random] {
-            let probe = traffic::connects(env.client(), &env.targets(&set, i), 0, 20)?;
+            let probe =
+                traffic::connects(env.client(), &env.targets(&set, i), 0, 20, Duration::MAX)?;
             if probe.errors > 0 {
                 let why = format!(
                     "target #{i} unreachable: {}",
@@ -691,15 +770,39 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
             eprintln!("  round {}/{}", round + 1 - cfg.warmup_rounds, cfg.rounds);
         }
         for k in 0..envs.len() {
+            check_interrupted()?;
             let i = (k + round) % envs.len();
             if accs[i].error.is_some() {
                 continue;
             }
-            let mut scratch = Acc::default();
-            let acc = if warmup { &mut scratch } else { &mut accs[i] };
-            if let Err(e) = measure_round(&envs[i], &set, cfg, acc) {
-                eprintln!("    {}: {e:#}", envs[i].variant.name());
-                accs[i].error = Some(format!("{e:#}"));
+            let mut attempt = 0;
+            loop {
+                let mut this = Acc::default();
+                let probe = cpu::Probe::start();
+                let measured = measure_round(&envs[i], &set, cfg, &mut this);
+                let foreign = probe.foreign_cpus();
+                if let Err(e) = measured {
+                    eprintln!("    {}: {e:#}", envs[i].variant.name());
+                    accs[i].error = Some(format!("{e:#}"));
+                    break;
+                }
+                if foreign > cfg.foreign_limit && attempt < cfg.max_retries {
+                    attempt += 1;
+                    eprintln!(
+                        "      other processes used {:.0}% of a CPU: measuring {} again",
+                        foreign * 100.0,
+                        envs[i].variant.name()
+                    );
+                    if !warmup {
+                        accs[i].repeated += 1;
+                    }
+                    continue;
+                }
+                if !warmup {
+                    this.foreign.push(foreign);
+                    accs[i].merge(this);
+                }
+                break;
             }
         }
     }
@@ -743,6 +846,9 @@ pub fn run(cfg: &Config) -> Result<Results> {
             warmup_rounds: cfg.warmup_rounds,
             connects_per_target_per_round: cfg.connects,
             warmup_connects: cfg.warmup,
+            connect_series_limit_s: cfg.connect_limit.as_secs_f64(),
+            pinned: cfg.pin,
+            foreign_limit: cfg.foreign_limit,
             rr_seconds_per_round: cfg.rr.as_secs_f64(),
             bulk_seconds_per_round: cfg.bulk.as_secs_f64(),
             load_budget_s: cfg.load_budget.as_secs_f64(),
@@ -765,6 +871,8 @@ pub fn run(cfg: &Config) -> Result<Results> {
         results.machine.kernel,
         results.machine.loadavg_start
     );
+    let cpus = results.machine.cpus;
+    traffic::set_pinning((cfg.pin && cpus >= 2).then_some((0, 1)));
     let mut history = History::default();
     for &n in &cfg.sizes {
         let size = run_size(n, cfg, sizes, &mut history)?;

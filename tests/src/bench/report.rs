@@ -98,14 +98,17 @@ fn data_table(size: &SizeResult) -> String {
     let legacy = find(size, "iptables-legacy");
     let _ = writeln!(
         t,
-        "| variant | ruleset | conn/s last | vs direct | vs legacy | connect p50 / p99 last | conn/s random | vs direct | connect p50 / p99 random | RR/s | vs direct | Gbit/s | vs direct |"
+        "| variant | ruleset | conn/s last | vs direct | vs legacy | connect p50 / p99 last | conn/s random | vs direct | connect p50 / p99 random | RR/s | vs direct | Gbit/s | vs direct | other CPU max (repeats) |"
     );
-    let _ = writeln!(t, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(
+        t,
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+    );
     for v in &size.variants {
         if let Some(err) = &v.error {
             let _ = writeln!(
                 t,
-                "| {} | {} | failed: {} |||||||||||",
+                "| {} | {} | failed: {} ||||||||||||",
                 v.variant,
                 v.ruleset.as_deref().unwrap_or("-"),
                 err.replace('|', "/")
@@ -116,7 +119,7 @@ fn data_table(size: &SizeResult) -> String {
         let l = |f: fn(&VariantResult) -> f64| legacy.map_or("-".into(), |l| ratio(f(v), f(l)));
         let _ = writeln!(
             t,
-            "| {} | {} | {:.0} | {} | {} | {:.1} / {:.1} µs | {:.0} | {} | {:.1} / {:.1} µs | {:.0} | {} | {:.2} | {} |",
+            "| {} | {} | {:.0} | {} | {} | {:.1} / {:.1} µs | {:.0} | {} | {:.1} / {:.1} µs | {:.0} | {} | {:.2} | {} | {:.0}% ({}) |",
             v.variant,
             v.ruleset.as_deref().unwrap_or("-"),
             v.connect_last.rate.median,
@@ -132,6 +135,8 @@ fn data_table(size: &SizeResult) -> String {
             d(|v| v.rr.rate.median),
             v.bulk_gbit.median,
             d(|v| v.bulk_gbit.median),
+            v.foreign_cpu.iter().copied().fold(0.0, f64::max) * 100.0,
+            v.repeated_rounds,
         );
     }
     t
@@ -408,7 +413,7 @@ pub fn markdown(r: &Results) -> String {
     let c = &r.config;
     let _ = writeln!(
         t,
-        "Samples: {} recorded rounds (after {} unrecorded warm-up round(s)); per round and variant {} recorded connects per target service (after {} warm-up connects), {:.1} s of request/response, {:.1} s of bulk transfer. Connect percentiles pool {} samples per variant and target; rates are the median of the {} per-round rates.\n",
+        "Samples: {} recorded rounds (after {} unrecorded warm-up round(s)); per round and variant {} recorded connects per target service (after {} warm-up connects), {:.1} s of request/response, {:.1} s of bulk transfer. Connect percentiles pool {} samples per variant and target; rates are the median of the {} per-round rates. \"Other CPU\" is the CPU time other processes (and hypervisor steal) used during a round, as a share of one CPU; a round above {:.0}% is measured again, at most twice.\n",
         c.rounds,
         c.warmup_rounds,
         c.connects_per_target_per_round,
@@ -416,7 +421,8 @@ pub fn markdown(r: &Results) -> String {
         c.rr_seconds_per_round,
         c.bulk_seconds_per_round,
         c.rounds * c.connects_per_target_per_round,
-        c.rounds
+        c.rounds,
+        c.foreign_limit * 100.0
     );
     for s in &r.sizes {
         let _ = writeln!(

@@ -3,12 +3,12 @@
 use serde::Serialize;
 
 /// Nearest-rank percentile of sorted values.
-pub fn percentile(sorted: &[u32], p: f64) -> f64 {
+pub fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    f64::from(sorted[rank.clamp(1, sorted.len()) - 1])
+    sorted[rank.clamp(1, sorted.len()) - 1] as f64
 }
 
 pub fn median(values: &[f64]) -> f64 {
@@ -37,16 +37,16 @@ pub struct Latency {
 }
 
 impl Latency {
-    pub fn from_ns(mut samples: Vec<u32>) -> Self {
+    pub fn from_ns(mut samples: Vec<u64>) -> Self {
         samples.sort_unstable();
         let n = samples.len();
-        let sum: f64 = samples.iter().map(|v| f64::from(*v)).sum();
+        let sum: f64 = samples.iter().map(|v| *v as f64).sum();
         Self {
             samples: n,
             p50_us: percentile(&samples, 50.0) / 1e3,
             p90_us: percentile(&samples, 90.0) / 1e3,
             p99_us: percentile(&samples, 99.0) / 1e3,
-            max_us: samples.last().map_or(0.0, |v| f64::from(*v) / 1e3),
+            max_us: samples.last().map_or(0.0, |v| *v as f64 / 1e3),
             mean_us: if n == 0 { 0.0 } else { sum / n as f64 / 1e3 },
         }
     }
@@ -83,7 +83,7 @@ mod tests {
 
     #[test]
     fn percentiles_and_medians() {
-        let v: Vec<u32> = (1..=100).collect();
+        let v: Vec<u64> = (1..=100).collect();
         assert_eq!(percentile(&v, 50.0), 50.0);
         assert_eq!(percentile(&v, 99.0), 99.0);
         assert_eq!(percentile(&v, 100.0), 100.0);

@@ -34,6 +34,31 @@ const BULK_CHUNK: usize = 256 * 1024;
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL_MS: i32 = 200;
 
+/// CPUs the client and the servers are pinned to, when pinning is on.
+static PINNING: std::sync::Mutex<Option<(usize, usize)>> = std::sync::Mutex::new(None);
+
+/// Pins every client thread to `client` and every server thread to
+/// `server` from now on (`None`: no pinning). With two CPUs this keeps
+/// the scheduler from moving the client and the server between runs,
+/// which otherwise makes connect latency bimodal from round to round.
+pub fn set_pinning(cpus: Option<(usize, usize)>) {
+    *PINNING.lock().unwrap_or_else(|p| p.into_inner()) = cpus;
+}
+
+fn pin(client: bool) {
+    let Some((c, s)) = *PINNING.lock().unwrap_or_else(|p| p.into_inner()) else {
+        return;
+    };
+    let cpu = if client { c } else { s };
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
+    // within it; sched_setaffinity(0) affects the calling thread only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// A server in one pod; stops on drop.
 pub struct Server {
     stop: Arc<AtomicBool>,
@@ -74,6 +99,7 @@ pub fn serve(ns: &Netns, port: u16) -> Result<Server> {
 }
 
 fn accept_loop(listener: &TcpListener, tx: &mpsc::Sender<TcpStream>, stop: &AtomicBool) {
+    pin(false);
     let mut pfd = libc::pollfd {
         fd: listener.as_raw_fd(),
         events: libc::POLLIN,
@@ -101,6 +127,7 @@ fn accept_loop(listener: &TcpListener, tx: &mpsc::Sender<TcpStream>, stop: &Atom
 }
 
 fn classify_loop(rx: &mpsc::Receiver<TcpStream>, stop: &AtomicBool) {
+    pin(false);
     while !stop.load(Ordering::Relaxed) {
         let Ok(mut stream) = rx.recv_timeout(Duration::from_millis(POLL_MS as u64)) else {
             continue;
@@ -124,6 +151,7 @@ fn classify_loop(rx: &mpsc::Receiver<TcpStream>, stop: &AtomicBool) {
 }
 
 fn echo(mut stream: TcpStream) {
+    pin(false);
     let _ = stream.set_nodelay(true);
     let mut buf = [0u8; MESSAGE];
     while stream.read_exact(&mut buf).is_ok() {
@@ -134,6 +162,7 @@ fn echo(mut stream: TcpStream) {
 }
 
 fn sink(mut stream: TcpStream) {
+    pin(false);
     let mut buf = vec![0u8; BULK_CHUNK];
     let mut total = 0u64;
     loop {
@@ -151,7 +180,7 @@ fn sink(mut stream: TcpStream) {
 /// whole loop (socket, connect, reset).
 #[derive(Debug, Default)]
 pub struct ConnectRun {
-    pub latencies_ns: Vec<u32>,
+    pub latencies_ns: Vec<u64>,
     pub elapsed: Duration,
     pub errors: usize,
     pub first_error: Option<String>,
@@ -177,15 +206,18 @@ fn probe(addr: SocketAddrV4) -> io::Result<Duration> {
 }
 
 /// `warmup` unrecorded, then `n` recorded connections from inside `ns`,
-/// cycling through `targets`.
+/// cycling through `targets`; stops early once `limit` has passed and at
+/// least a tenth of `n` are recorded (slow variants at large sizes).
 pub fn connects(
     ns: &Netns,
     targets: &[SocketAddrV4],
     warmup: usize,
     n: usize,
+    limit: Duration,
 ) -> Result<ConnectRun> {
     let targets = targets.to_vec();
     ns.run(move || {
+        pin(true);
         let mut run = ConnectRun {
             latencies_ns: Vec::with_capacity(n),
             ..ConnectRun::default()
@@ -195,10 +227,11 @@ pub fn connects(
         }
         let start = Instant::now();
         for i in 0..n {
+            if i >= n / 10 && start.elapsed() > limit {
+                break;
+            }
             match probe(targets[i % targets.len()]) {
-                Ok(d) => run
-                    .latencies_ns
-                    .push(u32::try_from(d.as_nanos()).unwrap_or(u32::MAX)),
+                Ok(d) => run.latencies_ns.push(d.as_nanos() as u64),
                 Err(e) => {
                     run.errors += 1;
                     run.first_error.get_or_insert_with(|| e.to_string());
@@ -222,7 +255,7 @@ fn open(addr: SocketAddrV4, mode: u8) -> io::Result<TcpStream> {
 /// Round trips of one established connection.
 #[derive(Debug, Default)]
 pub struct RrRun {
-    pub rtts_ns: Vec<u32>,
+    pub rtts_ns: Vec<u64>,
     pub elapsed: Duration,
 }
 
@@ -236,6 +269,7 @@ impl RrRun {
 /// round trips).
 pub fn request_response(ns: &Netns, addr: SocketAddrV4, duration: Duration) -> Result<RrRun> {
     ns.run(move || -> io::Result<RrRun> {
+        pin(true);
         let mut stream = open(addr, MODE_ECHO)?;
         let request = [0x5au8; MESSAGE];
         let mut response = [0u8; MESSAGE];
@@ -249,8 +283,7 @@ pub fn request_response(ns: &Netns, addr: SocketAddrV4, duration: Duration) -> R
             let t = Instant::now();
             stream.write_all(&request)?;
             stream.read_exact(&mut response)?;
-            run.rtts_ns
-                .push(u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX));
+            run.rtts_ns.push(t.elapsed().as_nanos() as u64);
         }
         run.elapsed = start.elapsed();
         Ok(run)
@@ -276,6 +309,7 @@ impl BulkRun {
 pub fn bulk(ns: &Netns, addr: SocketAddrV4, duration: Duration) -> Result<BulkRun> {
     let run = ns
         .run(move || -> io::Result<(u64, u64, Duration)> {
+            pin(true);
             let mut stream = open(addr, MODE_BULK)?;
             let chunk = vec![0xa5u8; BULK_CHUNK];
             let mut sent = 0u64;

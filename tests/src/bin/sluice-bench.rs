@@ -38,6 +38,9 @@ struct Args {
     /// Skip the real agent binary (control plane through the reconciler only).
     #[arg(long)]
     no_agent: bool,
+    /// Do not pin the client to CPU 0 and the servers to CPU 1.
+    #[arg(long)]
+    no_pin: bool,
     /// Seed of the random target service.
     #[arg(long)]
     seed: Option<u64>,
@@ -75,10 +78,12 @@ fn main() -> Result<()> {
         cfg.seed = s;
     }
     cfg.agent = !args.no_agent;
+    cfg.pin = !args.no_pin;
     if cfg.sizes.iter().any(|n| *n == 0 || *n >= 1_000_000) || cfg.rounds == 0 || cfg.connects == 0
     {
         bail!("services must be 1..999999, rounds and connects at least 1");
     }
+    bench::install_signal_handlers();
     bench::run(&cfg)?;
     Ok(())
 }
