@@ -49,8 +49,10 @@ pub struct AgentRun {
     /// The agent's own reconcile time for the first full sync
     /// (`sluice_sync_duration_seconds`).
     pub first_sync_reconcile: Measure,
-    /// Peak resident set (VmHWM) after programming and the change series.
+    /// Peak resident set (VmHWM) at the end, after the change series.
     pub vm_hwm_kb: Option<u64>,
+    /// Peak resident set right after the first sync (before any change).
+    pub vm_hwm_ready_kb: Option<u64>,
     /// Resident set (VmRSS) right after the first sync, and at the end.
     pub vm_rss_ready_kb: Option<u64>,
     pub vm_rss_end_kb: Option<u64>,
@@ -196,6 +198,7 @@ pub fn agent_run(set: &ServiceSet, cfg: &Config, sizes: MapSizes) -> Result<Agen
         );
     }
     out.vm_rss_ready_kb = agent.pid().and_then(|p| status_kb(p, "VmRSS"));
+    out.vm_hwm_ready_kb = agent.pid().and_then(|p| status_kb(p, "VmHWM"));
     let sync_sum = agent.metric("sluice_sync_duration_seconds_sum")?;
     let sync_count = agent.metric("sluice_sync_duration_seconds_count")?;
     out.first_sync_reconcile = if sync_count >= 1.0 {
