@@ -37,6 +37,10 @@ pub const BACKENDS: usize = 10;
 pub enum Variant {
     Direct,
     Sluice,
+    /// Diagnostic, not in the default set: sluice attached and programmed
+    /// like `sluice`, but the client connects to the pods directly, so the
+    /// programs only look packets up and pass them on.
+    SluicePassthrough,
     IptablesLegacy,
     IptablesNft,
     Nftables,
@@ -55,6 +59,7 @@ impl Variant {
         match self {
             Variant::Direct => "direct",
             Variant::Sluice => "sluice",
+            Variant::SluicePassthrough => "sluice-passthrough",
             Variant::IptablesLegacy => "iptables-legacy",
             Variant::IptablesNft => "iptables-nft",
             Variant::Nftables => "nftables",
@@ -62,7 +67,10 @@ impl Variant {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|v| v.name() == s)
+        Self::ALL
+            .into_iter()
+            .chain([Variant::SluicePassthrough])
+            .find(|v| v.name() == s)
     }
 
     /// The `iptables-restore` flavour, for the two iptables variants.
@@ -194,7 +202,7 @@ impl Env {
     /// (direct) the backend pods themselves, in turn.
     pub fn targets(&self, set: &ServiceSet, i: usize) -> Vec<SocketAddrV4> {
         match self.variant {
-            Variant::Direct => self
+            Variant::Direct | Variant::SluicePassthrough => self
                 .topo
                 .backends
                 .iter()

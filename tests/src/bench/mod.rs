@@ -582,6 +582,17 @@ fn program_sluice(
     Ok(())
 }
 
+fn program_passthrough(env: &mut Env, set: &ServiceSet, sizes: MapSizes) -> Result<()> {
+    let desired = set.desired();
+    let lb = env.load_sluice(sizes)?;
+    lb.desired = desired;
+    let report = lb.apply();
+    if !report.errors.is_empty() || !report.refused.is_empty() {
+        anyhow::bail!("sluice refused or failed: {:?}", report.errors.first());
+    }
+    Ok(())
+}
+
 #[derive(Default)]
 struct Acc {
     last: Vec<u64>,
@@ -707,6 +718,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
         let programmed = match env.variant {
             Variant::Direct => Ok(()),
             Variant::Sluice => program_sluice(env, &set, sizes, cfg, &mut control),
+            Variant::SluicePassthrough => program_passthrough(env, &set, sizes),
             Variant::IptablesLegacy | Variant::IptablesNft => {
                 program_iptables(env, &set, cfg, history, &mut control)
             }
