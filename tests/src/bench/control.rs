@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sluice::{
     datapath::{MapSizes, Maps},
@@ -29,7 +29,7 @@ use crate::{
 };
 
 /// Endpoint-change latency of one source.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Churn {
     pub latency: Option<Latency>,
     pub not_measured: Option<String>,
@@ -42,7 +42,7 @@ pub struct Churn {
 }
 
 /// What the agent run measured.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct AgentRun {
     /// Process start to `/readyz` 200 (maps hold the first full sync).
     pub start_to_ready: Measure,

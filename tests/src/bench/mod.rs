@@ -28,7 +28,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sluice::datapath::MapSizes;
 
 use control::{AgentRun, Churn};
@@ -157,7 +157,7 @@ impl Config {
 }
 
 /// A duration, or why it was not measured.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Measure {
     pub seconds: Option<f64>,
     pub not_measured: Option<String>,
@@ -185,7 +185,7 @@ impl Measure {
     }
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ConnectResult {
     /// New connections per second (connect + reset, sequential).
     pub rate: Rate,
@@ -195,14 +195,14 @@ pub struct ConnectResult {
     pub first_error: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RrResult {
     /// Round trips per second on one established connection.
     pub rate: Rate,
     pub latency: Latency,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct VariantResult {
     pub variant: String,
     /// For kube-proxy layouts: "full" or "collapsed" (see `kubeproxy`).
@@ -220,7 +220,7 @@ pub struct VariantResult {
     pub repeated_rounds: usize,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Control {
     /// Time to program N services (x10 endpoints) from empty, by path:
     /// `sluice-reconciler`, `iptables-legacy-noflush`,
@@ -232,7 +232,7 @@ pub struct Control {
     pub reconciler_churn: Option<Churn>,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SizeResult {
     pub services: usize,
     pub last_index: usize,
@@ -242,7 +242,7 @@ pub struct SizeResult {
     pub seconds: f64,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Machine {
     pub cpus: usize,
     pub cpu_model: String,
@@ -302,7 +302,7 @@ fn loadavg() -> String {
         .join(" ")
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ConfigSummary {
     pub quick: bool,
     pub sizes: Vec<usize>,
@@ -327,7 +327,7 @@ pub struct ConfigSummary {
     pub backends_map_size: u32,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Results {
     pub machine: Machine,
     pub config: ConfigSummary,

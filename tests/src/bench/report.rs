@@ -508,19 +508,45 @@ struct Axis {
     hi: f64,
 }
 
+/// 1, 2, 5, 10, 20, 50, ...
+fn steps(lo: f64, hi: f64) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut e = lo.log10().floor() as i32 - 1;
+    while 10f64.powi(e) <= hi * 10.0 {
+        for m in [1.0, 2.0, 5.0] {
+            out.push(m * 10f64.powi(e));
+        }
+        e += 1;
+    }
+    out
+}
+
 impl Axis {
+    /// A log axis from the largest 1-2-5 step below the smallest value to
+    /// the smallest step above the largest, with some room.
     fn log(values: impl Iterator<Item = f64>) -> Self {
         let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
-        for v in values.filter(|v| *v > 0.0) {
+        for v in values.filter(|v| *v > 0.0 && v.is_finite()) {
             lo = lo.min(v);
             hi = hi.max(v);
         }
         if !lo.is_finite() {
             return Self { lo: 0.0, hi: 1.0 };
         }
+        let grid = steps(lo, hi);
+        let bottom = grid
+            .iter()
+            .copied()
+            .filter(|s| *s <= lo / 1.15)
+            .fold(lo / 1.15, |_, s| s);
+        let top = grid
+            .iter()
+            .copied()
+            .find(|s| *s >= hi * 1.15)
+            .unwrap_or(hi * 1.15);
         Self {
-            lo: (lo / 1.3).log10().floor(),
-            hi: (hi * 1.3).log10().ceil(),
+            lo: bottom.log10(),
+            hi: top.log10(),
         }
     }
 
@@ -530,18 +556,11 @@ impl Axis {
     }
 
     fn ticks(&self) -> Vec<f64> {
-        let mut out = Vec::new();
-        let mut e = self.lo;
-        while e <= self.hi + 1e-9 {
-            for m in [1.0, 2.0, 5.0] {
-                let v = m * 10f64.powf(e);
-                if v.log10() <= self.hi + 1e-9 {
-                    out.push(v);
-                }
-            }
-            e += 1.0;
-        }
-        out
+        let (lo, hi) = (10f64.powf(self.lo), 10f64.powf(self.hi));
+        steps(lo, hi)
+            .into_iter()
+            .filter(|t| *t >= lo * 0.999 && *t <= hi * 1.001)
+            .collect()
     }
 }
 
@@ -678,7 +697,7 @@ fn panel(
 /// The chart: connect latency p50 and connections/s against N.
 pub fn svg(r: &Results) -> String {
     let mut out = String::new();
-    let (width, height) = (1000.0, 470.0);
+    let (width, height) = (1000.0, 490.0);
     let _ = writeln!(
         out,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif">"#
@@ -732,7 +751,7 @@ pub fn svg(r: &Results) -> String {
     }
     let _ = writeln!(
         out,
-        r##"<text x="60" y="462" font-size="11" fill="#444">solid: last service (end of KUBE-SERVICES); dashed: random service; hollow marker: collapsed ruleset (see docs/performance.md). {} CPUs, {}, kernel {}.</text>"##,
+        r##"<text x="60" y="462" font-size="11" fill="#444">solid: last service (end of KUBE-SERVICES); dashed: random service; hollow marker: collapsed ruleset (see docs/performance.md)</text><text x="60" y="478" font-size="11" fill="#444">{} CPUs, {}, kernel {}; one run, variants interleaved round by round</text>"##,
         r.machine.cpus,
         r.machine
             .cpu_model

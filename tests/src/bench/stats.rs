@@ -1,6 +1,6 @@
 //! Percentiles and summaries.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Nearest-rank percentile of sorted values.
 pub fn percentile(sorted: &[u64], p: f64) -> f64 {
@@ -26,7 +26,7 @@ pub fn median(values: &[f64]) -> f64 {
 }
 
 /// Latency percentiles in microseconds, from nanosecond samples.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Latency {
     pub samples: usize,
     pub p50_us: f64,
@@ -54,7 +54,7 @@ impl Latency {
 
 /// A rate measured once per round: the median is the figure, min and max
 /// show the spread between rounds.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Rate {
     pub median: f64,
     pub min: f64,

@@ -41,6 +41,10 @@ struct Args {
     /// Do not pin the client to CPU 0 and the servers to CPU 1.
     #[arg(long)]
     no_pin: bool,
+    /// Only re-render report.md and connect.svg from this results.json
+    /// into --out (no measurement, no root needed).
+    #[arg(long)]
+    render: Option<PathBuf>,
     /// Seed of the random target service.
     #[arg(long)]
     seed: Option<u64>,
@@ -48,6 +52,14 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(json) = &args.render {
+        let text = std::fs::read_to_string(json)?;
+        let results: bench::Results = serde_json::from_str(&text)?;
+        std::fs::create_dir_all(&args.out)?;
+        bench::report::write_all(&results, &args.out)?;
+        eprintln!("rendered {} into {}", json.display(), args.out.display());
+        return Ok(());
+    }
     let mut cfg = if args.quick {
         Config::quick(args.out)
     } else {
