@@ -8,7 +8,6 @@ use std::{
     net::{SocketAddr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::OnceLock,
     time::{Duration, Instant},
 };
 
@@ -22,50 +21,14 @@ const HEALTHZ: &str = "127.0.0.1:10256";
 const METRICS: &str = "127.0.0.1:10249";
 
 /// Path of the `sluice` binary: `$SLUICE_AGENT_BIN` when set (`cargo xtask
-/// test` and `demo` build it once and set it), else built once per test
-/// process with cargo (a no-op when up to date), so that tests never run a
-/// stale agent.
+/// test` and `demo` build it once and set it), else built once per process
+/// with cargo (a no-op when up to date), so that tests never run a stale
+/// agent.
 pub fn binary() -> Result<PathBuf> {
-    static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            if let Some(bin) = std::env::var_os("SLUICE_AGENT_BIN") {
-                return Ok(PathBuf::from(bin));
-            }
-            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-            // target/<profile>/deps/<test>, or target/<profile>/<bin>.
-            let mut profile_dir = exe.parent().ok_or("unexpected binary location")?.to_owned();
-            if profile_dir.file_name().is_some_and(|n| n == "deps") {
-                profile_dir = profile_dir
-                    .parent()
-                    .ok_or("unexpected binary location")?
-                    .to_owned();
-            }
-            let target_dir = profile_dir.parent().ok_or("no target dir")?;
-            let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-            cmd.args([
-                "build",
-                "--quiet",
-                "-p",
-                "sluice",
-                "--bin",
-                "sluice",
-                "--target-dir",
-            ])
-            .arg(target_dir);
-            if profile_dir.file_name().is_some_and(|n| n == "release") {
-                cmd.arg("--release");
-            }
-            let status = cmd
-                .status()
-                .map_err(|e| format!("running cargo build: {e}"))?;
-            if !status.success() {
-                return Err(format!("cargo build -p sluice failed ({status})"));
-            }
-            Ok(profile_dir.join("sluice"))
-        })
-        .clone()
-        .map_err(anyhow::Error::msg)
+    if let Some(bin) = std::env::var_os("SLUICE_AGENT_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    crate::build::workspace_binary("sluice", "sluice")
 }
 
 /// A directory of manifests for `--source dir:`, removed on drop.
@@ -207,6 +170,11 @@ impl Agent {
         Ok(())
     }
 
+    /// The agent's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Restarts the agent with the same arguments (after `kill9`/`stop`).
     pub fn restart(&mut self, node: &Netns) -> Result<()> {
         self.kill9();
@@ -233,6 +201,18 @@ impl Agent {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The exit status, once the agent has exited on its own.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// One `/readyz` request: true when it answers 200.
+    pub fn is_ready(&self) -> bool {
+        matches!(get(&self.node, HEALTHZ, "/readyz"), Ok((200, _)))
     }
 
     /// `/healthz`: status code and JSON body.

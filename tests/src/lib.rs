@@ -2,7 +2,7 @@
 //! network namespaces as the node and its pods ([`netns`], [`topology`]),
 //! small servers and clients that run inside them ([`servers`],
 //! [`clients`]), and cleanup of what a killed test run left behind
-//! ([`sweep`]).
+//! ([`sweep`]), and the benchmark behind `cargo xtask bench` ([`bench`]).
 //!
 //! All traffic stays inside namespaces this crate creates; nothing touches
 //! the root namespace's routes or firewall. Everything is removed on drop,
@@ -10,6 +10,8 @@
 
 pub mod agent;
 pub mod apiserver;
+pub mod bench;
+pub mod build;
 pub mod clients;
 pub mod host;
 pub mod lb;

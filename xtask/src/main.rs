@@ -3,8 +3,10 @@
 //! - `setup`: make this machine able to build eBPF code (idempotent).
 //! - `build-ebpf`: build the kernel programs to `target/bpf/sluice.bpf.o`.
 //! - `test`: everything a contributor runs before submitting.
+//! - `bench`: sluice against direct, iptables and nftables (needs root).
 //! - `demo`: sluice's main job on an embedded default, in namespaces.
 
+mod bench;
 mod demo;
 mod ebpf;
 mod exec;
@@ -31,6 +33,9 @@ enum Command {
     Test(test::TestArgs),
     /// sluice's main job on an embedded default: namespaces as node and pods.
     Demo,
+    /// Benchmark sluice against direct connections and kube-proxy's
+    /// iptables and nftables layouts (results in target/bench/).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -42,5 +47,6 @@ fn main() -> Result<()> {
         }
         Command::Test(args) => test::run_tests(&args),
         Command::Demo => demo::run_demo(),
+        Command::Bench(args) => bench::run_bench(&args),
     }
 }

@@ -1,0 +1,339 @@
+//! sluice's control plane: programming from empty through the real agent
+//! (fed from a manifest directory) and through the in-process reconciler,
+//! endpoint-change latency, and the agent's memory.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sluice::{
+    datapath::{MapSizes, Maps},
+    model::BackendState,
+};
+use sluice_common::{Svc4Key, IPPROTO_TCP};
+
+use super::{
+    services::{ServiceSet, ENDPOINTS, NAMESPACE, SERVICE_PORT, TARGET_PORT},
+    stats::Latency,
+    Config, Measure,
+};
+use crate::{
+    agent::{Agent, ManifestDir},
+    lb::Lb,
+    topology::Topology,
+};
+
+/// Endpoint-change latency of one source.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Churn {
+    pub latency: Option<Latency>,
+    pub not_measured: Option<String>,
+    /// How the change reached the datapath.
+    pub path: String,
+    /// Agent only: mean of `sluice_update_to_datapath_seconds` over the
+    /// series (source hand-over to maps; the directory source hands over
+    /// three updates per change).
+    pub agent_update_to_datapath_mean_ms: Option<f64>,
+}
+
+/// What the agent run measured.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct AgentRun {
+    /// Process start to `/readyz` 200 (maps hold the first full sync).
+    pub start_to_ready: Measure,
+    /// The agent's own reconcile time for the first full sync
+    /// (`sluice_sync_duration_seconds`).
+    pub first_sync_reconcile: Measure,
+    /// Peak resident set (VmHWM) at the end, after the change series.
+    pub vm_hwm_kb: Option<u64>,
+    /// Peak resident set right after the first sync (before any change).
+    pub vm_hwm_ready_kb: Option<u64>,
+    /// Resident set (VmRSS) right after the first sync, and at the end.
+    pub vm_rss_ready_kb: Option<u64>,
+    pub vm_rss_end_kb: Option<u64>,
+    pub bytes_per_service: Option<f64>,
+    pub churn: Churn,
+}
+
+const CHUNK: usize = 1000;
+const TARGET_SLICE_FILE: &str = "target-slice.json";
+
+fn service_json(set: &ServiceSet, i: usize) -> serde_json::Value {
+    let vip = set.vip(i).to_string();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": set.name(i), "namespace": NAMESPACE},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": vip,
+            "clusterIPs": [vip],
+            "selector": {"app": set.name(i)},
+            "ports": [{"name": "http", "protocol": "TCP", "port": SERVICE_PORT, "targetPort": TARGET_PORT}],
+        },
+    })
+}
+
+/// The EndpointSlice of service `i`; endpoint `not_ready` (if any) has
+/// `ready: false`.
+fn slice_json(set: &ServiceSet, i: usize, not_ready: Option<usize>) -> serde_json::Value {
+    let endpoints: Vec<serde_json::Value> = set
+        .endpoints(i)
+        .iter()
+        .enumerate()
+        .map(|(j, ip)| {
+            json!({
+                "addresses": [ip.to_string()],
+                "conditions": {"ready": Some(j) != not_ready, "serving": true, "terminating": false},
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": format!("{}-1", set.name(i)),
+            "namespace": NAMESPACE,
+            "labels": {"kubernetes.io/service-name": set.name(i)},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "protocol": "TCP", "port": TARGET_PORT}],
+        "endpoints": endpoints,
+    })
+}
+
+/// Services and slices as JSON streams (what the API would hand over),
+/// 1000 services per file; the churned slice has a file of its own.
+fn write_manifests(dir: &ManifestDir, set: &ServiceSet, churned: usize) -> Result<()> {
+    let mut file = String::new();
+    for i in 0..set.n {
+        let _ = writeln!(file, "{}", service_json(set, i));
+        if i != churned {
+            let _ = writeln!(file, "{}", slice_json(set, i, None));
+        }
+        if (i + 1) % CHUNK == 0 || i + 1 == set.n {
+            dir.write(&format!("services-{:05}.json", i / CHUNK), &file)?;
+            file.clear();
+        }
+    }
+    dir.write(
+        TARGET_SLICE_FILE,
+        &format!("{}\n", slice_json(set, churned, None)),
+    )
+}
+
+/// A `kB` field of /proc/<pid>/status (`VmHWM`, `VmRSS`).
+fn status_kb(pid: u32, field: &str) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn master_active(maps: &Maps, key: &Svc4Key) -> Option<u16> {
+    maps.services_v4.get(key, 0).ok().map(|v| v.active)
+}
+
+/// Programs `set` from empty with the real agent binary reading a
+/// manifest directory, then changes one endpoint's readiness again and
+/// again and times each change until the pinned map shows it.
+pub fn agent_run(set: &ServiceSet, cfg: &Config, sizes: MapSizes) -> Result<AgentRun> {
+    let mut out = AgentRun::default();
+    let topo = Topology::new(1, 1)?;
+    let dir = ManifestDir::create()?;
+    let churned = set.random;
+    write_manifests(&dir, set, churned)?;
+    let source = format!("dir:{}", dir.path().display());
+    let services = sizes.services.to_string();
+    let backends = sizes.backends.to_string();
+    let args = [
+        "--services-map-size",
+        &services,
+        "--backends-map-size",
+        &backends,
+        // The directory source polls; 5 ms keeps polling out of the
+        // endpoint-change figures as far as it can.
+        "--dir-poll-interval",
+        "5ms",
+    ];
+    // Building the binary (a no-op when up to date) is not timed.
+    crate::agent::binary()?;
+    let start = Instant::now();
+    let mut agent = Agent::start(&topo, &source, &args)?;
+    loop {
+        if agent.is_ready() {
+            out.start_to_ready = Measure::done(start.elapsed());
+            break;
+        }
+        if let Some(status) = agent.exited() {
+            bail!(
+                "agent exited ({status}) before it was ready:\n{}",
+                agent.log_tail()
+            );
+        }
+        if start.elapsed() > cfg.agent_budget {
+            out.start_to_ready = Measure::skipped(format!(
+                "not ready within the {:?} budget",
+                cfg.agent_budget
+            ));
+            return Ok(out);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let frontends = agent.metric("sluice_programmed_frontends")?;
+    let programmed_backends = agent.metric("sluice_programmed_backends")?;
+    if frontends as usize != set.n || programmed_backends as usize != set.n * ENDPOINTS {
+        bail!(
+            "agent ready with {frontends} frontends and {programmed_backends} backends, expected {} and {}:\n{}",
+            set.n,
+            set.n * ENDPOINTS,
+            agent.log_tail()
+        );
+    }
+    out.vm_rss_ready_kb = agent.pid().and_then(|p| status_kb(p, "VmRSS"));
+    out.vm_hwm_ready_kb = agent.pid().and_then(|p| status_kb(p, "VmHWM"));
+    let sync_sum = agent.metric("sluice_sync_duration_seconds_sum")?;
+    let sync_count = agent.metric("sluice_sync_duration_seconds_count")?;
+    out.first_sync_reconcile = if sync_count >= 1.0 {
+        Measure::done(Duration::from_secs_f64(sync_sum / sync_count))
+    } else {
+        Measure::skipped("no sync observed".into())
+    };
+
+    out.churn = agent_churn(&agent, &dir, &topo, set, churned, cfg).unwrap_or_else(|e| Churn {
+        not_measured: Some(format!("{e:#}")),
+        ..Churn::default()
+    });
+    out.churn.path =
+        "agent, manifest-directory source (5 ms poll; each change re-reads every manifest)".into();
+
+    if let Some(pid) = agent.pid() {
+        out.vm_hwm_kb = status_kb(pid, "VmHWM");
+        out.vm_rss_end_kb = status_kb(pid, "VmRSS");
+        out.bytes_per_service = out.vm_hwm_kb.map(|kb| kb as f64 * 1024.0 / set.n as f64);
+    }
+    agent.stop()?;
+    Ok(out)
+}
+
+fn agent_churn(
+    agent: &Agent,
+    dir: &ManifestDir,
+    topo: &Topology,
+    set: &ServiceSet,
+    churned: usize,
+    cfg: &Config,
+) -> Result<Churn> {
+    let maps = Maps::open_pinned(topo.bpf.path())?;
+    let key = Svc4Key::new(set.vip(churned).octets(), SERVICE_PORT, IPPROTO_TCP, 0);
+    let full = ENDPOINTS as u16;
+    if master_active(&maps, &key) != Some(full) {
+        bail!("the churned service is not programmed with {full} active backends");
+    }
+    let sum0 = agent.metric("sluice_update_to_datapath_seconds_sum")?;
+    let count0 = agent.metric("sluice_update_to_datapath_seconds_count")?;
+    let series = Instant::now();
+    let mut samples = Vec::new();
+    let mut ready = true;
+    while samples.len() < cfg.churn_samples
+        && (samples.len() < cfg.churn_min || series.elapsed() < cfg.churn_budget)
+    {
+        ready = !ready;
+        let (not_ready, want) = if ready {
+            (None, full)
+        } else {
+            (Some(ENDPOINTS - 1), full - 1)
+        };
+        let text = format!("{}\n", slice_json(set, churned, not_ready));
+        let start = Instant::now();
+        dir.write(TARGET_SLICE_FILE, &text)?;
+        loop {
+            if master_active(&maps, &key) == Some(want) {
+                break;
+            }
+            if start.elapsed() > cfg.agent_budget {
+                bail!(
+                    "an endpoint change did not reach the maps within {:?}",
+                    cfg.agent_budget
+                );
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        samples.push(start.elapsed().as_nanos() as u64);
+        // Let the agent finish the batch before the next change.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sum1 = agent
+        .metric("sluice_update_to_datapath_seconds_sum")
+        .context("reading sluice_update_to_datapath_seconds")?;
+    let count1 = agent.metric("sluice_update_to_datapath_seconds_count")?;
+    Ok(Churn {
+        latency: Some(Latency::from_ns(samples)),
+        agent_update_to_datapath_mean_ms: (count1 > count0)
+            .then(|| (sum1 - sum0) / (count1 - count0) * 1e3),
+        ..Churn::default()
+    })
+}
+
+/// Toggles one endpoint of a non-target service between ready and not
+/// ready through the in-process reconciler, timing each reconcile (which
+/// writes the maps synchronously). Leaves the service as it found it.
+pub fn reconciler_churn(lb: &mut Lb, set: &ServiceSet, cfg: &Config) -> Result<Churn> {
+    let i = set.churn_service().unwrap_or(set.last);
+    let name = set.churn_name(i);
+    let mut samples = Vec::new();
+    let series = Instant::now();
+    let mut toggles = 0usize;
+    let mut result = Ok(());
+    while samples.len() < cfg.churn_samples
+        && (samples.len() < cfg.churn_min || series.elapsed() < cfg.churn_budget)
+    {
+        toggle(lb, &name)?;
+        toggles += 1;
+        let start = Instant::now();
+        let report = lb.apply();
+        let took = start.elapsed();
+        if !report.errors.is_empty() || report.writes == 0 {
+            result = Err(anyhow::anyhow!(
+                "reconcile after an endpoint change: {} writes, errors {:?}",
+                report.writes,
+                report.errors
+            ));
+            break;
+        }
+        samples.push(took.as_nanos() as u64);
+    }
+    if toggles % 2 == 1 {
+        toggle(lb, &name)?;
+        lb.apply();
+    }
+    result?;
+    Ok(Churn {
+        latency: Some(Latency::from_ns(samples)),
+        path: "in-process reconciler (target computation, diff and map writes)".into(),
+        ..Churn::default()
+    })
+}
+
+fn toggle(lb: &mut Lb, name: &sluice::model::ServicePortName) -> Result<()> {
+    let backend = lb
+        .desired
+        .services
+        .get_mut(name)
+        .and_then(|s| s.frontends.first_mut())
+        .and_then(|f| f.backends.last_mut())
+        .context("churned service missing from the desired state")?;
+    backend.state = if backend.state == BackendState::Active {
+        BackendState::NotReady
+    } else {
+        BackendState::Active
+    };
+    Ok(())
+}

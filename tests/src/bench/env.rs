@@ -1,0 +1,265 @@
+//! One environment per variant: its own node namespace with a client pod
+//! and ten backend pods running the benchmark server, and whatever the
+//! variant balances with (nothing, sluice's TC programs, or kube-proxy's
+//! rules in the node's netfilter tables).
+//!
+//! Every variant lives in its own node namespace, so the variants never
+//! share a hook: netfilter hooks and tables are per network namespace and
+//! the TC programs are attached to the sluice environment's veths only.
+//! Only one environment carries traffic at a time. A loaded but idle
+//! ruleset costs other namespaces nothing, and keeping it loaded lets the
+//! rounds interleave without re-loading 10,000+ services each round
+//! (which would take minutes) and without the legacy `nat` table's hooks,
+//! which stay registered in a namespace once created, taxing a later
+//! variant in the same namespace.
+
+use std::{
+    fs,
+    net::SocketAddrV4,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use sluice::datapath::MapSizes;
+
+use super::{
+    kubeproxy::Layout,
+    services::{ServiceSet, SERVICE_PORT, TARGET_PORT},
+    traffic::{self, Server},
+};
+use crate::{lb::Lb, netns::unique_name, topology::Topology, Netns};
+
+pub const BACKENDS: usize = 10;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Variant {
+    Direct,
+    Sluice,
+    /// Diagnostic, not in the default set: sluice attached and programmed
+    /// like `sluice`, but the client connects to the pods directly, so the
+    /// programs only look packets up and pass them on.
+    SluicePassthrough,
+    IptablesLegacy,
+    IptablesNft,
+    Nftables,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 5] = [
+        Variant::Direct,
+        Variant::Sluice,
+        Variant::IptablesLegacy,
+        Variant::IptablesNft,
+        Variant::Nftables,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Direct => "direct",
+            Variant::Sluice => "sluice",
+            Variant::SluicePassthrough => "sluice-passthrough",
+            Variant::IptablesLegacy => "iptables-legacy",
+            Variant::IptablesNft => "iptables-nft",
+            Variant::Nftables => "nftables",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .chain([Variant::SluicePassthrough])
+            .find(|v| v.name() == s)
+    }
+
+    /// The `iptables-restore` flavour, for the two iptables variants.
+    pub fn restore_binary(self) -> Option<&'static str> {
+        match self {
+            Variant::IptablesLegacy => Some("iptables-legacy-restore"),
+            Variant::IptablesNft => Some("iptables-nft-restore"),
+            _ => None,
+        }
+    }
+
+    fn iptables_binary(self) -> Option<&'static str> {
+        match self {
+            Variant::IptablesLegacy => Some("iptables-legacy"),
+            Variant::IptablesNft => Some("iptables-nft"),
+            _ => None,
+        }
+    }
+}
+
+/// How a timed command ended.
+#[derive(Debug)]
+pub enum Timed {
+    Done(Duration),
+    OverBudget(Duration),
+}
+
+/// Runs `cmd` with `input` as stdin; kills it when it exceeds `budget`.
+pub fn run_timed(mut cmd: Command, input: Option<&Path>, budget: Duration) -> Result<Timed> {
+    let stdin = match input {
+        Some(path) => Stdio::from(fs::File::open(path)?),
+        None => Stdio::null(),
+    };
+    let shown = format!("{cmd:?}");
+    let err_path = std::env::temp_dir().join(format!("{}.stderr", unique_name("cmd")));
+    let err_file = fs::File::create(&err_path)?;
+    let start = Instant::now();
+    let mut child = cmd
+        .stdin(stdin)
+        .stdout(Stdio::null())
+        .stderr(err_file)
+        .spawn()
+        .with_context(|| format!("starting {shown}"))?;
+    let outcome = loop {
+        if let Some(status) = child.try_wait()? {
+            let took = start.elapsed();
+            if !status.success() {
+                let err = fs::read_to_string(&err_path).unwrap_or_default();
+                let _ = fs::remove_file(&err_path);
+                let err: String = err.chars().take(2000).collect();
+                bail!("{shown} failed ({status}): {}", err.trim());
+            }
+            break Timed::Done(took);
+        }
+        if start.elapsed() > budget {
+            let _ = child.kill();
+            let _ = child.wait();
+            break Timed::OverBudget(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let _ = fs::remove_file(&err_path);
+    Ok(outcome)
+}
+
+/// A temporary file, removed on drop.
+pub struct TempFile(PathBuf);
+
+impl TempFile {
+    pub fn write(role: &str, content: &str) -> Result<Self> {
+        let path = std::env::temp_dir().join(unique_name(role));
+        fs::write(&path, content).with_context(|| format!("writing {}", path.display()))?;
+        Ok(Self(path))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+pub struct Env {
+    pub variant: Variant,
+    // Field order is drop order: the datapath and servers go before the
+    // namespaces.
+    pub lb: Option<Lb>,
+    _servers: Vec<Server>,
+    pub topo: Topology,
+    /// Which kube-proxy layout is loaded, if any.
+    pub layout: Option<Layout>,
+}
+
+impl Env {
+    pub fn new(variant: Variant) -> Result<Self> {
+        let topo = Topology::new(1, BACKENDS)?;
+        // Sequential connects reuse the client's ports quickly; a wide
+        // range keeps reuse rare.
+        topo.clients[0]
+            .ns
+            .sysctl("net.ipv4.ip_local_port_range", "1024 65000")?;
+        let servers = topo
+            .backends
+            .iter()
+            .map(|b| traffic::serve(&b.ns, TARGET_PORT))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            variant,
+            lb: None,
+            _servers: servers,
+            topo,
+            layout: None,
+        })
+    }
+
+    pub fn client(&self) -> &Netns {
+        &self.topo.clients[0].ns
+    }
+
+    pub fn node(&self) -> &Netns {
+        &self.topo.node
+    }
+
+    /// Where connections go for the service with index `i`: the VIP, or
+    /// (direct) the backend pods themselves, in turn.
+    pub fn targets(&self, set: &ServiceSet, i: usize) -> Vec<SocketAddrV4> {
+        match self.variant {
+            Variant::Direct | Variant::SluicePassthrough => self
+                .topo
+                .backends
+                .iter()
+                .map(|b| traffic::addr(b.ip, TARGET_PORT))
+                .collect(),
+            _ => vec![traffic::addr(set.vip(i), SERVICE_PORT)],
+        }
+    }
+
+    /// Loads sluice's programs (fresh maps) and attaches them.
+    pub fn load_sluice(&mut self, sizes: MapSizes) -> Result<&mut Lb> {
+        let lb = Lb::load_with(&self.topo, sizes, Duration::from_secs(60))?;
+        Ok(self.lb.insert(lb))
+    }
+
+    /// Removes every rule of this variant from the node (synchronously, so
+    /// that no kernel clean-up runs later, during another measurement).
+    pub fn flush(&mut self) -> Result<()> {
+        flush_rules(self.variant, self.node())?;
+        self.layout = None;
+        Ok(())
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if self.layout.is_some() {
+            let _ = flush_rules(self.variant, &self.topo.node);
+        }
+    }
+}
+
+/// Empties the tables `variant` writes in `ns`.
+pub fn flush_rules(variant: Variant, ns: &Netns) -> Result<()> {
+    let quiet = |mut cmd: Command| -> Result<()> {
+        let out = cmd.stdin(Stdio::null()).output()?;
+        if !out.status.success() {
+            bail!(
+                "{cmd:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    };
+    if let Some(bin) = variant.iptables_binary() {
+        for table in ["nat", "filter"] {
+            let mut flush = ns.command(bin);
+            flush.args(["-w", "-t", table, "-F"]);
+            quiet(flush)?;
+            let mut delete = ns.command(bin);
+            delete.args(["-w", "-t", table, "-X"]);
+            quiet(delete)?;
+        }
+    } else if variant == Variant::Nftables {
+        let mut cmd = ns.command("nft");
+        cmd.args(["flush", "ruleset"]);
+        quiet(cmd)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,901 @@
+//! `cargo xtask bench`: sluice against direct connections and kube-proxy's
+//! iptables (legacy and nft backends) and nftables layouts, in the same
+//! namespace topology the tests use, at 1 to 100,000 services.
+//!
+//! For each number of services N, every variant gets its own node
+//! namespace (see [`env`]) and is programmed once, which is where the
+//! control-plane figures come from; then the data-plane measurements run
+//! in rounds, every round measuring every variant in turn (in a rotating
+//! order), so that machine noise hits all variants alike. Figures are
+//! aggregated over rounds: rates are the median of the per-round rates,
+//! latency percentiles come from all samples of all rounds.
+
+pub mod control;
+pub mod cpu;
+pub mod env;
+pub mod kubeproxy;
+pub mod report;
+pub mod services;
+pub mod stats;
+pub mod traffic;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fs,
+    net::Ipv4Addr,
+    path::PathBuf,
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use sluice::datapath::MapSizes;
+
+use control::{AgentRun, Churn};
+use env::{run_timed, Env, TempFile, Timed, Variant};
+use kubeproxy::Layout;
+use services::{ServiceSet, ENDPOINTS};
+use stats::{Latency, Rate};
+
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    if INTERRUPTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        // A second signal: leave now (the next run sweeps what is left).
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(130) };
+    }
+}
+
+/// Makes SIGINT and SIGTERM stop the run at the next measurement
+/// boundary, so that namespaces, pins and rules are removed on the way
+/// out; a second signal exits at once.
+pub fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only touches an atomic and calls _exit.
+        unsafe {
+            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+fn check_interrupted() -> Result<()> {
+    if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+        anyhow::bail!("interrupted");
+    }
+    Ok(())
+}
+
+/// What one run measures and how hard.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub quick: bool,
+    pub sizes: Vec<usize>,
+    pub variants: Vec<Variant>,
+    pub rounds: usize,
+    /// Unrecorded rounds before the recorded ones.
+    pub warmup_rounds: usize,
+    /// Recorded connections per target service per round.
+    pub connects: usize,
+    /// Unrecorded connections before each series.
+    pub warmup: usize,
+    /// A connect series stops early after this long (with at least a
+    /// tenth of `connects` recorded).
+    pub connect_limit: Duration,
+    /// Pin the client to CPU 0 and the servers to CPU 1.
+    pub pin: bool,
+    /// A round of one variant during which other processes used more
+    /// than this share of one CPU is measured again (at most
+    /// `max_retries` times); the share is recorded either way.
+    pub foreign_limit: f64,
+    pub max_retries: usize,
+    pub rr: Duration,
+    pub bulk: Duration,
+    /// Time allowed for loading one ruleset.
+    pub load_budget: Duration,
+    /// Time allowed for the agent to become ready.
+    pub agent_budget: Duration,
+    /// Whether to run the real agent binary.
+    pub agent: bool,
+    /// Endpoint changes per series: at most `churn_samples`, at least
+    /// `churn_min`, and no more once `churn_budget` is spent.
+    pub churn_samples: usize,
+    pub churn_min: usize,
+    pub churn_budget: Duration,
+    pub seed: u64,
+    pub out: PathBuf,
+}
+
+impl Config {
+    /// The full run (about 15-25 minutes on 2 cores).
+    pub fn full(out: PathBuf) -> Self {
+        Self {
+            quick: false,
+            sizes: vec![1, 1000, 10_000, 100_000],
+            variants: Variant::ALL.to_vec(),
+            rounds: 5,
+            warmup_rounds: 1,
+            connects: 2000,
+            warmup: 200,
+            connect_limit: Duration::from_secs(3),
+            pin: true,
+            foreign_limit: 0.15,
+            max_retries: 2,
+            rr: Duration::from_millis(500),
+            bulk: Duration::from_secs(1),
+            load_budget: Duration::from_secs(240),
+            agent_budget: Duration::from_secs(180),
+            agent: true,
+            churn_samples: 200,
+            churn_min: 5,
+            churn_budget: Duration::from_secs(20),
+            seed: 0x5eed,
+            out,
+        }
+    }
+
+    /// A smoke run: about a minute.
+    pub fn quick(out: PathBuf) -> Self {
+        Self {
+            quick: true,
+            sizes: vec![1, 1000],
+            rounds: 2,
+            warmup_rounds: 0,
+            connects: 300,
+            warmup: 50,
+            connect_limit: Duration::from_secs(1),
+            rr: Duration::from_millis(200),
+            bulk: Duration::from_millis(250),
+            load_budget: Duration::from_secs(10),
+            agent_budget: Duration::from_secs(60),
+            churn_samples: 20,
+            churn_min: 3,
+            churn_budget: Duration::from_secs(3),
+            ..Self::full(out)
+        }
+    }
+}
+
+/// A duration, or why it was not measured.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Measure {
+    pub seconds: Option<f64>,
+    pub not_measured: Option<String>,
+    pub note: Option<String>,
+}
+
+impl Measure {
+    pub fn done(d: Duration) -> Self {
+        Self {
+            seconds: Some(d.as_secs_f64()),
+            ..Self::default()
+        }
+    }
+
+    pub fn skipped(reason: String) -> Self {
+        Self {
+            not_measured: Some(reason),
+            ..Self::default()
+        }
+    }
+
+    pub fn with_note(mut self, note: impl Into<String>) -> Self {
+        self.note = Some(note.into());
+        self
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ConnectResult {
+    /// New connections per second (connect + reset, sequential).
+    pub rate: Rate,
+    /// Time `connect()` took (SYN to SYN-ACK received).
+    pub latency: Latency,
+    pub errors: usize,
+    pub first_error: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RrResult {
+    /// Round trips per second on one established connection.
+    pub rate: Rate,
+    pub latency: Latency,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct VariantResult {
+    pub variant: String,
+    /// For kube-proxy layouts: "full" or "collapsed" (see `kubeproxy`).
+    pub ruleset: Option<String>,
+    pub error: Option<String>,
+    pub connect_last: ConnectResult,
+    pub connect_random: ConnectResult,
+    pub rr: RrResult,
+    /// Bulk throughput of one connection, Gbit/s.
+    pub bulk_gbit: Rate,
+    /// CPU other processes used during each recorded round of this
+    /// variant (share of one CPU), and how many rounds were repeated
+    /// because it exceeded the limit.
+    pub foreign_cpu: Vec<f64>,
+    pub repeated_rounds: usize,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Control {
+    /// Time to program N services (x10 endpoints) from empty, by path:
+    /// `sluice-reconciler`, `iptables-legacy-noflush`,
+    /// `iptables-legacy-restore`, `iptables-nft-noflush`,
+    /// `iptables-nft-restore`, `nftables`.
+    pub programming: BTreeMap<String, Measure>,
+    pub sluice_reconciler_writes: u64,
+    pub agent: Option<AgentRun>,
+    pub reconciler_churn: Option<Churn>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SizeResult {
+    pub services: usize,
+    pub last_index: usize,
+    pub random_index: usize,
+    pub control: Control,
+    pub variants: Vec<VariantResult>,
+    pub seconds: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+    pub mem_total_kb: u64,
+    pub iptables: String,
+    pub nft: String,
+    pub loadavg_start: String,
+    pub loadavg_end: String,
+}
+
+impl Machine {
+    fn probe() -> Self {
+        let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let meminfo = fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let version = |cmd: &str, arg: &str| {
+            std::process::Command::new(cmd)
+                .arg(arg)
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+                .unwrap_or_default()
+        };
+        Self {
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpu_model: cpuinfo
+                .lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+                .unwrap_or_default(),
+            kernel: fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            mem_total_kb: meminfo
+                .lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            iptables: version("iptables-legacy", "--version")
+                + " / "
+                + &version("iptables-nft", "--version"),
+            nft: version("nft", "--version"),
+            loadavg_start: loadavg(),
+            loadavg_end: String::new(),
+        }
+    }
+}
+
+fn loadavg() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ConfigSummary {
+    pub quick: bool,
+    pub sizes: Vec<usize>,
+    pub variants: Vec<String>,
+    pub endpoints_per_service: usize,
+    pub rounds: usize,
+    pub warmup_rounds: usize,
+    pub connects_per_target_per_round: usize,
+    pub warmup_connects: usize,
+    pub connect_series_limit_s: f64,
+    /// Client on CPU 0, servers on CPU 1.
+    pub pinned: bool,
+    pub foreign_limit: f64,
+    pub rr_seconds_per_round: f64,
+    pub bulk_seconds_per_round: f64,
+    pub load_budget_s: f64,
+    pub agent_budget_s: f64,
+    pub churn_samples_max: usize,
+    pub churn_budget_s: f64,
+    pub seed: u64,
+    pub services_map_size: u32,
+    pub backends_map_size: u32,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Results {
+    pub machine: Machine,
+    pub config: ConfigSummary,
+    pub started_unix: u64,
+    pub seconds: f64,
+    pub complete: bool,
+    pub sizes: Vec<SizeResult>,
+}
+
+/// Maps big enough for the largest N of the run, used at every N (a real
+/// node sizes them once; only their content changes with N).
+pub fn map_sizes(max_n: usize) -> MapSizes {
+    let d = MapSizes::default();
+    let round = |v: usize| (v.div_ceil(1024) * 1024) as u32;
+    let n = max_n + 2;
+    MapSizes {
+        services: d.services.max(round(n * (ENDPOINTS + 1) * 11 / 10)),
+        backends: d.backends.max(round(n * ENDPOINTS * 11 / 10)),
+        conntrack: d.conntrack,
+        affinity: d.affinity,
+    }
+}
+
+/// Load times of earlier sizes, to skip loads that cannot fit the budget.
+#[derive(Default)]
+struct History {
+    done: HashMap<String, (usize, f64)>,
+    over: HashMap<String, usize>,
+}
+
+impl History {
+    /// Why a load of `n` services should not be tried, if it should not:
+    /// it went over the budget at a smaller size, or its measured growth
+    /// (about quadratic for every kube-proxy layout here) predicts it.
+    fn skip(&self, key: &str, n: usize, budget: Duration) -> Option<String> {
+        if let Some(n0) = self.over.get(key) {
+            return Some(format!(
+                "already over the {}s budget at {n0} services",
+                budget.as_secs()
+            ));
+        }
+        let (n0, t0) = *self.done.get(key)?;
+        if t0 < 1.0 || n0 >= n {
+            return None;
+        }
+        let predicted = t0 * (n as f64 / n0 as f64).powi(2);
+        (predicted > budget.as_secs_f64()).then(|| {
+            format!(
+                "predicted ~{predicted:.0} s from {t0:.1} s at {n0} services (load time grows about quadratically), over the {}s budget",
+                budget.as_secs()
+            )
+        })
+    }
+
+    fn record(&mut self, key: &str, n: usize, outcome: &Timed) {
+        match outcome {
+            Timed::Done(d) => {
+                self.done.insert(key.to_owned(), (n, d.as_secs_f64()));
+            }
+            Timed::OverBudget(_) => {
+                self.over.insert(key.to_owned(), n);
+            }
+        }
+    }
+}
+
+fn timed_measure(outcome: &Timed, budget: Duration) -> Measure {
+    match outcome {
+        Timed::Done(d) => Measure::done(*d),
+        Timed::OverBudget(d) => Measure::skipped(format!(
+            "over the {}s budget (killed after {:.0} s)",
+            budget.as_secs(),
+            d.as_secs_f64()
+        )),
+    }
+}
+
+/// Loads kube-proxy's iptables layout into `env`. Measures kube-proxy's
+/// own load path (`iptables-restore -w --noflush`, in a scratch namespace)
+/// and the plain restore that installs the rules the data plane uses.
+fn program_iptables(
+    env: &mut Env,
+    set: &ServiceSet,
+    cfg: &Config,
+    history: &mut History,
+    control: &mut Control,
+) -> Result<()> {
+    let variant = env.variant;
+    let Some(restore) = variant.restore_binary() else {
+        return Ok(());
+    };
+    let mut full: Option<TempFile> = None;
+    let mut full_file = |set: &ServiceSet| -> Result<PathBuf> {
+        if full.is_none() {
+            full = Some(TempFile::write(
+                "iptables",
+                &kubeproxy::iptables_restore(set, Layout::Full),
+            )?);
+        }
+        Ok(full
+            .as_ref()
+            .map(|f| f.path().to_owned())
+            .unwrap_or_default())
+    };
+
+    let key = format!("{}-noflush", variant.name());
+    let measure = match history.skip(&key, set.n, cfg.load_budget) {
+        Some(why) => Measure::skipped(why),
+        None => {
+            let path = full_file(set)?;
+            let scratch = crate::Netns::create("ipt-scratch")?;
+            let mut cmd = scratch.command(restore);
+            cmd.args(["-w", "--noflush"]);
+            let outcome = run_timed(cmd, Some(&path), cfg.load_budget);
+            let _ = env::flush_rules(variant, &scratch);
+            let outcome = outcome?;
+            history.record(&key, set.n, &outcome);
+            timed_measure(&outcome, cfg.load_budget)
+        }
+    };
+    eprintln!("  {key}: {}", report::measure_text(&measure));
+    control.programming.insert(key, measure);
+
+    let key = format!("{}-restore", variant.name());
+    let measure = match history.skip(&key, set.n, cfg.load_budget) {
+        Some(why) => Measure::skipped(why),
+        None => {
+            let path = full_file(set)?;
+            let mut cmd = env.node().command(restore);
+            cmd.arg("-w");
+            let outcome = run_timed(cmd, Some(&path), cfg.load_budget)?;
+            history.record(&key, set.n, &outcome);
+            if matches!(outcome, Timed::Done(_)) {
+                env.layout = Some(Layout::Full);
+            }
+            timed_measure(&outcome, cfg.load_budget)
+        }
+    };
+    eprintln!("  {key}: {}", report::measure_text(&measure));
+    control.programming.insert(key, measure);
+    drop(full);
+
+    if env.layout.is_none() {
+        env.flush()?;
+        let file = TempFile::write(
+            "iptables-collapsed",
+            &kubeproxy::iptables_restore(set, Layout::Collapsed),
+        )?;
+        let mut cmd = env.node().command(restore);
+        cmd.arg("-w");
+        match run_timed(cmd, Some(file.path()), cfg.load_budget)? {
+            Timed::Done(d) => {
+                eprintln!(
+                    "  {}: collapsed ruleset loaded in {:.1} s",
+                    variant.name(),
+                    d.as_secs_f64()
+                );
+                env.layout = Some(Layout::Collapsed);
+            }
+            Timed::OverBudget(_) => {
+                anyhow::bail!("even the collapsed ruleset did not load in time")
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Loads kube-proxy's nftables layout into `env` with `nft -f` (one
+/// transaction, as kube-proxy's full sync).
+fn program_nftables(
+    env: &mut Env,
+    set: &ServiceSet,
+    cfg: &Config,
+    history: &mut History,
+    control: &mut Control,
+) -> Result<()> {
+    let key = "nftables".to_owned();
+    let measure = match history.skip(&key, set.n, cfg.load_budget) {
+        Some(why) => Measure::skipped(why),
+        None => {
+            let file = TempFile::write("nft", &kubeproxy::nftables(set, Layout::Full))?;
+            let mut cmd = env.node().command("nft");
+            cmd.arg("-f").arg(file.path());
+            let outcome = run_timed(cmd, None, cfg.load_budget)?;
+            history.record(&key, set.n, &outcome);
+            if matches!(outcome, Timed::Done(_)) {
+                env.layout = Some(Layout::Full);
+            }
+            timed_measure(&outcome, cfg.load_budget)
+        }
+    };
+    eprintln!("  {key}: {}", report::measure_text(&measure));
+    control.programming.insert(key, measure);
+    if env.layout.is_none() {
+        env.flush()?;
+        let file = TempFile::write(
+            "nft-collapsed",
+            &kubeproxy::nftables(set, Layout::Collapsed),
+        )?;
+        let mut cmd = env.node().command("nft");
+        cmd.arg("-f").arg(file.path());
+        match run_timed(cmd, None, cfg.load_budget)? {
+            Timed::Done(d) => {
+                eprintln!(
+                    "  nftables: collapsed ruleset loaded in {:.1} s",
+                    d.as_secs_f64()
+                );
+                env.layout = Some(Layout::Collapsed);
+            }
+            Timed::OverBudget(_) => {
+                anyhow::bail!("even the collapsed ruleset did not load in time")
+            }
+        }
+    }
+    Ok(())
+}
+
+fn program_sluice(
+    env: &mut Env,
+    set: &ServiceSet,
+    sizes: MapSizes,
+    cfg: &Config,
+    control: &mut Control,
+) -> Result<()> {
+    let desired = set.desired();
+    let lb = env.load_sluice(sizes)?;
+    lb.desired = desired;
+    let start = Instant::now();
+    let report = lb.apply();
+    let took = start.elapsed();
+    if !report.errors.is_empty() || !report.refused.is_empty() {
+        anyhow::bail!(
+            "sluice refused or failed: {:?} {:?}",
+            report.refused.first(),
+            report.errors.first()
+        );
+    }
+    let measure = Measure::done(took).with_note(format!("{} map writes", report.writes));
+    eprintln!("  sluice-reconciler: {}", report::measure_text(&measure));
+    control.sluice_reconciler_writes = report.writes;
+    control
+        .programming
+        .insert("sluice-reconciler".into(), measure);
+    let churn = control::reconciler_churn(lb, set, cfg).unwrap_or_else(|e| Churn {
+        not_measured: Some(format!("{e:#}")),
+        ..Churn::default()
+    });
+    eprintln!(
+        "  endpoint change, in-process reconciler: {}",
+        report::churn_text(&churn)
+    );
+    control.reconciler_churn = Some(churn);
+    Ok(())
+}
+
+fn program_passthrough(env: &mut Env, set: &ServiceSet, sizes: MapSizes) -> Result<()> {
+    let desired = set.desired();
+    let lb = env.load_sluice(sizes)?;
+    lb.desired = desired;
+    let report = lb.apply();
+    if !report.errors.is_empty() || !report.refused.is_empty() {
+        anyhow::bail!("sluice refused or failed: {:?}", report.errors.first());
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Acc {
+    last: Vec<u64>,
+    last_rates: Vec<f64>,
+    last_errors: usize,
+    random: Vec<u64>,
+    random_rates: Vec<f64>,
+    random_errors: usize,
+    first_error: Option<String>,
+    rr: Vec<u64>,
+    rr_rates: Vec<f64>,
+    bulk: Vec<f64>,
+    foreign: Vec<f64>,
+    repeated: usize,
+    error: Option<String>,
+}
+
+impl Acc {
+    fn merge(&mut self, other: Acc) {
+        self.last.extend(other.last);
+        self.last_rates.extend(other.last_rates);
+        self.last_errors += other.last_errors;
+        self.random.extend(other.random);
+        self.random_rates.extend(other.random_rates);
+        self.random_errors += other.random_errors;
+        self.first_error = self.first_error.take().or(other.first_error);
+        self.rr.extend(other.rr);
+        self.rr_rates.extend(other.rr_rates);
+        self.bulk.extend(other.bulk);
+        self.foreign.extend(other.foreign);
+    }
+}
+
+fn measure_round(env: &Env, set: &ServiceSet, cfg: &Config, acc: &mut Acc) -> Result<()> {
+    let client = env.client();
+    let last = traffic::connects(
+        client,
+        &env.targets(set, set.last),
+        cfg.warmup,
+        cfg.connects,
+        cfg.connect_limit,
+    )?;
+    let random = traffic::connects(
+        client,
+        &env.targets(set, set.random),
+        cfg.warmup,
+        cfg.connects,
+        cfg.connect_limit,
+    )?;
+    let target = env.targets(set, set.last)[0];
+    let rr = traffic::request_response(client, target, cfg.rr)?;
+    let bulk = traffic::bulk(client, target, cfg.bulk)?;
+    eprintln!(
+        "    {:<16} {:>9.0} conn/s (p50 {:>7.1} us) last, {:>9.0} conn/s random, {:>8.0} rr/s, {:>6.2} Gbit/s",
+        env.variant.name(),
+        last.rate(),
+        Latency::from_ns(last.latencies_ns.clone()).p50_us,
+        random.rate(),
+        rr.rate(),
+        bulk.gbit_per_s()
+    );
+    acc.last_rates.push(last.rate());
+    acc.last_errors += last.errors;
+    acc.first_error = acc
+        .first_error
+        .take()
+        .or(last.first_error.clone())
+        .or(random.first_error.clone());
+    acc.last.extend(last.latencies_ns);
+    acc.random_rates.push(random.rate());
+    acc.random_errors += random.errors;
+    acc.random.extend(random.latencies_ns);
+    acc.rr_rates.push(rr.rate());
+    acc.rr.extend(rr.rtts_ns);
+    acc.bulk.push(bulk.gbit_per_s());
+    Ok(())
+}
+
+fn finish(env: &Env, acc: Acc) -> VariantResult {
+    VariantResult {
+        variant: env.variant.name().into(),
+        ruleset: env.layout.map(|l| l.as_str().to_owned()),
+        error: acc.error,
+        connect_last: ConnectResult {
+            rate: Rate::from_rounds(&acc.last_rates),
+            latency: Latency::from_ns(acc.last),
+            errors: acc.last_errors,
+            first_error: acc.first_error.clone(),
+        },
+        connect_random: ConnectResult {
+            rate: Rate::from_rounds(&acc.random_rates),
+            latency: Latency::from_ns(acc.random),
+            errors: acc.random_errors,
+            first_error: acc.first_error,
+        },
+        rr: RrResult {
+            rate: Rate::from_rounds(&acc.rr_rates),
+            latency: Latency::from_ns(acc.rr),
+        },
+        bulk_gbit: Rate::from_rounds(&acc.bulk),
+        foreign_cpu: acc.foreign,
+        repeated_rounds: acc.repeated,
+    }
+}
+
+fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> Result<SizeResult> {
+    let started = Instant::now();
+    let mut envs = cfg
+        .variants
+        .iter()
+        .map(|v| Env::new(*v))
+        .collect::<Result<Vec<_>>>()?;
+    let backends: Vec<Ipv4Addr> = envs[0].topo.backends.iter().map(|b| b.ip).collect();
+    let set = ServiceSet::new(n, backends, cfg.seed);
+    eprintln!(
+        "== {n} services x {ENDPOINTS} endpoints (targets: last #{}, random #{}) ==",
+        set.last, set.random
+    );
+    let mut control = Control::default();
+    let mut errors: HashMap<Variant, String> = HashMap::new();
+    for env in &mut envs {
+        check_interrupted()?;
+        let programmed = match env.variant {
+            Variant::Direct => Ok(()),
+            Variant::Sluice => program_sluice(env, &set, sizes, cfg, &mut control),
+            Variant::SluicePassthrough => program_passthrough(env, &set, sizes),
+            Variant::IptablesLegacy | Variant::IptablesNft => {
+                program_iptables(env, &set, cfg, history, &mut control)
+            }
+            Variant::Nftables => program_nftables(env, &set, cfg, history, &mut control),
+        };
+        if let Err(e) = programmed {
+            eprintln!("  {}: {e:#}", env.variant.name());
+            errors.insert(env.variant, format!("programming failed: {e:#}"));
+        }
+    }
+    check_interrupted()?;
+    if cfg.agent && cfg.variants.contains(&Variant::Sluice) {
+        let run = control::agent_run(&set, cfg, sizes).unwrap_or_else(|e| AgentRun {
+            start_to_ready: Measure::skipped(format!("{e:#}")),
+            ..AgentRun::default()
+        });
+        eprintln!(
+            "  agent: start to ready {}, first sync {}, VmHWM {} kB; endpoint change: {}",
+            report::measure_text(&run.start_to_ready),
+            report::measure_text(&run.first_sync_reconcile),
+            run.vm_hwm_kb.unwrap_or(0),
+            report::churn_text(&run.churn)
+        );
+        control.agent = Some(run);
+    }
+
+    // Every variant must reach the targets before anything is measured.
+    for env in &envs {
+        if errors.contains_key(&env.variant) {
+            continue;
+        }
+        for i in [set.last, set.random] {
+            let probe =
+                traffic::connects(env.client(), &env.targets(&set, i), 0, 20, Duration::MAX)?;
+            if probe.errors > 0 {
+                let why = format!(
+                    "target #{i} unreachable: {}",
+                    probe.first_error.unwrap_or_default()
+                );
+                eprintln!("  {}: {why}", env.variant.name());
+                errors.insert(env.variant, why);
+                break;
+            }
+        }
+    }
+    // Let kernel clean-up after the loads (RCU, workqueues) finish.
+    std::thread::sleep(Duration::from_secs(if cfg.quick { 1 } else { 3 }));
+
+    let mut accs: Vec<Acc> = envs
+        .iter()
+        .map(|e| Acc {
+            error: errors.get(&e.variant).cloned(),
+            ..Acc::default()
+        })
+        .collect();
+    for round in 0..cfg.warmup_rounds + cfg.rounds {
+        let warmup = round < cfg.warmup_rounds;
+        if warmup {
+            eprintln!("  warm-up round (not recorded)");
+        } else {
+            eprintln!("  round {}/{}", round + 1 - cfg.warmup_rounds, cfg.rounds);
+        }
+        for k in 0..envs.len() {
+            check_interrupted()?;
+            let i = (k + round) % envs.len();
+            if accs[i].error.is_some() {
+                continue;
+            }
+            let mut attempt = 0;
+            loop {
+                let mut this = Acc::default();
+                let probe = cpu::Probe::start();
+                let measured = measure_round(&envs[i], &set, cfg, &mut this);
+                let foreign = probe.foreign_cpus();
+                if let Err(e) = measured {
+                    eprintln!("    {}: {e:#}", envs[i].variant.name());
+                    accs[i].error = Some(format!("{e:#}"));
+                    break;
+                }
+                if foreign > cfg.foreign_limit && attempt < cfg.max_retries {
+                    attempt += 1;
+                    eprintln!(
+                        "      other processes used {:.0}% of a CPU: measuring {} again",
+                        foreign * 100.0,
+                        envs[i].variant.name()
+                    );
+                    if !warmup {
+                        accs[i].repeated += 1;
+                    }
+                    continue;
+                }
+                if !warmup {
+                    this.foreign.push(foreign);
+                    accs[i].merge(this);
+                }
+                break;
+            }
+        }
+    }
+    let variants = envs
+        .iter()
+        .zip(accs)
+        .map(|(env, acc)| finish(env, acc))
+        .collect();
+    for env in &mut envs {
+        if env.layout.is_some() {
+            env.flush()?;
+        }
+    }
+    drop(envs);
+    Ok(SizeResult {
+        services: n,
+        last_index: set.last,
+        random_index: set.random,
+        control,
+        variants,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Runs the benchmark, writing results.json, connect.svg and report.md
+/// to `cfg.out` after every size; returns the results.
+pub fn run(cfg: &Config) -> Result<Results> {
+    crate::require_root()?;
+    fs::create_dir_all(&cfg.out).with_context(|| format!("creating {}", cfg.out.display()))?;
+    let max_n = cfg.sizes.iter().copied().max().unwrap_or(1);
+    let sizes = map_sizes(max_n);
+    let started = Instant::now();
+    let mut results = Results {
+        machine: Machine::probe(),
+        config: ConfigSummary {
+            quick: cfg.quick,
+            sizes: cfg.sizes.clone(),
+            variants: cfg.variants.iter().map(|v| v.name().to_owned()).collect(),
+            endpoints_per_service: ENDPOINTS,
+            rounds: cfg.rounds,
+            warmup_rounds: cfg.warmup_rounds,
+            connects_per_target_per_round: cfg.connects,
+            warmup_connects: cfg.warmup,
+            connect_series_limit_s: cfg.connect_limit.as_secs_f64(),
+            pinned: cfg.pin,
+            foreign_limit: cfg.foreign_limit,
+            rr_seconds_per_round: cfg.rr.as_secs_f64(),
+            bulk_seconds_per_round: cfg.bulk.as_secs_f64(),
+            load_budget_s: cfg.load_budget.as_secs_f64(),
+            agent_budget_s: cfg.agent_budget.as_secs_f64(),
+            churn_samples_max: cfg.churn_samples,
+            churn_budget_s: cfg.churn_budget.as_secs_f64(),
+            seed: cfg.seed,
+            services_map_size: sizes.services,
+            backends_map_size: sizes.backends,
+        },
+        started_unix: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        ..Results::default()
+    };
+    eprintln!(
+        "machine: {} x {}, kernel {}, load {}",
+        results.machine.cpus,
+        results.machine.cpu_model,
+        results.machine.kernel,
+        results.machine.loadavg_start
+    );
+    let cpus = results.machine.cpus;
+    traffic::set_pinning((cfg.pin && cpus >= 2).then_some((0, 1)));
+    let mut history = History::default();
+    for &n in &cfg.sizes {
+        let size = run_size(n, cfg, sizes, &mut history)?;
+        results.sizes.push(size);
+        results.seconds = started.elapsed().as_secs_f64();
+        results.machine.loadavg_end = loadavg();
+        report::write_all(&results, &cfg.out)?;
+    }
+    results.complete = true;
+    results.seconds = started.elapsed().as_secs_f64();
+    report::write_all(&results, &cfg.out)?;
+    Ok(results)
+}

@@ -1,0 +1,782 @@
+//! The benchmark's outputs: a text table, a Markdown report, the raw JSON
+//! and an SVG chart of connect latency and connection rate against the
+//! number of services.
+
+use std::{fmt::Write as _, fs, path::Path};
+
+use anyhow::{Context, Result};
+
+use super::{control::Churn, Measure, Results, SizeResult, VariantResult};
+
+pub fn measure_text(m: &Measure) -> String {
+    match (&m.seconds, &m.not_measured) {
+        (Some(s), _) => {
+            let mut t = seconds(*s);
+            if let Some(note) = &m.note {
+                let _ = write!(t, " ({note})");
+            }
+            t
+        }
+        (None, Some(why)) => format!("not measured: {why}"),
+        (None, None) => "-".into(),
+    }
+}
+
+fn seconds(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+fn short_measure(m: Option<&Measure>) -> String {
+    match m {
+        Some(Measure {
+            seconds: Some(s), ..
+        }) => seconds(*s),
+        Some(Measure {
+            not_measured: Some(_),
+            ..
+        }) => "not measured*".into(),
+        _ => "-".into(),
+    }
+}
+
+pub fn churn_text(c: &Churn) -> String {
+    match (&c.latency, &c.not_measured) {
+        (Some(l), _) => {
+            let mut t = format!(
+                "p50 {} / p99 {} ({} changes)",
+                ms(l.p50_us),
+                ms(l.p99_us),
+                l.samples
+            );
+            if let Some(mean) = c.agent_update_to_datapath_mean_ms {
+                let _ = write!(t, "; agent-internal mean {mean:.2} ms");
+            }
+            t
+        }
+        (None, Some(why)) => format!("not measured: {why}"),
+        _ => "-".into(),
+    }
+}
+
+fn ms(us: f64) -> String {
+    if us < 1000.0 {
+        format!("{us:.0} µs")
+    } else {
+        format!("{:.1} ms", us / 1e3)
+    }
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if a > 0.0 && b > 0.0 {
+        format!("{:.2}x", a / b)
+    } else {
+        "-".into()
+    }
+}
+
+fn n_label(n: usize) -> String {
+    match n {
+        n if n >= 1000 && n % 1000 == 0 => format!("{}k", n / 1000),
+        n => n.to_string(),
+    }
+}
+
+fn find<'a>(size: &'a SizeResult, name: &str) -> Option<&'a VariantResult> {
+    size.variants
+        .iter()
+        .find(|v| v.variant == name && v.error.is_none())
+}
+
+/// The data-plane table of one size, as Markdown.
+fn data_table(size: &SizeResult) -> String {
+    let mut t = String::new();
+    let direct = find(size, "direct");
+    let legacy = find(size, "iptables-legacy");
+    let _ = writeln!(
+        t,
+        "| variant | ruleset | conn/s last | vs direct | vs legacy | connect p50 / p99 last | conn/s random | vs direct | connect p50 / p99 random | RR/s | vs direct | Gbit/s | vs direct | other CPU max (repeats) |"
+    );
+    let _ = writeln!(
+        t,
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+    );
+    for v in &size.variants {
+        if let Some(err) = &v.error {
+            let _ = writeln!(
+                t,
+                "| {} | {} | failed: {} ||||||||||||",
+                v.variant,
+                v.ruleset.as_deref().unwrap_or("-"),
+                err.replace('|', "/")
+            );
+            continue;
+        }
+        let d = |f: fn(&VariantResult) -> f64| direct.map_or("-".into(), |d| ratio(f(v), f(d)));
+        let l = |f: fn(&VariantResult) -> f64| legacy.map_or("-".into(), |l| ratio(f(v), f(l)));
+        let _ = writeln!(
+            t,
+            "| {} | {} | {:.0} | {} | {} | {:.1} / {:.1} µs | {:.0} | {} | {:.1} / {:.1} µs | {:.0} | {} | {:.2} | {} | {:.0}% ({}) |",
+            v.variant,
+            v.ruleset.as_deref().unwrap_or("-"),
+            v.connect_last.rate.median,
+            d(|v| v.connect_last.rate.median),
+            l(|v| v.connect_last.rate.median),
+            v.connect_last.latency.p50_us,
+            v.connect_last.latency.p99_us,
+            v.connect_random.rate.median,
+            d(|v| v.connect_random.rate.median),
+            v.connect_random.latency.p50_us,
+            v.connect_random.latency.p99_us,
+            v.rr.rate.median,
+            d(|v| v.rr.rate.median),
+            v.bulk_gbit.median,
+            d(|v| v.bulk_gbit.median),
+            v.foreign_cpu.iter().copied().fold(0.0, f64::max) * 100.0,
+            v.repeated_rounds,
+        );
+    }
+    t
+}
+
+fn control_table(r: &Results) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "| services | sluice reconciler | sluice agent start→ready | agent first-sync reconcile | agent VmHWM after first sync / after changes | agent B/service (VmHWM / N) | agent B/service (marginal) | iptables-legacy --noflush | iptables-legacy restore | iptables-nft --noflush | iptables-nft restore | nft -f |"
+    );
+    let _ = writeln!(t, "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    for s in &r.sizes {
+        let p = |k: &str| short_measure(s.control.programming.get(k));
+        let agent = s.control.agent.as_ref();
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            s.services,
+            p("sluice-reconciler"),
+            short_measure(agent.map(|a| &a.start_to_ready)),
+            short_measure(agent.map(|a| &a.first_sync_reconcile)),
+            agent.map_or("-".into(), |a| format!(
+                "{} / {}",
+                mb(a.vm_hwm_ready_kb),
+                mb(a.vm_hwm_kb)
+            )),
+            agent
+                .and_then(|a| a.bytes_per_service)
+                .map_or("-".into(), |b| format!("{b:.0}")),
+            marginal_bytes(r, s).map_or("-".into(), |b| format!("{b:.0}")),
+            p("iptables-legacy-noflush"),
+            p("iptables-legacy-restore"),
+            p("iptables-nft-noflush"),
+            p("iptables-nft-restore"),
+            p("nftables"),
+        );
+    }
+    t
+}
+
+fn mb(kb: Option<u64>) -> String {
+    kb.map_or("-".into(), |kb| format!("{:.0} MB", kb as f64 / 1024.0))
+}
+
+/// Agent memory per service beyond the smallest size of the run:
+/// (VmHWM(N) - VmHWM(N0)) / (N - N0).
+fn marginal_bytes(r: &Results, s: &SizeResult) -> Option<f64> {
+    let base = r.sizes.first()?;
+    if base.services >= s.services {
+        return None;
+    }
+    let hwm = |s: &SizeResult| s.control.agent.as_ref().and_then(|a| a.vm_hwm_kb);
+    let (b, v) = (hwm(base)?, hwm(s)?);
+    Some((v as f64 - b as f64) * 1024.0 / (s.services - base.services) as f64)
+}
+
+fn not_measured_notes(r: &Results) -> String {
+    let mut t = String::new();
+    for s in &r.sizes {
+        for (k, m) in &s.control.programming {
+            if let Some(why) = &m.not_measured {
+                let _ = writeln!(t, "- {} services, {k}: not measured: {why}", s.services);
+            }
+        }
+        if let Some(a) = &s.control.agent {
+            for (k, m) in [
+                ("agent start→ready", &a.start_to_ready),
+                ("agent first sync", &a.first_sync_reconcile),
+            ] {
+                if let Some(why) = &m.not_measured {
+                    let _ = writeln!(t, "- {} services, {k}: not measured: {why}", s.services);
+                }
+            }
+        }
+        for v in &s.variants {
+            if v.ruleset.as_deref() == Some("collapsed") {
+                let _ = writeln!(
+                    t,
+                    "- {} services, {}: data plane measured on the collapsed ruleset (complete KUBE-SERVICES chain / service-ips map, one shared chain for non-target services)",
+                    s.services, v.variant
+                );
+            }
+        }
+    }
+    t
+}
+
+fn churn_table(r: &Results) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "| services | in-process reconciler p50 / p99 (changes) | agent via manifest directory p50 / p99 (changes) | agent update→datapath mean |"
+    );
+    let _ = writeln!(t, "|--:|--:|--:|--:|");
+    for s in &r.sizes {
+        let cell = |c: Option<&Churn>| match c {
+            Some(Churn {
+                latency: Some(l), ..
+            }) => format!("{} / {} ({})", ms(l.p50_us), ms(l.p99_us), l.samples),
+            Some(Churn {
+                not_measured: Some(_),
+                ..
+            }) => "not measured".into(),
+            _ => "-".into(),
+        };
+        let agent = s.control.agent.as_ref().map(|a| &a.churn);
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} |",
+            s.services,
+            cell(s.control.reconciler_churn.as_ref()),
+            cell(agent),
+            agent
+                .and_then(|c| c.agent_update_to_datapath_mean_ms)
+                .map_or("-".into(), |m| format!("{m:.2} ms")),
+        );
+    }
+    t
+}
+
+struct Goal {
+    what: String,
+    target: String,
+    measured: String,
+    met: Option<bool>,
+}
+
+fn goals(r: &Results) -> Vec<Goal> {
+    let mut out = Vec::new();
+    let rate = |s: &SizeResult, v: &str| find(s, v).map(|v| v.connect_last.rate.median);
+    let size = |n: usize| r.sizes.iter().find(|s| s.services == n);
+    let first = r.sizes.first();
+    let last = r.sizes.last();
+
+    // Flat: sluice's connect rate and p50 at the largest N vs the smallest,
+    // each relative to direct in the same size (machine conditions drift
+    // between sizes; the ratio within one size does not).
+    if let (Some(a), Some(b)) = (first, last) {
+        if let (Some(sa), Some(sb), Some(da), Some(db)) = (
+            find(a, "sluice"),
+            find(b, "sluice"),
+            find(a, "direct"),
+            find(b, "direct"),
+        ) {
+            let rel_rate = |s: &VariantResult, d: &VariantResult| {
+                s.connect_last.rate.median / d.connect_last.rate.median
+            };
+            let rel_p50 = |s: &VariantResult, d: &VariantResult| {
+                s.connect_last.latency.p50_us / d.connect_last.latency.p50_us
+            };
+            let r_rate = rel_rate(sb, db) / rel_rate(sa, da);
+            let r_p50 = rel_p50(sb, db) / rel_p50(sa, da);
+            out.push(Goal {
+                what: format!("sluice flat from {} to {} services", a.services, b.services),
+                target: "no loss of conn/s or p50 beyond 5% (relative to direct)".into(),
+                measured: format!(
+                    "conn/s {:.0} -> {:.0}, {:.3}x -> {:.3}x direct ({:+.1}%); p50 {:.1} -> {:.1} µs, {:.3}x -> {:.3}x direct ({:+.1}%)",
+                    sa.connect_last.rate.median,
+                    sb.connect_last.rate.median,
+                    rel_rate(sa, da),
+                    rel_rate(sb, db),
+                    (r_rate - 1.0) * 100.0,
+                    sa.connect_last.latency.p50_us,
+                    sb.connect_last.latency.p50_us,
+                    rel_p50(sa, da),
+                    rel_p50(sb, db),
+                    (r_p50 - 1.0) * 100.0
+                ),
+                met: Some(r_rate >= 0.95 && r_p50 <= 1.05),
+            });
+        }
+    }
+    // Within 5% of direct, at every N.
+    let mut worst: Option<(usize, f64, f64)> = None;
+    for s in &r.sizes {
+        if let (Some(sl), Some(d)) = (find(s, "sluice"), find(s, "direct")) {
+            let rr = sl.connect_last.rate.median / d.connect_last.rate.median;
+            let lr = sl.connect_last.latency.p50_us / d.connect_last.latency.p50_us;
+            if worst.is_none_or(|(_, w, _)| rr < w) {
+                worst = Some((s.services, rr, lr));
+            }
+        }
+    }
+    if let Some((n, rr, lr)) = worst {
+        out.push(Goal {
+            what: "sluice within 5% of direct (connections/s, every N)".into(),
+            target: ">= 0.95x direct".into(),
+            measured: format!("worst {rr:.3}x conn/s at {n} services (p50 {lr:.3}x direct)"),
+            met: Some(rr >= 0.95),
+        });
+    }
+    if let Some(s) = size(10_000) {
+        for (v, want) in [("iptables-legacy", 2.5), ("iptables-nft", 5.0)] {
+            if let (Some(sl), Some(o)) = (rate(s, "sluice"), rate(s, v)) {
+                let random = find(s, "sluice")
+                    .zip(find(s, v))
+                    .map(|(a, b)| a.connect_random.rate.median / b.connect_random.rate.median)
+                    .unwrap_or(0.0);
+                out.push(Goal {
+                    what: format!("connections/s vs {v} at 10,000 services"),
+                    target: format!(">= {want}x"),
+                    measured: format!(
+                        "{:.2}x (last service), {random:.2}x (random service)",
+                        sl / o
+                    ),
+                    met: Some(sl / o >= want),
+                });
+            }
+        }
+        let prog = s
+            .control
+            .programming
+            .get("sluice-reconciler")
+            .and_then(|m| m.seconds);
+        let agent = s
+            .control
+            .agent
+            .as_ref()
+            .and_then(|a| a.start_to_ready.seconds);
+        let agent_sync = s
+            .control
+            .agent
+            .as_ref()
+            .and_then(|a| a.first_sync_reconcile.seconds);
+        if let Some(p) = prog {
+            out.push(Goal {
+                what: "programming 10,000 services x 10 endpoints from empty".into(),
+                target: "< 0.5 s".into(),
+                measured: format!(
+                    "reconciler {}; agent first-sync reconcile {}; agent start→ready {}",
+                    seconds(p),
+                    agent_sync.map_or("-".into(), seconds),
+                    agent.map_or("-".into(), seconds)
+                ),
+                met: Some(p < 0.5 && agent_sync.is_none_or(|a| a < 0.5)),
+            });
+        }
+        if let Some(l) = s
+            .control
+            .reconciler_churn
+            .as_ref()
+            .and_then(|c| c.latency.as_ref())
+        {
+            let agent_l = s
+                .control
+                .agent
+                .as_ref()
+                .and_then(|a| a.churn.latency.as_ref());
+            out.push(Goal {
+                what: "endpoint change to datapath at 10,000 services".into(),
+                target: "p99 < 5 ms".into(),
+                measured: format!(
+                    "in-process reconciler p99 {}; agent via manifest directory p99 {}",
+                    ms(l.p99_us),
+                    agent_l.map_or("-".into(), |a| ms(a.p99_us))
+                ),
+                met: Some(l.p99_us < 5000.0 && agent_l.is_none_or(|a| a.p99_us < 5000.0)),
+            });
+        }
+    }
+    if let Some(s) = last {
+        if let Some(b) = s.control.agent.as_ref().and_then(|a| a.bytes_per_service) {
+            let marginal = marginal_bytes(r, s);
+            let ready = s
+                .control
+                .agent
+                .as_ref()
+                .and_then(|a| a.vm_hwm_ready_kb)
+                .map(|kb| kb as f64 * 1024.0 / s.services as f64);
+            out.push(Goal {
+                what: format!("agent memory per service at {} services", s.services),
+                target: "< 1 kB/service (VmHWM / services)".into(),
+                measured: format!(
+                    "{} B/service after the first sync, {b:.0} B/service after the endpoint changes ({} B/service marginal)",
+                    ready.map_or("-".into(), |m| format!("{m:.0}")),
+                    marginal.map_or("-".into(), |m| format!("{m:.0}"))
+                ),
+                met: Some(b < 1024.0),
+            });
+        }
+    }
+    out
+}
+
+/// The full Markdown report.
+pub fn markdown(r: &Results) -> String {
+    let mut t = String::new();
+    let m = &r.machine;
+    let _ = writeln!(
+        t,
+        "Machine: {} CPUs, {}, kernel {}, {:.1} GB RAM; {}; {}. Load average {} at start, {} at end. Run took {:.0} s{}.\n",
+        m.cpus,
+        m.cpu_model,
+        m.kernel,
+        m.mem_total_kb as f64 / 1048576.0,
+        m.iptables,
+        m.nft,
+        m.loadavg_start,
+        m.loadavg_end,
+        r.seconds,
+        if r.config.quick { " (--quick)" } else { "" }
+    );
+    let c = &r.config;
+    let _ = writeln!(
+        t,
+        "Samples: {} recorded rounds (after {} unrecorded warm-up round(s)); per round and variant {} recorded connects per target service (after {} warm-up connects), {:.1} s of request/response, {:.1} s of bulk transfer. Connect percentiles pool {} samples per variant and target; rates are the median of the {} per-round rates. \"Other CPU\" is the CPU time other processes (and hypervisor steal) used during a round, as a share of one CPU; a round above {:.0}% is measured again, at most twice.\n",
+        c.rounds,
+        c.warmup_rounds,
+        c.connects_per_target_per_round,
+        c.warmup_connects,
+        c.rr_seconds_per_round,
+        c.bulk_seconds_per_round,
+        c.rounds * c.connects_per_target_per_round,
+        c.rounds,
+        c.foreign_limit * 100.0
+    );
+    for s in &r.sizes {
+        let _ = writeln!(
+            t,
+            "### {} services x {} endpoints (last = #{}, random = #{})\n",
+            s.services, c.endpoints_per_service, s.last_index, s.random_index
+        );
+        t.push_str(&data_table(s));
+        t.push('\n');
+    }
+    let _ = writeln!(
+        t,
+        "### Control plane: programming N services x 10 endpoints from empty\n"
+    );
+    t.push_str(&control_table(r));
+    let notes = not_measured_notes(r);
+    if !notes.is_empty() {
+        let _ = writeln!(t, "\n{notes}");
+    }
+    let _ = writeln!(t, "\n### Endpoint change to datapath (sluice)\n");
+    t.push_str(&churn_table(r));
+    let _ = writeln!(t, "\n### Goals\n");
+    let _ = writeln!(t, "| goal | target | measured | met |");
+    let _ = writeln!(t, "|---|---|---|---|");
+    for g in goals(r) {
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} |",
+            g.what,
+            g.target,
+            g.measured,
+            match g.met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "-",
+            }
+        );
+    }
+    t
+}
+
+const COLORS: [(&str, &str); 6] = [
+    ("direct", "#555555"),
+    ("sluice", "#1f77b4"),
+    ("sluice-passthrough", "#9467bd"),
+    ("iptables-legacy", "#d62728"),
+    ("iptables-nft", "#ff7f0e"),
+    ("nftables", "#2ca02c"),
+];
+
+struct Axis {
+    lo: f64,
+    hi: f64,
+}
+
+/// 1, 2, 5, 10, 20, 50, ...
+fn steps(lo: f64, hi: f64) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut e = lo.log10().floor() as i32 - 1;
+    while 10f64.powi(e) <= hi * 10.0 {
+        for m in [1.0, 2.0, 5.0] {
+            out.push(m * 10f64.powi(e));
+        }
+        e += 1;
+    }
+    out
+}
+
+impl Axis {
+    /// A log axis from the largest 1-2-5 step below the smallest value to
+    /// the smallest step above the largest, with some room.
+    fn log(values: impl Iterator<Item = f64>) -> Self {
+        let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
+        for v in values.filter(|v| *v > 0.0 && v.is_finite()) {
+            lo = lo.min(v);
+            hi = hi.max(v);
+        }
+        if !lo.is_finite() {
+            return Self { lo: 0.0, hi: 1.0 };
+        }
+        let grid = steps(lo, hi);
+        let bottom = grid
+            .iter()
+            .copied()
+            .filter(|s| *s <= lo / 1.15)
+            .fold(lo / 1.15, |_, s| s);
+        let top = grid
+            .iter()
+            .copied()
+            .find(|s| *s >= hi * 1.15)
+            .unwrap_or(hi * 1.15);
+        Self {
+            lo: bottom.log10(),
+            hi: top.log10(),
+        }
+    }
+
+    fn pos(&self, v: f64, len: f64) -> f64 {
+        let span = (self.hi - self.lo).max(1e-9);
+        (v.max(1e-12).log10() - self.lo) / span * len
+    }
+
+    fn ticks(&self) -> Vec<f64> {
+        let (lo, hi) = (10f64.powf(self.lo), 10f64.powf(self.hi));
+        steps(lo, hi)
+            .into_iter()
+            .filter(|t| *t >= lo * 0.999 && *t <= hi * 1.001)
+            .collect()
+    }
+}
+
+fn tick_label(v: f64) -> String {
+    if v >= 1000.0 {
+        let k = v / 1000.0;
+        if k.fract() == 0.0 {
+            format!("{k:.0}k")
+        } else {
+            format!("{k:.1}k")
+        }
+    } else if v >= 1.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v}")
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn panel(
+    out: &mut String,
+    r: &Results,
+    x0: f64,
+    title: &str,
+    unit: &str,
+    value: fn(&VariantResult, bool) -> f64,
+) {
+    let (w, h, top, left) = (400.0, 300.0, 50.0, 60.0);
+    let sizes: Vec<usize> = r.sizes.iter().map(|s| s.services).collect();
+    let xmax = sizes.iter().copied().max().unwrap_or(1).max(10) as f64;
+    let xpos = |n: usize| x0 + left + (n as f64).log10() / xmax.log10() * w;
+    let axis = Axis::log(
+        r.sizes
+            .iter()
+            .flat_map(|s| s.variants.iter())
+            .filter(|v| v.error.is_none())
+            .flat_map(|v| [value(v, true), value(v, false)]),
+    );
+    let ypos = |v: f64| top + h - axis.pos(v, h);
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.1}" y="30" font-size="15" font-weight="bold">{title}</text>"#,
+        x0 + left
+    );
+    let _ = writeln!(
+        out,
+        r##"<rect x="{:.1}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#999"/>"##,
+        x0 + left
+    );
+    for t in axis.ticks() {
+        let y = ypos(t);
+        let _ = writeln!(
+            out,
+            r##"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e5e5e5"/><text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">{}</text>"##,
+            x0 + left,
+            x0 + left + w,
+            x0 + left - 5.0,
+            y + 4.0,
+            tick_label(t)
+        );
+    }
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.1}" y="{:.1}" font-size="12" transform="rotate(-90 {:.1} {:.1})" text-anchor="middle">{unit}</text>"#,
+        x0 + 15.0,
+        top + h / 2.0,
+        x0 + 15.0,
+        top + h / 2.0
+    );
+    for &n in &sizes {
+        let x = xpos(n);
+        let _ = writeln!(
+            out,
+            r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{:.1}" stroke="#e5e5e5"/><text x="{x:.1}" y="{:.1}" font-size="11" text-anchor="middle">{}</text>"##,
+            top + h,
+            top + h + 16.0,
+            n_label(n)
+        );
+    }
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.1}" y="{:.1}" font-size="12" text-anchor="middle">services (10 endpoints each, log scale)</text>"#,
+        x0 + left + w / 2.0,
+        top + h + 36.0
+    );
+    for (name, color) in COLORS {
+        for last in [true, false] {
+            let points: Vec<(f64, f64, bool)> = r
+                .sizes
+                .iter()
+                .filter_map(|s| {
+                    let v = s
+                        .variants
+                        .iter()
+                        .find(|v| v.variant == name && v.error.is_none())?;
+                    let y = value(v, last);
+                    (y > 0.0).then(|| {
+                        (
+                            xpos(s.services),
+                            ypos(y),
+                            v.ruleset.as_deref() == Some("collapsed"),
+                        )
+                    })
+                })
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            let path: Vec<String> = points
+                .iter()
+                .map(|(x, y, _)| format!("{x:.1},{y:.1}"))
+                .collect();
+            let dash = if last {
+                ""
+            } else {
+                r#" stroke-dasharray="5,4" opacity="0.6""#
+            };
+            let _ = writeln!(
+                out,
+                r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"{dash}/>"#,
+                path.join(" ")
+            );
+            for (x, y, collapsed) in points {
+                let fill = if collapsed { "white" } else { color };
+                let _ = writeln!(
+                    out,
+                    r#"<circle cx="{x:.1}" cy="{y:.1}" r="3.5" fill="{fill}" stroke="{color}" stroke-width="1.5"/>"#
+                );
+            }
+        }
+    }
+}
+
+/// The chart: connect latency p50 and connections/s against N.
+pub fn svg(r: &Results) -> String {
+    let mut out = String::new();
+    let (width, height) = (1000.0, 490.0);
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif">"#
+    );
+    let _ = writeln!(
+        out,
+        r#"<rect x="0" y="0" width="{width}" height="{height}" fill="white"/>"#
+    );
+    panel(
+        &mut out,
+        r,
+        0.0,
+        "Connect latency, p50",
+        "µs (log scale)",
+        |v, last| {
+            if last {
+                v.connect_last.latency.p50_us
+            } else {
+                v.connect_random.latency.p50_us
+            }
+        },
+    );
+    panel(
+        &mut out,
+        r,
+        500.0,
+        "New TCP connections per second",
+        "connections/s (log scale)",
+        |v, last| {
+            if last {
+                v.connect_last.rate.median
+            } else {
+                v.connect_random.rate.median
+            }
+        },
+    );
+    let mut x = 60.0;
+    let y = 440.0;
+    for (name, color) in COLORS {
+        if !r.config.variants.iter().any(|v| v == name) {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            r#"<line x1="{x}" y1="{y}" x2="{:.0}" y2="{y}" stroke="{color}" stroke-width="3"/><text x="{:.0}" y="{:.0}" font-size="12">{name}</text>"#,
+            x + 20.0,
+            x + 25.0,
+            y + 4.0
+        );
+        x += 40.0 + name.len() as f64 * 7.0;
+    }
+    let _ = writeln!(
+        out,
+        r##"<text x="60" y="462" font-size="11" fill="#444">solid: last service (end of KUBE-SERVICES); dashed: random service; hollow marker: collapsed ruleset (see docs/performance.md)</text><text x="60" y="478" font-size="11" fill="#444">{} CPUs, {}, kernel {}; one run, variants interleaved round by round</text>"##,
+        r.machine.cpus,
+        r.machine
+            .cpu_model
+            .replace('&', "&amp;")
+            .replace('<', "&lt;"),
+        r.machine.kernel
+    );
+    out.push_str("</svg>\n");
+    out
+}
+
+/// Writes results.json, report.md and connect.svg under `dir`, and prints
+/// the report to stdout once the run is complete.
+pub fn write_all(r: &Results, dir: &Path) -> Result<()> {
+    let json = serde_json::to_string_pretty(r)?;
+    fs::write(dir.join("results.json"), json).context("writing results.json")?;
+    let md = markdown(r);
+    fs::write(dir.join("report.md"), &md).context("writing report.md")?;
+    fs::write(dir.join("connect.svg"), svg(r)).context("writing connect.svg")?;
+    if r.complete {
+        println!("{md}");
+        println!(
+            "Wrote {0}/results.json, {0}/report.md and {0}/connect.svg",
+            dir.display()
+        );
+    }
+    Ok(())
+}

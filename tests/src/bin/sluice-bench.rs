@@ -1,0 +1,101 @@
+//! `sluice-bench`: the benchmark behind `cargo xtask bench` (needs root).
+//! See `docs/performance.md`.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{bail, Result};
+use clap::Parser;
+use sluice_tests::bench::{self, env::Variant, Config};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice-bench",
+    about = "sluice vs direct, iptables (legacy, nft) and nftables kube-proxy layouts"
+)]
+struct Args {
+    /// A smoke run of about a minute (1 and 1000 services, few samples).
+    #[arg(long)]
+    quick: bool,
+    /// Output directory for results.json, report.md and connect.svg.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// Numbers of services, comma separated (default: 1,1000,10000,100000;
+    /// --quick: 1,1000).
+    #[arg(long, value_delimiter = ',')]
+    services: Vec<usize>,
+    /// Variants to run, comma separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    variants: Vec<String>,
+    /// Rounds of interleaved measurements.
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Recorded connects per target service per round.
+    #[arg(long)]
+    connects: Option<usize>,
+    /// Seconds allowed for loading one ruleset.
+    #[arg(long)]
+    load_budget: Option<u64>,
+    /// Skip the real agent binary (control plane through the reconciler only).
+    #[arg(long)]
+    no_agent: bool,
+    /// Do not pin the client to CPU 0 and the servers to CPU 1.
+    #[arg(long)]
+    no_pin: bool,
+    /// Only re-render report.md and connect.svg from this results.json
+    /// into --out (no measurement, no root needed).
+    #[arg(long)]
+    render: Option<PathBuf>,
+    /// Seed of the random target service.
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    if let Some(json) = &args.render {
+        let text = std::fs::read_to_string(json)?;
+        let results: bench::Results = serde_json::from_str(&text)?;
+        std::fs::create_dir_all(&args.out)?;
+        bench::report::write_all(&results, &args.out)?;
+        eprintln!("rendered {} into {}", json.display(), args.out.display());
+        return Ok(());
+    }
+    let mut cfg = if args.quick {
+        Config::quick(args.out)
+    } else {
+        Config::full(args.out)
+    };
+    if !args.services.is_empty() {
+        cfg.sizes = args.services;
+    }
+    if !args.variants.is_empty() {
+        cfg.variants = args
+            .variants
+            .iter()
+            .map(|v| Variant::parse(v).ok_or_else(|| anyhow::anyhow!("unknown variant {v}")))
+            .collect::<Result<_>>()?;
+        cfg.variants.sort();
+        cfg.variants.dedup();
+    }
+    if let Some(r) = args.rounds {
+        cfg.rounds = r;
+    }
+    if let Some(c) = args.connects {
+        cfg.connects = c;
+    }
+    if let Some(b) = args.load_budget {
+        cfg.load_budget = Duration::from_secs(b);
+    }
+    if let Some(s) = args.seed {
+        cfg.seed = s;
+    }
+    cfg.agent = !args.no_agent;
+    cfg.pin = !args.no_pin;
+    if cfg.sizes.iter().any(|n| *n == 0 || *n >= 1_000_000) || cfg.rounds == 0 || cfg.connects == 0
+    {
+        bail!("services must be 1..999999, rounds and connects at least 1");
+    }
+    bench::install_signal_handlers();
+    bench::run(&cfg)?;
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! The benchmark runs and produces sane output (`sluice-bench --quick`).
+//! No timing is asserted: this only guards the benchmark against rot.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use sluice_tests::{netns::unique_name, require_root};
+
+/// A positive, finite number at `path` in `v`.
+fn positive(v: &Value, path: &[&str]) -> Result<f64> {
+    let mut cur = v;
+    for key in path {
+        cur = &cur[*key];
+    }
+    let x = cur
+        .as_f64()
+        .with_context(|| format!("{} is not a number: {cur}", path.join(".")))?;
+    if !x.is_finite() || x <= 0.0 {
+        bail!("{} = {x}, expected a positive number", path.join("."));
+    }
+    Ok(x)
+}
+
+#[test]
+fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
+    require_root()?;
+    let out = std::env::temp_dir().join(unique_name("bench"));
+    let status = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
+        .arg("--quick")
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .context("running sluice-bench")?;
+    assert!(status.success(), "sluice-bench --quick failed ({status})");
+
+    let text = std::fs::read_to_string(out.join("results.json"))?;
+    assert!(!text.contains("NaN") && !text.contains("inf"), "{text}");
+    let results: Value = serde_json::from_str(&text)?;
+    assert_eq!(results["complete"], true);
+    let sizes = results["sizes"].as_array().context("no sizes")?;
+    assert!(sizes.len() >= 2, "quick mode measures at least two sizes");
+    for size in sizes {
+        let n = size["services"].as_u64().context("services")?;
+        let variants = size["variants"].as_array().context("variants")?;
+        let names: Vec<&str> = variants
+            .iter()
+            .filter_map(|v| v["variant"].as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "direct",
+                "sluice",
+                "iptables-legacy",
+                "iptables-nft",
+                "nftables"
+            ],
+            "at {n} services"
+        );
+        for v in variants {
+            assert!(v["error"].is_null(), "at {n} services: {v}");
+            for path in [
+                &["connect_last", "rate", "median"][..],
+                &["connect_last", "latency", "p50_us"],
+                &["connect_last", "latency", "p99_us"],
+                &["connect_random", "rate", "median"],
+                &["rr", "rate", "median"],
+                &["bulk_gbit", "median"],
+            ] {
+                positive(v, path).with_context(|| format!("{} at {n} services", v["variant"]))?;
+            }
+        }
+        let programming = size["control"]["programming"]
+            .as_object()
+            .context("programming")?;
+        for key in ["sluice-reconciler", "iptables-legacy-restore", "nftables"] {
+            let m = &programming[key];
+            assert!(
+                m["seconds"].as_f64().is_some_and(f64::is_finite) || m["not_measured"].is_string(),
+                "{key} at {n} services: {m}"
+            );
+        }
+        positive(size, &["control", "agent", "start_to_ready", "seconds"])?;
+    }
+    let svg = std::fs::read_to_string(out.join("connect.svg"))?;
+    assert!(svg.starts_with("<svg") && svg.contains("polyline"));
+    let report = std::fs::read_to_string(out.join("report.md"))?;
+    assert!(report.contains("| sluice |"));
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
