@@ -2,6 +2,7 @@
 //! reconciler the agent uses, plus builders for desired state.
 
 use std::{
+    collections::BTreeSet,
     net::{IpAddr, Ipv4Addr, SocketAddrV4},
     time::{Duration, Instant},
 };
@@ -66,6 +67,13 @@ impl Lb {
     pub fn apply(&mut self) -> Report {
         self.reconciler
             .reconcile(&self.desired, Scope::All, Instant::now())
+    }
+
+    /// Reconciles only `changed` service ports, as the agent does for a
+    /// watch event.
+    pub fn apply_changed(&mut self, changed: &BTreeSet<ServicePortName>) -> Report {
+        self.reconciler
+            .reconcile(&self.desired, Scope::Changed(changed), Instant::now())
     }
 
     /// Scans conntrack (GC + live flows) and reconciles, as the agent's

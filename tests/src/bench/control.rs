@@ -1,6 +1,7 @@
 //! sluice's control plane: programming from empty through the real agent
-//! (fed from a manifest directory) and through the in-process reconciler,
-//! endpoint-change latency, and the agent's memory.
+//! (fed from a manifest directory, and from the test Kubernetes API server
+//! over the real list/watch protocol) and through the in-process
+//! reconciler, endpoint-change latency, and the agent's memory.
 
 use std::{
     fmt::Write as _,
@@ -24,6 +25,7 @@ use super::{
 };
 use crate::{
     agent::{Agent, ManifestDir},
+    apiserver::ApiServer,
     lb::Lb,
     topology::Topology,
 };
@@ -141,32 +143,116 @@ fn master_active(maps: &Maps, key: &Svc4Key) -> Option<u16> {
     maps.services_v4.get(key, 0).ok().map(|v| v.active)
 }
 
-/// Programs `set` from empty with the real agent binary reading a
-/// manifest directory, then changes one endpoint's readiness again and
-/// again and times each change until the pinned map shows it.
-pub fn agent_run(set: &ServiceSet, cfg: &Config, sizes: MapSizes) -> Result<AgentRun> {
+/// Where the agent of a run reads Services and EndpointSlices from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentSource {
+    /// `--source dir:`, a manifest directory.
+    Dir,
+    /// `--source kube`: the test API server (`crate::apiserver`), list and
+    /// watch over HTTP as from a real kube-apiserver.
+    Kube,
+}
+
+/// The objects of a run, held where the agent reads them.
+enum Feed {
+    Dir(ManifestDir),
+    Kube {
+        server: ApiServer,
+        kubeconfig: ManifestDir,
+    },
+}
+
+impl Feed {
+    fn create(
+        source: AgentSource,
+        topo: &Topology,
+        set: &ServiceSet,
+        churned: usize,
+    ) -> Result<(Self, String)> {
+        match source {
+            AgentSource::Dir => {
+                let dir = ManifestDir::create()?;
+                write_manifests(&dir, set, churned)?;
+                let arg = format!("dir:{}", dir.path().display());
+                Ok((Feed::Dir(dir), arg))
+            }
+            AgentSource::Kube => {
+                let server = ApiServer::start_in(&topo.node)?;
+                for i in 0..set.n {
+                    server.apply_json(service_json(set, i))?;
+                    server.apply_json(slice_json(set, i, None))?;
+                }
+                let dir = ManifestDir::create()?;
+                server.write_kubeconfig(dir.path().join("kubeconfig"))?;
+                Ok((
+                    Feed::Kube {
+                        server,
+                        kubeconfig: dir,
+                    },
+                    "kube".into(),
+                ))
+            }
+        }
+    }
+
+    fn extra_args(&self) -> Vec<String> {
+        match self {
+            // The directory source polls; 5 ms keeps polling out of the
+            // endpoint-change figures as far as it can.
+            Feed::Dir(_) => vec!["--dir-poll-interval".into(), "5ms".into()],
+            Feed::Kube { kubeconfig, .. } => vec![
+                "--kubeconfig".into(),
+                kubeconfig.path().join("kubeconfig").display().to_string(),
+            ],
+        }
+    }
+
+    /// Publishes the churned service's slice with endpoint `not_ready`.
+    fn change(&self, set: &ServiceSet, churned: usize, not_ready: Option<usize>) -> Result<()> {
+        let slice = slice_json(set, churned, not_ready);
+        match self {
+            Feed::Dir(dir) => dir.write(TARGET_SLICE_FILE, &format!("{slice}\n")),
+            Feed::Kube { server, .. } => server.apply_json(slice).map(drop),
+        }
+    }
+
+    fn path(&self) -> &'static str {
+        match self {
+            Feed::Dir(_) => {
+                "agent, manifest-directory source (5 ms poll; each change re-reads every manifest)"
+            }
+            Feed::Kube { .. } => {
+                "agent, Kubernetes API source (test API server, watch event per change)"
+            }
+        }
+    }
+}
+
+/// Programs `set` from empty with the real agent binary reading `source`,
+/// then changes one endpoint's readiness again and again and times each
+/// change until the pinned map shows it.
+pub fn agent_run(
+    set: &ServiceSet,
+    cfg: &Config,
+    sizes: MapSizes,
+    source: AgentSource,
+) -> Result<AgentRun> {
     let mut out = AgentRun::default();
     let topo = Topology::new(1, 1)?;
-    let dir = ManifestDir::create()?;
     let churned = set.random;
-    write_manifests(&dir, set, churned)?;
-    let source = format!("dir:{}", dir.path().display());
-    let services = sizes.services.to_string();
-    let backends = sizes.backends.to_string();
-    let args = [
-        "--services-map-size",
-        &services,
-        "--backends-map-size",
-        &backends,
-        // The directory source polls; 5 ms keeps polling out of the
-        // endpoint-change figures as far as it can.
-        "--dir-poll-interval",
-        "5ms",
+    let (feed, source_arg) = Feed::create(source, &topo, set, churned)?;
+    let mut args = vec![
+        "--services-map-size".to_owned(),
+        sizes.services.to_string(),
+        "--backends-map-size".to_owned(),
+        sizes.backends.to_string(),
     ];
+    args.extend(feed.extra_args());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // Building the binary (a no-op when up to date) is not timed.
     crate::agent::binary()?;
     let start = Instant::now();
-    let mut agent = Agent::start(&topo, &source, &args)?;
+    let mut agent = Agent::start(&topo, &source_arg, &args)?;
     loop {
         if agent.is_ready() {
             out.start_to_ready = Measure::done(start.elapsed());
@@ -207,12 +293,11 @@ pub fn agent_run(set: &ServiceSet, cfg: &Config, sizes: MapSizes) -> Result<Agen
         Measure::skipped("no sync observed".into())
     };
 
-    out.churn = agent_churn(&agent, &dir, &topo, set, churned, cfg).unwrap_or_else(|e| Churn {
+    out.churn = agent_churn(&agent, &feed, &topo, set, churned, cfg).unwrap_or_else(|e| Churn {
         not_measured: Some(format!("{e:#}")),
         ..Churn::default()
     });
-    out.churn.path =
-        "agent, manifest-directory source (5 ms poll; each change re-reads every manifest)".into();
+    out.churn.path = feed.path().into();
 
     if let Some(pid) = agent.pid() {
         out.vm_hwm_kb = status_kb(pid, "VmHWM");
@@ -225,7 +310,7 @@ pub fn agent_run(set: &ServiceSet, cfg: &Config, sizes: MapSizes) -> Result<Agen
 
 fn agent_churn(
     agent: &Agent,
-    dir: &ManifestDir,
+    feed: &Feed,
     topo: &Topology,
     set: &ServiceSet,
     churned: usize,
@@ -251,9 +336,8 @@ fn agent_churn(
         } else {
             (Some(ENDPOINTS - 1), full - 1)
         };
-        let text = format!("{}\n", slice_json(set, churned, not_ready));
         let start = Instant::now();
-        dir.write(TARGET_SLICE_FILE, &text)?;
+        feed.change(set, churned, not_ready)?;
         loop {
             if master_active(&maps, &key) == Some(want) {
                 break;
@@ -288,6 +372,7 @@ fn agent_churn(
 pub fn reconciler_churn(lb: &mut Lb, set: &ServiceSet, cfg: &Config) -> Result<Churn> {
     let i = set.churn_service().unwrap_or(set.last);
     let name = set.churn_name(i);
+    let changed = std::collections::BTreeSet::from([name.clone()]);
     let mut samples = Vec::new();
     let series = Instant::now();
     let mut toggles = 0usize;
@@ -298,7 +383,7 @@ pub fn reconciler_churn(lb: &mut Lb, set: &ServiceSet, cfg: &Config) -> Result<C
         toggle(lb, &name)?;
         toggles += 1;
         let start = Instant::now();
-        let report = lb.apply();
+        let report = lb.apply_changed(&changed);
         let took = start.elapsed();
         if !report.errors.is_empty() || report.writes == 0 {
             result = Err(anyhow::anyhow!(
@@ -317,7 +402,7 @@ pub fn reconciler_churn(lb: &mut Lb, set: &ServiceSet, cfg: &Config) -> Result<C
     result?;
     Ok(Churn {
         latency: Some(Latency::from_ns(samples)),
-        path: "in-process reconciler (target computation, diff and map writes)".into(),
+        path: "in-process reconciler, changed service only as for a watch event (target computation, diff and map writes)".into(),
         ..Churn::default()
     })
 }
