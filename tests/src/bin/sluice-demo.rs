@@ -1,7 +1,10 @@
 //! `cargo xtask demo`: sluice's main job on an embedded default, with no
 //! cluster. A node namespace with a client pod and three backend pods,
 //! `sluice agent --source dir:` reading the manifests in deploy/demo/, and
-//! a graceful termination shown live. Cleans up on exit and on Ctrl-C.
+//! every kind of frontend (ClusterIP, NodePort, LoadBalancer, external IP)
+//! and a graceful termination shown live. Cleans up on exit and on Ctrl-C;
+//! with `SLUICE_DEMO_HOLD=1` it waits for Enter before cleaning up, so the
+//! pinned maps can be explored with `sluice` and `bpftool`.
 
 use std::{
     collections::BTreeMap,
@@ -22,13 +25,16 @@ use sluice_tests::{
 };
 
 const VIP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 96, 0, 10);
+const EDGE_VIP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 96, 0, 20);
+const EDGE_LB: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 200, 0, 20);
+const EDGE_EXTERNAL: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 200, 0, 10);
 
 fn step(n: u32, text: &str) {
     use std::io::IsTerminal;
     if std::io::stdout().is_terminal() {
-        println!("\n\x1b[1m[{n}/5] {text}\x1b[0m");
+        println!("\n\x1b[1m[{n}/6] {text}\x1b[0m");
     } else {
-        println!("\n[{n}/5] {text}");
+        println!("\n[{n}/6] {text}");
     }
 }
 
@@ -108,21 +114,31 @@ fn main() -> Result<()> {
         .nth(1)
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/demo"));
-    let web_yaml = std::fs::read_to_string(manifests.join("web.yaml"))
-        .with_context(|| format!("reading {}", manifests.join("web.yaml").display()))?;
+    let read = |name: &str| {
+        std::fs::read_to_string(manifests.join(name))
+            .with_context(|| format!("reading {}", manifests.join(name).display()))
+    };
+    let web_yaml = read("web.yaml")?;
+    let edge_yaml = read("edge.yaml")?;
 
-    println!("sluice demo: one node, three backend pods, a ClusterIP service; no cluster needed.");
+    println!("sluice demo: one node, three backend pods, two services; no cluster needed.");
     step(
         1,
-        "Building the node: network namespaces for the node, client-0 and backend-0..2",
+        "Building the node: network namespaces for the node, client-0, backend-0..2 and a host outside",
     );
-    let topo = Topology::new(1, 3)?;
+    let mut topo = Topology::new(1, 3)?;
+    topo.add_external()?;
     let _servers = topo
         .backends
         .iter()
         .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
         .collect::<Result<Vec<_>>>()?;
-    for pod in topo.clients.iter().chain(&topo.backends) {
+    for pod in topo
+        .clients
+        .iter()
+        .chain(&topo.backends)
+        .chain(&topo.externals)
+    {
         println!(
             "      {:<10} {:<11} veth {} in the node",
             pod.name, pod.ip, pod.host_if
@@ -131,15 +147,16 @@ fn main() -> Result<()> {
 
     step(
         2,
-        "Starting the agent on the embedded manifests (deploy/demo/web.yaml)",
+        "Starting the agent on the embedded manifests (deploy/demo/web.yaml, edge.yaml)",
     );
     let dir = ManifestDir::create()?;
     dir.write("web.yaml", &web_yaml)?;
+    dir.write("edge.yaml", &edge_yaml)?;
     let started = Instant::now();
     let mut agent = Agent::start(&topo, &format!("dir:{}", dir.path().display()), &[])?;
     agent.wait_ready(Duration::from_secs(30))?;
     println!(
-        "      sluice agent --source dir:{} --devices 'c*,b*' ready in {:.0} ms",
+        "      sluice agent --source dir:{} --devices 'c*,b*,e*' ready in {:.0} ms",
         dir.path().display(),
         started.elapsed().as_secs_f64() * 1000.0
     );
@@ -149,7 +166,33 @@ fn main() -> Result<()> {
     let client = &topo.clients[0].ns;
     print_tally(&tally(clients::tcp_hellos(client, vip(VIP, 80), 100)?));
 
-    step(4, "Graceful termination of backend-1, live");
+    step(
+        4,
+        "Every kind of frontend of the LoadBalancer service `edge` (backends 0 and 2)",
+    );
+    let external = &topo.externals[0].ns;
+    let node_ip = topo.node_address(0);
+    for (who, ns, addr, kind) in [
+        ("client-0", client, vip(EDGE_VIP, 80), "ClusterIP"),
+        ("external-0", external, vip(node_ip, 30080), "NodePort"),
+        ("external-0", external, vip(EDGE_LB, 80), "LoadBalancer"),
+        (
+            "external-0",
+            external,
+            vip(EDGE_EXTERNAL, 80),
+            "external IP",
+        ),
+    ] {
+        let hits = tally(clients::tcp_hellos(ns, addr, 20)?);
+        let spread = hits
+            .iter()
+            .map(|(name, n)| format!("{name} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        println!("      {who:<10} -> {kind:<12} {addr:<18} 20 requests: {spread}");
+    }
+
+    step(5, "Graceful termination of backend-1, live");
     let mut stream = (0..100)
         .map(|_| Stream::connect(client, vip(VIP, 80)))
         .find(|s| s.as_ref().map_or(true, |s| s.backend == "backend-1"))
@@ -213,7 +256,7 @@ fn main() -> Result<()> {
     );
     show(&agent, &["lb", "list"])?;
 
-    step(5, "The connection closes; backend-1 leaves the maps");
+    step(6, "The connection closes; backend-1 leaves the maps");
     stop.store(true, Ordering::Relaxed);
     let stream = pinger
         .join()
@@ -231,6 +274,15 @@ fn main() -> Result<()> {
     );
     show(&agent, &["lb", "list"])?;
 
+    if std::env::var_os("SLUICE_DEMO_HOLD").is_some() {
+        println!(
+            "\nHolding (SLUICE_DEMO_HOLD): the node is namespace {}, the pins are under {}; press Enter to clean up.",
+            topo.node.name(),
+            topo.bpf.path().display()
+        );
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+    }
     agent.stop()?;
     println!("\nDone. Removing the demo's namespaces, pins and files.");
     Ok(())
