@@ -175,7 +175,12 @@ struct CtRow {
     kind: &'static str,
     src: String,
     dst: String,
+    /// The entry's NAT address: the frontend for replies, the SNAT
+    /// source for forward entries of SNATed flows, unused otherwise.
     nat: String,
+    /// What the datapath rewrites, e.g. `dst 10.20.0.2:8080` on a forward
+    /// entry, `src 10.96.0.10:80` on a reply.
+    rewrite: String,
     backend_id: u32,
     svc_id: u32,
     flags: Vec<&'static str>,
@@ -226,6 +231,29 @@ pub fn ct_list(args: &CtListArgs) -> Result<()> {
         let src = SocketAddr::new(IpAddr::from(key.src), key.sport);
         let dst = SocketAddr::new(IpAddr::from(key.dst), key.dport);
         let forward = e.kind == CtKind::Forward as u8;
+        let snat = e.flags & sluice_common::conntrack::CT_F_SNAT != 0;
+        let peer = SocketAddr::new(
+            IpAddr::from([e.peer_addr[0], e.peer_addr[1], e.peer_addr[2], e.peer_addr[3]]),
+            e.peer_port,
+        );
+        let rewrite = match (forward, snat) {
+            (true, _) => {
+                let backend = state
+                    .backends
+                    .get(&e.backend_id)
+                    .map_or_else(|| format!("backend #{}", e.backend_id), |b| {
+                        let ep = endpoint_of(b);
+                        SocketAddr::new(ep.addr, ep.port).to_string()
+                    });
+                if snat {
+                    format!("dst {backend} src {nat}")
+                } else {
+                    format!("dst {backend}")
+                }
+            }
+            (false, false) => format!("src {nat}"),
+            (false, true) => format!("src {nat} dst {peer}"),
+        };
         if let Some(svc) = args.service {
             let frontend = if forward { dst } else { nat };
             if frontend != svc {
@@ -245,6 +273,7 @@ pub fn ct_list(args: &CtListArgs) -> Result<()> {
             src: src.to_string(),
             dst: dst.to_string(),
             nat: nat.to_string(),
+            rewrite,
             backend_id: e.backend_id,
             svc_id: e.svc_id,
             flags: flag_names(e.flags),
@@ -257,17 +286,17 @@ pub fn ct_list(args: &CtListArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<5}{:<9}{:<23}{:<23}{:<23}{:>8}  {:<7}FLAGS",
-        "PROT", "KIND", "SOURCE", "DESTINATION", "NAT", "BACKEND", "IDLE"
+        "{:<5}{:<9}{:<23}{:<23}{:<46}{:>7}  {:<6}FLAGS",
+        "PROT", "KIND", "SOURCE", "DESTINATION", "REWRITE", "BACKEND", "IDLE"
     );
     for r in &rows {
         println!(
-            "{:<5}{:<9}{:<23}{:<23}{:<23}{:>8}  {:<7}{}",
+            "{:<5}{:<9}{:<23}{:<23}{:<46}{:>7}  {:<6}{}",
             r.proto,
             r.kind,
             r.src,
             r.dst,
-            r.nat,
+            r.rewrite,
             r.backend_id,
             format!("{:.0}s", r.idle_seconds),
             r.flags.join(",")
