@@ -62,7 +62,13 @@ fn three_backends_share_3000_connections_fairly() -> anyhow::Result<()> {
             "{backend} got {n} of 3000: {hits:?}"
         );
     }
-    assert_eq!(lb.stat(Stat::NewFlow)?, 3000);
+    // Every connection was one new pick: normally `new_flow`; when the
+    // client's kernel reuses the source port of an earlier, closed
+    // connection (seen: 2 in 3000), its SYN finds the closed entry and
+    // counts as `reselected` instead.
+    let (new, reselected) = (lb.stat(Stat::NewFlow)?, lb.stat(Stat::Reselected)?);
+    assert_eq!(new + reselected, 3000, "new {new}, reselected {reselected}");
+    assert!(reselected < 30, "{reselected} reselections: port reuse is rare");
     Ok(())
 }
 
