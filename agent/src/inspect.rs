@@ -233,18 +233,23 @@ pub fn ct_list(args: &CtListArgs) -> Result<()> {
         let forward = e.kind == CtKind::Forward as u8;
         let snat = e.flags & sluice_common::conntrack::CT_F_SNAT != 0;
         let peer = SocketAddr::new(
-            IpAddr::from([e.peer_addr[0], e.peer_addr[1], e.peer_addr[2], e.peer_addr[3]]),
+            IpAddr::from([
+                e.peer_addr[0],
+                e.peer_addr[1],
+                e.peer_addr[2],
+                e.peer_addr[3],
+            ]),
             e.peer_port,
         );
         let rewrite = match (forward, snat) {
             (true, _) => {
-                let backend = state
-                    .backends
-                    .get(&e.backend_id)
-                    .map_or_else(|| format!("backend #{}", e.backend_id), |b| {
+                let backend = state.backends.get(&e.backend_id).map_or_else(
+                    || format!("backend #{}", e.backend_id),
+                    |b| {
                         let ep = endpoint_of(b);
                         SocketAddr::new(ep.addr, ep.port).to_string()
-                    });
+                    },
+                );
                 if snat {
                     format!("dst {backend} src {nat}")
                 } else {

@@ -68,7 +68,10 @@ fn three_backends_share_3000_connections_fairly() -> anyhow::Result<()> {
     // counts as `reselected` instead.
     let (new, reselected) = (lb.stat(Stat::NewFlow)?, lb.stat(Stat::Reselected)?);
     assert_eq!(new + reselected, 3000, "new {new}, reselected {reselected}");
-    assert!(reselected < 30, "{reselected} reselections: port reuse is rare");
+    assert!(
+        reselected < 30,
+        "{reselected} reselections: port reuse is rare"
+    );
     Ok(())
 }
 
