@@ -523,8 +523,11 @@ fn list_inner(
         };
         (at, None, false)
     };
-    let snapshot = match store.snapshot(kind, at) {
-        Ok(s) => s,
+    let page = store.page(kind, at, start_after.as_ref(), limit, |obj| {
+        filter.matches(obj)
+    });
+    let (page, remaining) = match page {
+        Ok(p) => p,
         Err(SnapshotError::Expired { compacted }) => {
             let message = if from_continue {
                 "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.".to_owned()
@@ -543,17 +546,9 @@ fn list_inner(
         }
     };
     drop(store);
-    let matching = snapshot
-        .into_iter()
-        .filter(|(key, obj)| start_after.as_ref().is_none_or(|s| key > s) && filter.matches(obj));
     let mut items = Vec::new();
     let mut last_key = None;
-    let mut remaining = 0usize;
-    for (key, mut obj) in matching {
-        if limit.is_some_and(|l| items.len() >= l) {
-            remaining += 1;
-            continue;
-        }
+    for (key, mut obj) in page {
         if let Some(map) = obj.as_object_mut() {
             // Items of a list carry no kind/apiVersion, as from a real server.
             map.remove("kind");

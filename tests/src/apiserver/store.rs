@@ -115,12 +115,31 @@ impl Store {
         self.objects.iter().filter(move |(k, _)| k.0 == kind)
     }
 
-    /// Objects of `kind` as they were at resourceVersion `at`.
+    /// The whole list of `kind` as it was at `at` (tests; the server
+    /// serves pages, see [`Store::page`]).
+    #[cfg(test)]
     pub fn snapshot(
         &self,
         kind: ResourceKind,
         at: u64,
     ) -> Result<BTreeMap<Key, Value>, SnapshotError> {
+        let (items, _) = self.page(kind, at, None, None, |_| true)?;
+        Ok(items.into_iter().collect())
+    }
+
+    /// One page of the list of `kind` as it was at `at`: the objects after
+    /// key `after` (in key order) that `keep` accepts, at most `limit` of
+    /// them, and how many more such objects follow. Only the page is
+    /// cloned, so paginating through N objects costs O(N) clones, not the
+    /// O(N^2 / limit) of cloning a whole snapshot per page.
+    pub fn page(
+        &self,
+        kind: ResourceKind,
+        at: u64,
+        after: Option<&Key>,
+        limit: Option<usize>,
+        mut keep: impl FnMut(&Value) -> bool,
+    ) -> Result<(Vec<(Key, Value)>, usize), SnapshotError> {
         if at < self.compacted {
             return Err(SnapshotError::Expired {
                 compacted: self.compacted,
@@ -129,10 +148,9 @@ impl Store {
         if at > self.rv {
             return Err(SnapshotError::TooLarge { current: self.rv });
         }
-        let mut map: BTreeMap<Key, Value> = self
-            .current(kind)
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        // The value at `at` of every key changed since (None: absent then);
+        // newest first, so the oldest change's `prev` wins.
+        let mut overlay: BTreeMap<Key, Option<&Value>> = BTreeMap::new();
         for change in self.history.iter().rev().take_while(|c| c.rv > at) {
             if change.kind != kind {
                 continue;
@@ -140,13 +158,47 @@ impl Store {
             let Some(any) = change.prev.as_ref().or(change.cur.as_ref()) else {
                 continue;
             };
-            let key = key_of(kind, any);
-            match &change.prev {
-                Some(prev) => map.insert(key, prev.clone()),
-                None => map.remove(&key),
-            };
+            overlay.insert(key_of(kind, any), change.prev.as_ref());
         }
-        Ok(map)
+        let start = (kind, String::new(), String::new());
+        let beyond = |k: &Key| after.is_none_or(|a| k > a);
+        let mut current = self
+            .objects
+            .range(start.clone()..)
+            .take_while(|(k, _)| k.0 == kind)
+            .filter(|(k, _)| beyond(k) && !overlay.contains_key(*k))
+            .peekable();
+        let mut past = overlay
+            .iter()
+            .filter(|(k, _)| beyond(k))
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .peekable();
+        let mut items = Vec::new();
+        let mut remaining = 0;
+        loop {
+            let next = match (current.peek(), past.peek()) {
+                (None, None) => break,
+                (Some(_), None) => current.next(),
+                (None, Some(_)) => past.next(),
+                (Some(c), Some(p)) => {
+                    if c.0 < p.0 {
+                        current.next()
+                    } else {
+                        past.next()
+                    }
+                }
+            };
+            let Some((key, value)) = next else { break };
+            if !keep(value) {
+                continue;
+            }
+            if limit.is_some_and(|l| items.len() >= l) {
+                remaining += 1;
+            } else {
+                items.push((key.clone(), value.clone()));
+            }
+        }
+        Ok((items, remaining))
     }
 
     /// Changes after resourceVersion `after`, oldest first.
