@@ -182,6 +182,9 @@ impl Feed {
                     server.apply_json(service_json(set, i))?;
                     server.apply_json(slice_json(set, i, None))?;
                 }
+                // The agent lists from scratch; the history of the load is
+                // only memory.
+                server.compact();
                 let dir = ManifestDir::create()?;
                 server.write_kubeconfig(dir.path().join("kubeconfig"))?;
                 Ok((
