@@ -225,12 +225,12 @@ impl Sync {
                 self.scan_conntrack();
             }
             let dirty = std::mem::take(&mut self.dirty);
-            if !dirty.is_empty() || !self.first_sync {
+            let translated = !dirty.is_empty() || !self.first_sync;
+            if translated {
                 let changed = self
                     .desired
                     .update(&self.stores, &dirty, &self.config.translate);
                 self.pending.extend(changed);
-                self.refresh_problems();
                 let checks = self.desired.health_checks();
                 self.health_checks.send_if_modified(|current| {
                     let modified = *current != checks;
@@ -240,8 +240,13 @@ impl Sync {
             }
             let work =
                 resync_due || scan_due || !self.pending.is_empty() || !self.unsynced.is_empty();
+            // The problem report walks every stored object: after the map
+            // writes, so that it never delays a change reaching the maps.
+            let ok = !work || tokio::task::block_in_place(|| self.reconcile(resync_due));
+            if translated {
+                self.refresh_problems();
+            }
             if work {
-                let ok = tokio::task::block_in_place(|| self.reconcile(resync_due));
                 if !ok {
                     // Retry soon; `/healthz` turns red if this persists.
                     next_scan = Instant::now() + Duration::from_secs(1);
@@ -313,8 +318,8 @@ impl Sync {
         for e in &report.errors {
             warn!(error = %e, "map write failed");
         }
-        self.update_gauges();
         if !report.errors.is_empty() {
+            self.update_gauges();
             // Try these again.
             self.pending.extend(pending);
             return false;
@@ -326,6 +331,8 @@ impl Sync {
                 .update_latency
                 .observe(now.duration_since(sent).as_secs_f64());
         }
+        // Gauges walk every programmed frontend: after the latency is taken.
+        self.update_gauges();
         self.health.updates_done(n);
         self.health.synced();
         if let Ok(t) = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH) {
