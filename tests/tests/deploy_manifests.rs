@@ -300,7 +300,7 @@ fn daemonset_command_line_parses_with_the_agent_cli() -> Result<()> {
 #[test]
 fn probes_hit_the_agent_health_endpoints() -> Result<()> {
     let m = load()?;
-    let (_, _, container) = agent_pod(&m)?;
+    let (ds, _, container) = agent_pod(&m)?;
     let args = agent_args(container)?;
     let healthz = args.healthz_bind_address;
     ensure!(
@@ -335,7 +335,7 @@ fn probes_hit_the_agent_health_endpoints() -> Result<()> {
             "{name} port is not --healthz-bind-address's"
         );
     }
-    let annotations = m.daemon_sets[0]
+    let annotations = ds
         .spec
         .as_ref()
         .and_then(|s| s.template.metadata.as_ref())
@@ -383,9 +383,9 @@ fn cluster_role_grants_exactly_what_the_agent_uses() -> Result<()> {
     let missing: Vec<_> = used.difference(&granted).collect();
     ensure!(
         extra.is_empty() && missing.is_empty(),
-        "ClusterRole {:?} does not match sluice::sources::kube::API_ACCESS: \
+        "ClusterRole {} does not match sluice::sources::kube::API_ACCESS: \
          granted but unused (group, resource, verb): {extra:?}; used but not granted: {missing:?}",
-        role.metadata.name
+        role.metadata.name.as_deref().unwrap_or("(unnamed)")
     );
     Ok(())
 }
@@ -419,11 +419,15 @@ fn binding_ties_the_role_to_the_daemonset_service_account() -> Result<()> {
         sa.automount_service_account_token != Some(false),
         "ServiceAccount {account} must not disable token mounting"
     );
-    let role = m.cluster_roles[0].metadata.name.as_deref();
+    let role = m
+        .cluster_roles
+        .first()
+        .and_then(|r| r.metadata.name.as_deref())
+        .ok_or_else(|| anyhow!("no named ClusterRole in deploy/"))?;
     let bound = m.bindings.iter().any(|b| {
         b.role_ref.kind == "ClusterRole"
             && b.role_ref.api_group == "rbac.authorization.k8s.io"
-            && Some(b.role_ref.name.as_str()) == role
+            && b.role_ref.name == role
             && b.subjects.iter().flatten().any(|s| {
                 s.kind == "ServiceAccount"
                     && s.name == account
@@ -432,7 +436,7 @@ fn binding_ties_the_role_to_the_daemonset_service_account() -> Result<()> {
     });
     ensure!(
         bound,
-        "no ClusterRoleBinding binds ClusterRole {role:?} to ServiceAccount {namespace}/{account}"
+        "no ClusterRoleBinding binds ClusterRole {role} to ServiceAccount {namespace}/{account}"
     );
     Ok(())
 }
