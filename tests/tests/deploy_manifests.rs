@@ -37,8 +37,13 @@ const DOCUMENTED_CAPABILITIES: [&str; 3] = ["BPF", "NET_ADMIN", "PERFMON"];
 /// that it covers every process of the node.
 const HOST_CGROUP2_ROOT: &str = "/sys/fs/cgroup";
 
+/// Where the agent's in-cluster config (kube's `Config::incluster_env`)
+/// finds the API server. The DaemonSet must set them: their default is the
+/// `kubernetes` Service's ClusterIP, which only sluice routes.
+const API_SERVER_ENV: [&str; 2] = ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"];
+
 /// Environment variables the agent reads that are not CLI flags.
-const OTHER_AGENT_ENV: [&str; 1] = ["RUST_LOG"];
+const OTHER_AGENT_ENV: [&str; 3] = ["RUST_LOG", API_SERVER_ENV[0], API_SERVER_ENV[1]];
 
 /// Stands in for `spec.nodeName`, which the kubelet fills in.
 const NODE_NAME_STAND_IN: &str = "node-a";
@@ -298,6 +303,37 @@ fn daemonset_command_line_parses_with_the_agent_cli() -> Result<()> {
 }
 
 #[test]
+fn agent_reaches_the_api_server_without_service_routing() -> Result<()> {
+    let m = load()?;
+    let (_, _, container) = agent_pod(&m)?;
+    for name in API_SERVER_ENV {
+        let var = container
+            .env
+            .iter()
+            .flatten()
+            .find(|v| v.name == name)
+            .ok_or_else(|| {
+                anyhow!(
+                    "env {name} is not set: the agent would reach the API server through the \
+                     `kubernetes` ClusterIP, which no one routes on a node that boots without \
+                     kube-proxy or sluice's pins"
+                )
+            })?;
+        let value = var
+            .value
+            .as_deref()
+            .ok_or_else(|| anyhow!("env {name} needs a literal value"))?;
+        ensure!(!value.is_empty(), "env {name} is empty");
+        if name == "KUBERNETES_SERVICE_PORT" {
+            value
+                .parse::<u16>()
+                .with_context(|| format!("env {name}={value} is not a port"))?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
 fn probes_hit_the_agent_health_endpoints() -> Result<()> {
     let m = load()?;
     let (ds, _, container) = agent_pod(&m)?;
@@ -452,8 +488,8 @@ fn pins_and_cgroup_are_the_nodes() -> Result<()> {
     );
     assert_eq!(
         pod.dns_policy.as_deref(),
-        Some("ClusterFirstWithHostNet"),
-        "dnsPolicy: a hostNetwork pod needs ClusterFirstWithHostNet for cluster DNS"
+        Some("Default"),
+        "dnsPolicy: the agent must not depend on cluster DNS, a Service it routes itself"
     );
 
     let root = &args.bpf.bpf_root;
