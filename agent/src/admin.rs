@@ -15,6 +15,15 @@ use tracing::{debug, warn};
 
 use crate::{health::Health, metrics::Metrics};
 
+/// Liveness: the sync loop keeps up and the API answers (`health.rs`).
+pub const HEALTHZ_PATH: &str = "/healthz";
+/// Same as `/healthz`, under the name newer components use.
+pub const LIVEZ_PATH: &str = "/livez";
+/// Readiness: the first complete sync reached the maps.
+pub const READYZ_PATH: &str = "/readyz";
+/// The counters and gauges, in OpenMetrics text.
+pub const METRICS_PATH: &str = "/metrics";
+
 #[derive(Clone)]
 pub struct Admin {
     pub health: Arc<Health>,
@@ -38,7 +47,7 @@ fn rfc3339(t: Option<std::time::SystemTime>) -> Option<String> {
 impl Admin {
     fn handle(&self, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         match req.uri().path() {
-            "/healthz" | "/livez" => {
+            HEALTHZ_PATH | LIVEZ_PATH => {
                 let report = self.health.report();
                 let body = serde_json::json!({
                     "lastUpdated": rfc3339(report.last_sync),
@@ -56,7 +65,7 @@ impl Admin {
                 };
                 respond(status, "application/json", body.to_string())
             }
-            "/readyz" => {
+            READYZ_PATH => {
                 let report = self.health.report();
                 if report.ready {
                     respond(StatusCode::OK, "text/plain", "ok\n".into())
@@ -68,7 +77,7 @@ impl Admin {
                     )
                 }
             }
-            "/metrics" => respond(
+            METRICS_PATH => respond(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 self.metrics.encode(),

@@ -42,7 +42,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Setup => toolchain::setup().map(|_| ()),
         Command::BuildEbpf => {
-            let tc = toolchain::setup()?;
+            let tc = toolchain::build_toolchain()?;
             ebpf::build(&tc)
         }
         Command::Test(args) => test::run_tests(&args),

@@ -248,6 +248,16 @@ fn ensure_runtime_tools() -> Result<()> {
 /// Makes the machine able to build and run sluice's eBPF code and returns
 /// the toolchain to use. Quick when everything is already there.
 pub fn setup() -> Result<Toolchain> {
+    let toolchain = build_toolchain()?;
+    ensure_runtime_tools()?;
+    ensure_bpffs()?;
+    Ok(toolchain)
+}
+
+/// Only what building the eBPF object needs: the compiler and bpf-linker.
+/// `build-ebpf` stops here, so that it also works in a container image
+/// build, which can neither mount bpffs nor use the runtime tools.
+pub fn build_toolchain() -> Result<Toolchain> {
     let toolchain = match rustup_nightly().or_else(debian) {
         Some(tc) => tc,
         None if Path::new("/usr/bin/apt-get").exists() && is_root() => {
@@ -272,8 +282,6 @@ pub fn setup() -> Result<Toolchain> {
         }
     }
     ensure_bpf_linker(llvm)?;
-    ensure_runtime_tools()?;
-    ensure_bpffs()?;
     eprintln!("eBPF toolchain: {}", toolchain.description);
     Ok(toolchain)
 }

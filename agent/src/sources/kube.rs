@@ -34,6 +34,37 @@ use crate::{health::Health, metrics::Metrics, translate::ObjectKey};
 pub const SERVICE_SELECTOR: &str =
     "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
 
+/// One kind of request the agent makes: `verbs` on `resource` of API
+/// `group` (`""` is the core group).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiAccess {
+    pub group: &'static str,
+    pub resource: &'static str,
+    pub verbs: &'static [&'static str],
+}
+
+/// What the agent asks the API server for, and so exactly what its
+/// ClusterRole must grant (`tests/tests/deploy_manifests.rs` holds
+/// `deploy/` to it): the three watchers list and watch, and the probe
+/// lists its own Node's metadata. Keep it in step with `run` and `probe`.
+pub const API_ACCESS: &[ApiAccess] = &[
+    ApiAccess {
+        group: <Service as k8s_openapi::Resource>::GROUP,
+        resource: <Service as k8s_openapi::Resource>::URL_PATH_SEGMENT,
+        verbs: &["list", "watch"],
+    },
+    ApiAccess {
+        group: <EndpointSlice as k8s_openapi::Resource>::GROUP,
+        resource: <EndpointSlice as k8s_openapi::Resource>::URL_PATH_SEGMENT,
+        verbs: &["list", "watch"],
+    },
+    ApiAccess {
+        group: <Node as k8s_openapi::Resource>::GROUP,
+        resource: <Node as k8s_openapi::Resource>::URL_PATH_SEGMENT,
+        verbs: &["list", "watch"],
+    },
+];
+
 /// Runs the three watchers until the receiver goes away.
 pub async fn run(
     client: Client,
