@@ -13,8 +13,8 @@ use sluice_common::{
         SOCKETS_MAX, SOURCE_RANGES_MAX,
     },
     stats::STAT_COUNT,
-    Affinity4Key, AffinityValue, Backend, Config, Ct4Key, CtEntry, SockEntry, SockRevKey,
-    SockRevValue, SrcRange4, Stat, Svc4Key, SvcValue,
+    Affinity4Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, SockEntry, SockRevKey,
+    SockRevValue, SrcRange4, Stat, Svc4Key, Svc6Key, SvcValue,
 };
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -29,6 +29,14 @@ pub static BACKENDS: HashMap<u32, Backend, { DEFAULT_BACKENDS_MAX as usize }, NO
 
 #[btf_map(name = "sl_ct4")]
 pub static CONNTRACK_V4: LruHashMap<Ct4Key, CtEntry, { DEFAULT_CONNTRACK_MAX as usize }> =
+    LruHashMap::new();
+
+#[btf_map(name = "sl_svc6")]
+pub static SERVICES_V6: HashMap<Svc6Key, SvcValue, { DEFAULT_SERVICES_MAX as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+#[btf_map(name = "sl_ct6")]
+pub static CONNTRACK_V6: LruHashMap<Ct6Key, CtEntry, { DEFAULT_CONNTRACK_MAX as usize }> =
     LruHashMap::new();
 
 #[btf_map(name = "sl_stats")]
@@ -91,6 +99,8 @@ const fn same(a: &str, b: &str) -> bool {
 const _: () = assert!(same("sl_svc4", names::SERVICES_V4));
 const _: () = assert!(same("sl_backends", names::BACKENDS));
 const _: () = assert!(same("sl_ct4", names::CONNTRACK_V4));
+const _: () = assert!(same("sl_svc6", names::SERVICES_V6));
+const _: () = assert!(same("sl_ct6", names::CONNTRACK_V6));
 const _: () = assert!(same("sl_stats", names::STATS));
 const _: () = assert!(same("sl_config", names::CONFIG));
 const _: () = assert!(same("sl_aff4", names::AFFINITY_V4));
@@ -115,6 +125,13 @@ pub fn count(stat: Stat) {
 pub fn service(key: &Svc4Key) -> Option<&'static SvcValue> {
     // SAFETY: see above.
     SERVICES_V4.get_ptr(key).map(|p| unsafe { &*p })
+}
+
+/// An IPv6 frontend entry (a reference, as for `service`).
+#[inline(always)]
+pub fn service6(key: &Svc6Key) -> Option<&'static SvcValue> {
+    // SAFETY: see `service`.
+    SERVICES_V6.get_ptr(key).map(|p| unsafe { &*p })
 }
 
 /// A backend (a reference, as for `service`).
