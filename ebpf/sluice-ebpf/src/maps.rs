@@ -1,6 +1,7 @@
 //! The map definitions. Names and layouts come from `sluice_common`; the
 //! sizes here are defaults that the agent overrides at load time.
 
+use crate::flow6::Flow6;
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, BPF_F_NO_PREALLOC},
     btf_maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
@@ -68,11 +69,36 @@ pub static SOURCE_RANGES_V4: LpmTrie<SrcRange4, u8, { SOURCE_RANGES_MAX as usize
 pub struct Scratch {
     pub ct: CtEntry,
     pub fib: bpf_fib_lookup,
-    pub pkt: [u8; 80],
+    /// Large enough for an ICMPv6 error quoting an IPv6 UDP header (110).
+    pub pkt: [u8; PKT_MAX],
 }
+
+/// Size of `Scratch::pkt`.
+pub const PKT_MAX: usize = 112;
 
 #[btf_map(name = "sl_scratch")]
 pub static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
+
+/// The IPv6 path's working set: the packet's tuple and the map keys built
+/// from it, all too large to keep on the stack after the IPv4 path's frame
+/// (see `flow6::Flow6`). Separate from `Scratch` so that the IPv6 path can
+/// hold a reference to its flow while the reject builders use `pkt`.
+#[repr(C)]
+pub struct Scratch6 {
+    pub flow: Flow6,
+    pub ct_key: Ct6Key,
+    pub svc_key: Svc6Key,
+}
+
+#[btf_map(name = "sl_scratch6")]
+pub static SCRATCH6: PerCpuArray<Scratch6, 1> = PerCpuArray::new();
+
+/// This CPU's IPv6 scratch space.
+#[inline(always)]
+pub fn scratch6() -> Option<&'static mut Scratch6> {
+    // SAFETY: a per-CPU slot that only the running program uses.
+    SCRATCH6.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+}
 
 /// This CPU's scratch space.
 #[inline(always)]
