@@ -362,3 +362,46 @@ fn v6_fragments_pass_unbalanced_and_are_counted() -> Result<()> {
     assert_eq!(answer, b.name);
     Ok(())
 }
+
+/// Path MTU discovery through an IPv6 VIP: the underlay between two nodes
+/// has the IPv6 minimum MTU, so node 1 answers the client's full-size
+/// (DNATed) segments with Packet Too Big quoting client -> backend. Unless
+/// the egress program puts the VIP back into the quote, the client's stack
+/// finds no socket for it, never lowers its MSS, and the transfer stalls
+/// (IPv6 routers never fragment).
+#[test]
+fn v6_packet_too_big_reaches_the_client_as_about_the_vip() -> Result<()> {
+    let node1 = Topology::with_index(1, 1, 0)?;
+    let node2 = Topology::with_index(2, 0, 1)?;
+    Topology::join(&node1, &node2)?;
+    node1.strict_checksums()?;
+    node2.strict_checksums()?;
+    for node in [&node1, &node2] {
+        node.node.ip(&["link", "set", "u0", "mtu", "1280"])?;
+    }
+    let remote = &node2.backends[0];
+    let _server = servers::tcp_greeter6(&remote.ns, 8080, &remote.name)?;
+    let mut lb = Lb::load(&node1)?;
+    lb.set(cluster_ip6(
+        "big6",
+        VIP6,
+        80,
+        Proto::Tcp,
+        &[(remote.ip6, 8080, BackendState::Active)],
+    ));
+
+    let mut stream = Stream::connect(&node1.clients[0].ns, vip6(VIP6, 80))?;
+    assert_eq!(stream.backend, "node2-backend-0");
+    // 64 KiB in one line: many segments of the client's 1500-byte MTU.
+    let big = "x".repeat(64 * 1024);
+    for _ in 0..3 {
+        stream
+            .exchange(&big)
+            .context("a transfer larger than the underlay MTU")?;
+    }
+    assert!(
+        lb.stat(Stat::IcmpTranslated)? >= 1,
+        "no ICMPv6 error was translated, so the test did not exercise PMTU"
+    );
+    Ok(())
+}

@@ -12,9 +12,9 @@ use crate::{
     error::Error,
     flow::{ensure, read},
     headers::{
-        Ipv6Hdr, TcpHdr, UdpHdr, ETH_LEN, IPV6_LEN, NEXTHDR_AUTH, NEXTHDR_DEST, NEXTHDR_FRAGMENT,
-        NEXTHDR_HIP, NEXTHDR_HOP, NEXTHDR_MOBILITY, NEXTHDR_ROUTING, NEXTHDR_SHIM6, TCP_ACK,
-        TCP_LEN, TCP_SYN, UDP_LEN,
+        Ipv6Hdr, TcpHdr, UdpHdr, ETH_LEN, IPPROTO_ICMPV6, IPV6_LEN, NEXTHDR_AUTH, NEXTHDR_DEST,
+        NEXTHDR_FRAGMENT, NEXTHDR_HIP, NEXTHDR_HOP, NEXTHDR_MOBILITY, NEXTHDR_ROUTING,
+        NEXTHDR_SHIM6, TCP_ACK, TCP_LEN, TCP_SYN, UDP_LEN,
     },
 };
 
@@ -45,6 +45,8 @@ pub enum Parsed6 {
     Fragment,
     /// Another extension header follows the fixed header: not balanced.
     ExtHeader,
+    /// ICMPv6 (its errors may quote a DNATed packet: `icmp6.rs`).
+    Icmp,
     /// Not IPv6 TCP/UDP (ICMPv6, neighbour discovery, ...): not ours.
     Other,
 }
@@ -73,6 +75,7 @@ impl Flow6 {
             NEXTHDR_FRAGMENT => return Ok(Parsed6::Fragment),
             NEXTHDR_HOP | NEXTHDR_ROUTING | NEXTHDR_AUTH | NEXTHDR_DEST | NEXTHDR_MOBILITY
             | NEXTHDR_HIP | NEXTHDR_SHIM6 => return Ok(Parsed6::ExtHeader),
+            IPPROTO_ICMPV6 => return Ok(Parsed6::Icmp),
             _ => return Ok(Parsed6::Other),
         }
         self.src = ip.src;

@@ -12,6 +12,9 @@
 //! is dropped and counted), source ranges and session affinity (the agent
 //! never sets those flags on an IPv6 frontend; a frontend that has them is
 //! refused new flows rather than served without them).
+//!
+//! Map calls take keys and values by reference on purpose (clippy would
+//! pass them by value): a copy would put them back on the stack.
 #![allow(clippy::needless_borrows_for_generic_args)]
 
 use aya_ebpf::{
@@ -61,7 +64,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
             count(Stat::Ipv6ExtHeader);
             return Ok(Verdict::Next);
         }
-        Parsed6::Other => return Ok(Verdict::Next),
+        Parsed6::Icmp | Parsed6::Other => return Ok(Verdict::Next),
     }
     s.flow.svc_key_into(&mut s.svc_key, 0);
     let Some(master) = maps::service6(&s.svc_key) else {

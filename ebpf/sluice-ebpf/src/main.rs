@@ -30,6 +30,7 @@ mod flow6;
 mod hash;
 mod headers;
 mod icmp;
+mod icmp6;
 mod ingress;
 mod ingress6;
 mod maps;
