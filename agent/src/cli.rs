@@ -131,6 +131,12 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_SOCKET_LB", default_value_t = true, action = clap::ArgAction::Set)]
     pub socket_lb: bool,
 
+    /// Balance IPv6 frontends too (`sl_svc6`). Off: IPv6 addresses and
+    /// endpoints are skipped and reported as `ipv6_unsupported`; the IPv4
+    /// side of dual-stack services works either way.
+    #[arg(long, env = "SLUICE_IPV6", default_value_t = true, action = clap::ArgAction::Set)]
+    pub ipv6: bool,
+
     /// cgroup (v2) whose processes get socket-level balancing (default: the
     /// cgroup2 mount's root, i.e. the whole node).
     #[arg(long, env = "SLUICE_CGROUP_ROOT")]
@@ -146,7 +152,8 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_NODEPORT_ADDRESSES", value_delimiter = ',')]
     pub nodeport_addresses: Vec<String>,
 
-    /// Capacity of sl_svc4 (frontends plus backend slots).
+    /// Capacity of sl_svc4 and of sl_svc6, each (frontends plus backend
+    /// slots).
     #[arg(long, env = "SLUICE_SERVICES_MAP_SIZE", default_value_t = sluice_common::maps::DEFAULT_SERVICES_MAX)]
     pub services_map_size: u32,
 
@@ -154,7 +161,7 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_BACKENDS_MAP_SIZE", default_value_t = sluice_common::maps::DEFAULT_BACKENDS_MAX)]
     pub backends_map_size: u32,
 
-    /// Capacity of sl_ct4 (two entries per flow).
+    /// Capacity of sl_ct4 and of sl_ct6, each (two entries per flow).
     #[arg(long, env = "SLUICE_CONNTRACK_MAP_SIZE", default_value_t = sluice_common::maps::DEFAULT_CONNTRACK_MAX)]
     pub conntrack_map_size: u32,
 

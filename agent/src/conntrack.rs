@@ -1,5 +1,7 @@
-//! Reading the conntrack map: garbage collection and live flows per
-//! backend (for the drain manager and `sluice lb list`).
+//! Reading the conntrack maps (`sl_ct4`, `sl_ct6`): garbage collection and
+//! live flows per backend (for the drain manager and `sluice lb list`).
+//! Both families hold the same `CtEntry` values and follow the same rules;
+//! only the key type differs (`CtKey`).
 //!
 //! The datapath never deletes entries. A scan marks as stale:
 //! - forward entries idle longer than their state's timeout;
@@ -10,12 +12,12 @@
 //!   before its forward entry, and a scan may read the one without the
 //!   other.
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, hash::Hash, time::Duration};
 
 use sluice_common::{
     conntrack::{timeouts, CT_F_SEEN_REPLY},
-    maps as names, Affinity4Key, AffinityValue, Backend, Ct4Key, CtEntry, CtKind, SockEntry,
-    SockRevKey, IPPROTO_TCP,
+    maps as names, Affinity4Key, AffinityValue, Backend, Ct4Key, Ct6Key, CtEntry, CtKind,
+    SockEntry, SockRevKey, IPPROTO_TCP,
 };
 
 use crate::datapath::{DatapathError, Maps};
@@ -31,9 +33,34 @@ pub fn monotonic_ns() -> u64 {
 /// How long a reply entry without a live forward entry survives.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(timeouts::TCP_CLOSING_S);
 
+/// A conntrack key of either family.
+pub trait CtKey: Copy + Eq + Hash {
+    fn proto(&self) -> u8;
+    /// The key of the forward entry the reply entry `entry` belongs to.
+    fn forward_of(entry: &CtEntry, proto: u8) -> Self;
+}
+
+impl CtKey for Ct4Key {
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+    fn forward_of(entry: &CtEntry, proto: u8) -> Self {
+        entry.forward_key_of_reply(proto)
+    }
+}
+
+impl CtKey for Ct6Key {
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+    fn forward_of(entry: &CtEntry, proto: u8) -> Self {
+        entry.forward_key6_of_reply(proto)
+    }
+}
+
 /// How long an entry may stay idle.
-pub fn timeout(key: &Ct4Key, entry: &CtEntry) -> Duration {
-    let secs = if key.proto != IPPROTO_TCP {
+pub fn timeout<K: CtKey>(key: &K, entry: &CtEntry) -> Duration {
+    let secs = if key.proto() != IPPROTO_TCP {
         timeouts::UDP_S
     } else if entry.is_closing() {
         timeouts::TCP_CLOSING_S
@@ -46,8 +73,8 @@ pub fn timeout(key: &Ct4Key, entry: &CtEntry) -> Duration {
 }
 
 /// The key of the forward entry a reply entry belongs to.
-pub fn forward_key_of_reply(key: &Ct4Key, entry: &CtEntry) -> Ct4Key {
-    entry.forward_key_of_reply(key.proto)
+pub fn forward_key_of_reply<K: CtKey>(key: &K, entry: &CtEntry) -> K {
+    K::forward_of(entry, key.proto())
 }
 
 /// Session affinity entries to delete: their backend is gone or belongs to
@@ -90,41 +117,59 @@ pub fn read_affinities(maps: &Maps) -> Result<Vec<(Affinity4Key, AffinityValue)>
     Ok(all)
 }
 
-#[derive(Debug, Default)]
-pub struct CtScan {
+#[derive(Debug)]
+pub struct CtScan<K> {
     /// Live (not closing, not expired) forward entries per backend id.
     pub flows: HashMap<u32, u32>,
     /// Entries to delete.
-    pub stale: Vec<Ct4Key>,
+    pub stale: Vec<K>,
     /// Entries read.
     pub entries: usize,
 }
 
-/// Every entry of the IPv4 conntrack map.
-pub fn read_all(maps: &Maps) -> Result<Vec<(Ct4Key, CtEntry)>, DatapathError> {
+impl<K> Default for CtScan<K> {
+    fn default() -> Self {
+        Self {
+            flows: HashMap::new(),
+            stale: Vec::new(),
+            entries: 0,
+        }
+    }
+}
+
+/// Every entry of one conntrack map.
+fn read_map<K: aya::Pod>(
+    map: &aya::maps::HashMap<aya::maps::MapData, K, CtEntry>,
+    name: &'static str,
+) -> Result<Vec<(K, CtEntry)>, DatapathError> {
     let mut all = Vec::new();
-    for item in maps.conntrack_v4.iter() {
+    for item in map.iter() {
         match item {
             Ok(kv) => all.push(kv),
             // An entry may vanish (LRU) between listing its key and reading it.
             Err(aya::maps::MapError::KeyNotFound) => continue,
-            Err(source) => {
-                return Err(DatapathError::Map {
-                    name: names::CONNTRACK_V4,
-                    source,
-                })
-            }
+            Err(source) => return Err(DatapathError::Map { name, source }),
         }
     }
     Ok(all)
 }
 
+/// Every entry of the IPv4 conntrack map.
+pub fn read_all(maps: &Maps) -> Result<Vec<(Ct4Key, CtEntry)>, DatapathError> {
+    read_map(&maps.conntrack_v4, names::CONNTRACK_V4)
+}
+
+/// Every entry of the IPv6 conntrack map.
+pub fn read_all6(maps: &Maps) -> Result<Vec<(Ct6Key, CtEntry)>, DatapathError> {
+    read_map(&maps.conntrack_v6, names::CONNTRACK_V6)
+}
+
 /// Judges every entry against the programmed backends at `now_ns`.
-pub fn scan(
-    entries: &[(Ct4Key, CtEntry)],
+pub fn scan<K: CtKey>(
+    entries: &[(K, CtEntry)],
     backends: &HashMap<u32, Backend>,
     now_ns: u64,
-) -> CtScan {
+) -> CtScan<K> {
     let mut out = CtScan {
         entries: entries.len(),
         ..CtScan::default()
@@ -134,10 +179,10 @@ pub fn scan(
             .get(&e.backend_id)
             .is_some_and(|b| b.svc_id == e.svc_id)
     };
-    let fresh = |k: &Ct4Key, e: &CtEntry| {
+    let fresh = |k: &K, e: &CtEntry| {
         Duration::from_nanos(now_ns.saturating_sub(e.last_seen_ns)) <= timeout(k, e)
     };
-    let mut live_forward: HashMap<Ct4Key, u32> = HashMap::new();
+    let mut live_forward: HashMap<K, u32> = HashMap::new();
     for (key, entry) in entries {
         if entry.kind != CtKind::Forward as u8 {
             continue;
@@ -276,6 +321,57 @@ mod tests {
         assert_eq!(s.stale.len(), 2);
     }
 
+    /// The IPv6 twin of `flow`: client [fd00:10::2]:40000 -> [fd00:96::1]:80.
+    fn flow6(backend_id: u32, flags: u8, last_seen_ns: u64) -> [(Ct6Key, CtEntry); 2] {
+        let ip = |s: &str| -> [u8; 16] {
+            s.parse::<std::net::Ipv6Addr>()
+                .map(|a| a.octets())
+                .unwrap_or_default()
+        };
+        let (client, vip, backend) = (ip("fd00:10::2"), ip("fd00:96::1"), ip("fd00:20::2"));
+        let fwd = CtEntry {
+            last_seen_ns,
+            backend_id,
+            svc_id: 1,
+            kind: CtKind::Forward as u8,
+            flags,
+            ..CtEntry::default()
+        };
+        let rev = CtEntry {
+            kind: CtKind::Reply as u8,
+            nat_addr: vip,
+            nat_port: 80,
+            peer_addr: client,
+            peer_port: 40000,
+            flags: 0,
+            ..fwd
+        };
+        [
+            (Ct6Key::new(client, vip, 40000, 80, IPPROTO_TCP), fwd),
+            (Ct6Key::new(backend, client, 8080, 40000, IPPROTO_TCP), rev),
+        ]
+    }
+
+    #[test]
+    fn ipv6_flows_follow_the_same_rules() {
+        let backends = HashMap::from([(5, backend(1))]);
+        let s = scan(&flow6(5, CT_F_SEEN_REPLY, 100 * S), &backends, 101 * S);
+        assert_eq!(s.flows.get(&5), Some(&1));
+        assert!(
+            s.stale.is_empty(),
+            "the reply entry finds its forward entry"
+        );
+        let s = scan(
+            &flow6(5, CT_F_SEEN_REPLY, 100 * S),
+            &HashMap::new(),
+            101 * S,
+        );
+        assert_eq!(s.stale.len(), 2, "a removed backend's entries go");
+        let [_, reply] = flow6(5, 0, 100 * S);
+        let later = 100 * S + ORPHAN_GRACE.as_nanos() as u64 + 1;
+        assert_eq!(scan(&[reply], &backends, later).stale, vec![reply.0]);
+    }
+
     #[test]
     fn orphan_reply_entry_is_stale_after_a_grace_period() {
         let backends = HashMap::from([(5, backend(1))]);
@@ -360,16 +456,23 @@ pub fn scan_sockets(
     out
 }
 
-/// Live flows per backend: conntrack's and the node's own sockets'.
+/// Live flows per backend: both conntrack maps' and the node's own
+/// sockets'.
 pub fn live_flows(
     maps: &Maps,
     backends: &HashMap<u32, Backend>,
 ) -> Result<HashMap<u32, u32>, DatapathError> {
-    let entries = read_all(maps)?;
-    let mut flows = scan(&entries, backends, monotonic_ns()).flows;
+    let now = monotonic_ns();
+    let mut flows = scan(&read_all(maps)?, backends, now).flows;
+    add_flows(&mut flows, scan(&read_all6(maps)?, backends, now).flows);
     let (sockets, revs) = read_sockets(maps)?;
-    for (id, n) in scan_sockets(&sockets, &revs, backends).flows {
-        *flows.entry(id).or_default() += n;
-    }
+    add_flows(&mut flows, scan_sockets(&sockets, &revs, backends).flows);
     Ok(flows)
+}
+
+/// Adds per-backend flow counts into `into`.
+pub fn add_flows(into: &mut HashMap<u32, u32>, more: HashMap<u32, u32>) {
+    for (id, n) in more {
+        *into.entry(id).or_default() += n;
+    }
 }

@@ -16,7 +16,7 @@ use serde::Serialize;
 use sluice_common::{
     conntrack::{CT_F_RST, CT_F_RX_CLOSING, CT_F_SEEN_REPLY, CT_F_SYN, CT_F_TX_CLOSING},
     service::{SVC_F_DRAINING, SVC_F_DROP_EMPTY},
-    BackendState, CtKind, FrontendKind, Stat,
+    BackendState, Ct4Key, Ct6Key, CtEntry, CtKind, FrontendKind, Stat,
 };
 
 use crate::{
@@ -131,15 +131,25 @@ pub fn lb_list(args: &ListArgs) -> Result<()> {
 }
 
 fn render_lb(rows: &[FrontendRow]) -> String {
+    // IPv6 addresses are long: the address columns grow to fit (the
+    // backend column is indented 4 more, under the frontend's).
+    let w = rows
+        .iter()
+        .flat_map(|r| {
+            std::iter::once(r.frontend.len()).chain(r.backends.iter().map(|b| b.address.len() + 4))
+        })
+        .max()
+        .map_or(26, |n| n.max(25) + 1);
+    let wb = w - 1;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<5}{:<26}{:<14}{:<7}SELECTABLE",
+        "{:<5}{:<w$}{:<14}{:<7}SELECTABLE",
         "PROT", "FRONTEND", "KIND", "SVC"
     );
     let _ = writeln!(
         out,
-        "  -> {:<25}{:<21}{:>6}  ID",
+        "  -> {:<wb$}{:<21}{:>6}  ID",
         "BACKEND", "STATE", "FLOWS"
     );
     for r in rows {
@@ -155,13 +165,13 @@ fn render_lb(rows: &[FrontendRow]) -> String {
         }
         let _ = writeln!(
             out,
-            "{:<5}{:<26}{:<14}{:<7}{}",
+            "{:<5}{:<w$}{:<14}{:<7}{}",
             r.protocol, r.frontend, r.kind, r.svc_id, notes
         );
         for b in &r.backends {
             let _ = writeln!(
                 out,
-                "  -> {:<25}{:<21}{:>6}  {}",
+                "  -> {:<wb$}{:<21}{:>6}  {}",
                 b.address, b.state, b.flows, b.id
             );
         }
@@ -201,6 +211,43 @@ fn flag_names(flags: u8) -> Vec<&'static str> {
     .collect()
 }
 
+/// A conntrack key of either family, as socket addresses.
+struct Tuple {
+    src: SocketAddr,
+    dst: SocketAddr,
+    proto: u8,
+    v6: bool,
+}
+
+impl Tuple {
+    fn v4(k: &Ct4Key) -> Self {
+        Self {
+            src: SocketAddr::new(IpAddr::from(k.src), k.sport),
+            dst: SocketAddr::new(IpAddr::from(k.dst), k.dport),
+            proto: k.proto,
+            v6: false,
+        }
+    }
+
+    fn v6(k: &Ct6Key) -> Self {
+        Self {
+            src: SocketAddr::new(IpAddr::from(k.src), k.sport),
+            dst: SocketAddr::new(IpAddr::from(k.dst), k.dport),
+            proto: k.proto,
+            v6: true,
+        }
+    }
+
+    /// A 16-byte value address in this tuple's family.
+    fn addr_of(&self, a: &[u8; 16]) -> IpAddr {
+        if self.v6 {
+            IpAddr::from(*a)
+        } else {
+            IpAddr::from([a[0], a[1], a[2], a[3]])
+        }
+    }
+}
+
 /// `sluice ct list`.
 pub fn ct_list(args: &CtListArgs) -> Result<()> {
     let maps = open(&args.bpf.bpf_root)?;
@@ -224,41 +271,42 @@ pub fn ct_list(args: &CtListArgs) -> Result<()> {
         }),
     };
     let now = conntrack::monotonic_ns();
+    let mut entries: Vec<(Tuple, CtEntry)> = conntrack::read_all(&maps)?
+        .into_iter()
+        .map(|(k, e)| (Tuple::v4(&k), e))
+        .collect();
+    entries.extend(
+        conntrack::read_all6(&maps)?
+            .into_iter()
+            .map(|(k, e)| (Tuple::v6(&k), e)),
+    );
     let mut rows = Vec::new();
-    for (key, e) in conntrack::read_all(&maps)? {
-        let nat_ip = IpAddr::from([e.nat_addr[0], e.nat_addr[1], e.nat_addr[2], e.nat_addr[3]]);
-        let nat = SocketAddr::new(nat_ip, e.nat_port);
-        let src = SocketAddr::new(IpAddr::from(key.src), key.sport);
-        let dst = SocketAddr::new(IpAddr::from(key.dst), key.dport);
+    for (key, e) in entries {
         let forward = e.kind == CtKind::Forward as u8;
         let snat = e.flags & sluice_common::conntrack::CT_F_SNAT != 0;
-        let peer = SocketAddr::new(
-            IpAddr::from([
-                e.peer_addr[0],
-                e.peer_addr[1],
-                e.peer_addr[2],
-                e.peer_addr[3],
-            ]),
-            e.peer_port,
-        );
+        let nat = SocketAddr::new(key.addr_of(&e.nat_addr), e.nat_port);
+        let peer = SocketAddr::new(key.addr_of(&e.peer_addr), e.peer_port);
+        let backend = state.backends.get(&e.backend_id).map(|b| {
+            let ep = endpoint_of(b);
+            SocketAddr::new(ep.addr, ep.port)
+        });
+        // What the datapath rewrites on the packets of this entry.
         let rewrite = match (forward, snat) {
             (true, _) => {
-                let backend = state.backends.get(&e.backend_id).map_or_else(
-                    || format!("backend #{}", e.backend_id),
-                    |b| {
-                        let ep = endpoint_of(b);
-                        SocketAddr::new(ep.addr, ep.port).to_string()
-                    },
+                let to = backend.map_or_else(
+                    || format!("backend #{} (gone)", e.backend_id),
+                    |b| b.to_string(),
                 );
                 if snat {
-                    format!("dst {backend} src {nat}")
+                    format!("dst {to} src {nat}")
                 } else {
-                    format!("dst {backend}")
+                    format!("dst {to}")
                 }
             }
             (false, false) => format!("src {nat}"),
             (false, true) => format!("src {nat} dst {peer}"),
         };
+        let (src, dst) = (key.src, key.dst);
         if let Some(svc) = args.service {
             let frontend = if forward { dst } else { nat };
             if frontend != svc {
@@ -290,13 +338,24 @@ pub fn ct_list(args: &CtListArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
+    // IPv6 addresses are long: address columns grow to fit.
+    let w = rows
+        .iter()
+        .flat_map(|r| [r.src.len(), r.dst.len()])
+        .max()
+        .map_or(23, |n| n.max(22) + 1);
+    let rw = rows
+        .iter()
+        .map(|r| r.rewrite.len())
+        .max()
+        .map_or(24, |n| n.max(23) + 1);
     println!(
-        "{:<5}{:<9}{:<23}{:<23}{:<46}{:>7}  {:<6}FLAGS",
+        "{:<5}{:<9}{:<w$}{:<w$}{:<rw$}{:>8}  {:<7}FLAGS",
         "PROT", "KIND", "SOURCE", "DESTINATION", "REWRITE", "BACKEND", "IDLE"
     );
     for r in &rows {
         println!(
-            "{:<5}{:<9}{:<23}{:<23}{:<46}{:>7}  {:<6}{}",
+            "{:<5}{:<9}{:<w$}{:<w$}{:<rw$}{:>8}  {:<7}{}",
             r.proto,
             r.kind,
             r.src,
@@ -354,6 +413,13 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     let maps = open(root)?;
     let (state, _) = read_map_state(&maps)?;
     let ct_entries = conntrack::read_all(&maps)?.len();
+    let ct6_entries = conntrack::read_all6(&maps)?.len();
+    let v6_entries: usize = state
+        .frontends
+        .iter()
+        .filter(|(k, _)| k.addr.is_ipv6())
+        .map(|(_, f)| 1 + f.slots.len())
+        .sum();
     let capacity = |name: &str| {
         aya::maps::MapInfo::from_pin(root.join(name))
             .map(|i| i.max_entries())
@@ -362,8 +428,13 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     let fill = vec![
         MapFill {
             map: sluice_common::maps::SERVICES_V4,
-            entries: state.service_entries(),
+            entries: state.service_entries() - v6_entries,
             capacity: capacity(sluice_common::maps::SERVICES_V4),
+        },
+        MapFill {
+            map: sluice_common::maps::SERVICES_V6,
+            entries: v6_entries,
+            capacity: capacity(sluice_common::maps::SERVICES_V6),
         },
         MapFill {
             map: sluice_common::maps::BACKENDS,
@@ -374,6 +445,11 @@ pub fn status(args: &StatusArgs) -> Result<()> {
             map: sluice_common::maps::CONNTRACK_V4,
             entries: ct_entries,
             capacity: capacity(sluice_common::maps::CONNTRACK_V4),
+        },
+        MapFill {
+            map: sluice_common::maps::CONNTRACK_V6,
+            entries: ct6_entries,
+            capacity: capacity(sluice_common::maps::CONNTRACK_V6),
         },
     ];
     let counters: Vec<(&str, u64)> = Stat::ALL

@@ -124,6 +124,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     info!(
         node = %node_name,
         bpf_root = %root.display(),
+        ipv6 = args.ipv6,
         frontends = reconciler.programmed().frontends.len(),
         backends = reconciler.programmed().backends.len(),
         "datapath loaded; adopted what the maps hold"
@@ -175,7 +176,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     let translate = TranslateConfig {
         node_name: node_name.clone(),
         node_addresses: nodeport_addresses(&args.nodeport_addresses)?,
-        ipv6: false,
+        ipv6: args.ipv6,
     };
     let (checks_tx, checks_rx) = watch::channel(Default::default());
     tasks.spawn(crate::healthcheck::run(

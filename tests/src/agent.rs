@@ -307,12 +307,26 @@ impl Drop for Agent {
 
 /// Manifests for tests and the demo.
 pub mod yaml {
-    use std::net::Ipv4Addr;
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
     /// A ClusterIP Service with one TCP port named `http`.
     pub fn service(name: &str, vip: Ipv4Addr, port: u16, target: u16) -> String {
         format!(
             "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  type: ClusterIP\n  clusterIP: {vip}\n  clusterIPs: [{vip}]\n  selector:\n    app: {name}\n  ports:\n  - name: http\n    protocol: TCP\n    port: {port}\n    targetPort: {target}\n"
+        )
+    }
+
+    /// A dual-stack ClusterIP Service (RequireDualStack, IPv4 first) with
+    /// one TCP port named `http`.
+    pub fn dual_stack_service(
+        name: &str,
+        vip4: Ipv4Addr,
+        vip6: Ipv6Addr,
+        port: u16,
+        target: u16,
+    ) -> String {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  type: ClusterIP\n  clusterIP: {vip4}\n  clusterIPs: [\"{vip4}\", \"{vip6}\"]\n  ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: RequireDualStack\n  selector:\n    app: {name}\n  ports:\n  - name: http\n    protocol: TCP\n    port: {port}\n    targetPort: {target}\n"
         )
     }
 
@@ -342,8 +356,31 @@ pub mod yaml {
 
     /// An EndpointSlice for `service` with port `http`.
     pub fn slice(name: &str, service: &str, port: u16, endpoints: &[(Ipv4Addr, Cond)]) -> String {
+        let endpoints: Vec<(IpAddr, Cond)> = endpoints
+            .iter()
+            .map(|(a, c)| (IpAddr::V4(*a), *c))
+            .collect();
+        slice_of(name, service, port, "IPv4", &endpoints)
+    }
+
+    /// An IPv6 EndpointSlice for `service` with port `http`.
+    pub fn slice6(name: &str, service: &str, port: u16, endpoints: &[(Ipv6Addr, Cond)]) -> String {
+        let endpoints: Vec<(IpAddr, Cond)> = endpoints
+            .iter()
+            .map(|(a, c)| (IpAddr::V6(*a), *c))
+            .collect();
+        slice_of(name, service, port, "IPv6", &endpoints)
+    }
+
+    fn slice_of(
+        name: &str,
+        service: &str,
+        port: u16,
+        address_type: &str,
+        endpoints: &[(IpAddr, Cond)],
+    ) -> String {
         let mut s = format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: IPv4\nports:\n- name: http\n  protocol: TCP\n  port: {port}\nendpoints:\n"
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: {address_type}\nports:\n- name: http\n  protocol: TCP\n  port: {port}\nendpoints:\n"
         );
         if endpoints.is_empty() {
             s.push_str("[]\n");

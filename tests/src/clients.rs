@@ -2,7 +2,7 @@
 
 use std::{
     io::{self, BufRead, BufReader, Write},
-    net::{SocketAddr, SocketAddrV4, TcpStream, UdpSocket},
+    net::{SocketAddr, TcpStream, UdpSocket},
     time::Duration,
 };
 
@@ -28,30 +28,47 @@ pub fn hello(stream: TcpStream) -> io::Result<String> {
     Ok(line.trim_end().to_owned())
 }
 
-/// One TCP connection from inside `ns`: which backend answered.
-pub fn tcp_hello(ns: &Netns, addr: SocketAddrV4) -> Result<String> {
-    ns.run(move || TcpStream::connect_timeout(&addr.into(), TIMEOUT).and_then(hello))?
+/// One TCP connection from inside `ns`: which backend answered. (Every
+/// client takes an IPv4 or an IPv6 address.)
+pub fn tcp_hello(ns: &Netns, addr: impl Into<SocketAddr>) -> Result<String> {
+    let addr = addr.into();
+    ns.run(move || TcpStream::connect_timeout(&addr, TIMEOUT).and_then(hello))?
         .with_context(|| format!("TCP hello to {addr}"))
 }
 
 /// `n` sequential TCP connections from inside `ns`, each with its own
 /// outcome (the backend's name, or the error).
-pub fn tcp_hellos(ns: &Netns, addr: SocketAddrV4, n: usize) -> Result<Vec<io::Result<String>>> {
+pub fn tcp_hellos(
+    ns: &Netns,
+    addr: impl Into<SocketAddr>,
+    n: usize,
+) -> Result<Vec<io::Result<String>>> {
+    let addr = addr.into();
     ns.run(move || {
         (0..n)
-            .map(|_| TcpStream::connect_timeout(&addr.into(), TIMEOUT).and_then(hello))
+            .map(|_| TcpStream::connect_timeout(&addr, TIMEOUT).and_then(hello))
             .collect()
     })
 }
 
+/// The unspecified address of `addr`'s family, port `port`.
+fn unspecified(addr: &SocketAddr, port: u16) -> SocketAddr {
+    if addr.is_ipv6() {
+        SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port))
+    } else {
+        SocketAddr::from(([0, 0, 0, 0], port))
+    }
+}
+
 /// A TCP connection from a fixed source port (SO_REUSEADDR), to exercise
 /// source-port reuse.
-pub fn tcp_hello_from_port(ns: &Netns, addr: SocketAddrV4, port: u16) -> Result<String> {
+pub fn tcp_hello_from_port(ns: &Netns, addr: impl Into<SocketAddr>, port: u16) -> Result<String> {
+    let addr = addr.into();
     ns.run(move || -> io::Result<String> {
-        let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
         socket.set_reuse_address(true)?;
-        socket.bind(&SocketAddr::from(([0, 0, 0, 0], port)).into())?;
-        socket.connect_timeout(&SocketAddr::V4(addr).into(), TIMEOUT)?;
+        socket.bind(&unspecified(&addr, port).into())?;
+        socket.connect_timeout(&addr.into(), TIMEOUT)?;
         hello(socket.into())
     })?
     .with_context(|| format!("TCP hello to {addr} from port {port}"))
@@ -67,9 +84,10 @@ pub struct Stream {
 }
 
 impl Stream {
-    pub fn connect(ns: &Netns, addr: SocketAddrV4) -> Result<Self> {
+    pub fn connect(ns: &Netns, addr: impl Into<SocketAddr>) -> Result<Self> {
+        let addr = addr.into();
         let stream = ns
-            .run(move || TcpStream::connect_timeout(&addr.into(), TIMEOUT))?
+            .run(move || TcpStream::connect_timeout(&addr, TIMEOUT))?
             .with_context(|| format!("connecting to {addr}"))?;
         stream.set_read_timeout(Some(TIMEOUT))?;
         let writer = stream.try_clone()?;
@@ -116,9 +134,10 @@ impl Stream {
 }
 
 /// One UDP request from inside `ns`: the answer and where it came from.
-pub fn udp_hello(ns: &Netns, addr: SocketAddrV4) -> Result<(String, SocketAddr)> {
+pub fn udp_hello(ns: &Netns, addr: impl Into<SocketAddr>) -> Result<(String, SocketAddr)> {
+    let addr = addr.into();
     ns.run(move || -> io::Result<(String, SocketAddr)> {
-        let socket = UdpSocket::bind("0.0.0.0:0")?;
+        let socket = UdpSocket::bind(unspecified(&addr, 0))?;
         socket.set_read_timeout(Some(TIMEOUT))?;
         // Not connected: a reply from any source is received and reported,
         // so a test can check that it carries the frontend address.
@@ -143,7 +162,8 @@ pub struct Prober {
 
 impl Prober {
     /// One connection (with the greeting read) every `every`.
-    pub fn start(ns: &Netns, addr: SocketAddrV4, every: Duration) -> Self {
+    pub fn start(ns: &Netns, addr: impl Into<SocketAddr>, every: Duration) -> Self {
+        let addr = addr.into();
         use std::sync::atomic::Ordering;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -151,7 +171,7 @@ impl Prober {
             let (mut ok, mut failures) = (0u64, Vec::new());
             while !stop2.load(Ordering::Relaxed) {
                 let started = std::time::Instant::now();
-                match TcpStream::connect_timeout(&addr.into(), TIMEOUT).and_then(hello) {
+                match TcpStream::connect_timeout(&addr, TIMEOUT).and_then(hello) {
                     Ok(_) => ok += 1,
                     Err(e) => {
                         failures.push(format!("after {ok} ok: {e} ({:?})", started.elapsed()))

@@ -3,7 +3,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::{IpAddr, Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6},
     time::{Duration, Instant},
 };
 
@@ -138,6 +138,65 @@ pub fn vip(addr: Ipv4Addr, port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(addr, port)
 }
 
+/// `[vip]:port` as a socket address.
+pub fn vip6(addr: Ipv6Addr, port: u16) -> SocketAddrV6 {
+    SocketAddrV6::new(addr, port, 0, 0)
+}
+
+/// A ClusterIP service port with one frontend per address in `vips` (a
+/// dual-stack service has one of each family); each frontend gets the
+/// backends of its own family, as translation does.
+pub fn cluster_ips(
+    name: &str,
+    vips: &[IpAddr],
+    port: u16,
+    proto: Proto,
+    backends: &[(IpAddr, u16, BackendState)],
+) -> (ServicePortName, DesiredService) {
+    let frontends = vips
+        .iter()
+        .map(|vip| {
+            let own: Vec<DesiredBackend> = backends
+                .iter()
+                .filter(|(addr, _, _)| addr.is_ipv6() == vip.is_ipv6())
+                .map(|(addr, port, state)| DesiredBackend {
+                    endpoint: Endpoint {
+                        addr: *addr,
+                        port: *port,
+                    },
+                    state: *state,
+                })
+                .collect();
+            Frontend::new(
+                FrontendKey {
+                    addr: *vip,
+                    port,
+                    proto,
+                },
+                FrontendKind::ClusterIp,
+                own,
+                WhenEmpty::Reject,
+            )
+        })
+        .collect();
+    service(name, port, proto, frontends)
+}
+
+/// An IPv6 ClusterIP service port (see `cluster_ip`).
+pub fn cluster_ip6(
+    name: &str,
+    vip: Ipv6Addr,
+    port: u16,
+    proto: Proto,
+    backends: &[(Ipv6Addr, u16, BackendState)],
+) -> (ServicePortName, DesiredService) {
+    let backends: Vec<(IpAddr, u16, BackendState)> = backends
+        .iter()
+        .map(|(a, p, s)| (IpAddr::V6(*a), *p, *s))
+        .collect();
+    cluster_ips(name, &[IpAddr::V6(vip)], port, proto, &backends)
+}
+
 impl Lb {
     /// The backend id the maps hold for `addr:port`, if any.
     pub fn backend_id(&self, addr: Ipv4Addr, port: u16) -> Option<u32> {
@@ -149,13 +208,32 @@ impl Lb {
             .map(|(id, _)| *id)
     }
 
-    /// Conntrack entries (forward and reply) that name backend `id`.
+    /// The backend id the maps hold for `addr:port` (either family).
+    pub fn backend_id_of(&self, addr: IpAddr, port: u16) -> Option<u32> {
+        self.reconciler
+            .programmed()
+            .backends
+            .iter()
+            .find(|(_, b)| {
+                let ep = sluice::reconcile::endpoint_of(b);
+                ep.addr == addr && ep.port == port
+            })
+            .map(|(id, _)| *id)
+    }
+
+    /// Conntrack entries (forward and reply, both families) that name
+    /// backend `id`.
     pub fn conntrack_entries_of(&self, id: u32) -> Result<usize> {
         let maps = self.maps()?;
-        Ok(sluice::conntrack::read_all(&maps)?
+        let v4 = sluice::conntrack::read_all(&maps)?
             .iter()
             .filter(|(_, e)| e.backend_id == id)
-            .count())
+            .count();
+        let v6 = sluice::conntrack::read_all6(&maps)?
+            .iter()
+            .filter(|(_, e)| e.backend_id == id)
+            .count();
+        Ok(v4 + v6)
     }
 }
 

@@ -2,11 +2,13 @@
 //! so a client knows which backend it reached.
 //!
 //! TCP: on accept, sends `<name>\n`, then echoes every line back until the
-//! client closes. UDP: answers every datagram with `<name>`.
+//! client closes. UDP: answers every datagram with `<name>`. The plain
+//! functions listen on IPv4, the `6` ones on IPv6 only (`IPV6_V6ONLY`), so
+//! that a dual-stack pod runs one of each on the same port.
 
 use std::{
     io::{BufRead, BufReader, ErrorKind, Write},
-    net::{Ipv4Addr, SocketAddrV4, TcpListener, UdpSocket},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, UdpSocket},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
@@ -16,6 +18,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
+use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::netns::Netns;
 
@@ -46,19 +49,55 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// Starts a TCP greeter on `0.0.0.0:port` inside `ns`.
 pub fn tcp_greeter(ns: &Netns, port: u16, name: &str) -> Result<Server> {
-    tcp_server(ns, port, name, false)
+    tcp_server(ns, any(false, port), name, false)
+}
+
+/// Starts a TCP greeter on `[::]:port` (IPv6 only) inside `ns`.
+pub fn tcp_greeter6(ns: &Netns, port: u16, name: &str) -> Result<Server> {
+    tcp_server(ns, any(true, port), name, false)
+}
+
+fn any(v6: bool, port: u16) -> SocketAddr {
+    if v6 {
+        SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))
+    } else {
+        SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
+    }
+}
+
+/// A bound socket of `ty` on `addr`; IPv6 sockets take no IPv4 traffic.
+fn bound(addr: SocketAddr, ty: Type) -> std::io::Result<Socket> {
+    let proto = if ty == Type::STREAM {
+        Protocol::TCP
+    } else {
+        Protocol::UDP
+    };
+    let socket = Socket::new(Domain::for_address(addr), ty, Some(proto))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    if ty == Type::STREAM {
+        // As std's TcpListener::bind: restartable despite TIME_WAIT.
+        socket.set_reuse_address(true)?;
+    }
+    socket.bind(&addr.into())?;
+    if ty == Type::STREAM {
+        socket.listen(1024)?;
+    }
+    Ok(socket)
 }
 
 /// Like `tcp_greeter`, but the greeting is `<name> <client address>`: what
 /// source address the backend saw (to tell SNAT from a preserved client).
 pub fn tcp_whoami(ns: &Netns, port: u16, name: &str) -> Result<Server> {
-    tcp_server(ns, port, name, true)
+    tcp_server(ns, any(false, port), name, true)
 }
 
-fn tcp_server(ns: &Netns, port: u16, name: &str, with_peer: bool) -> Result<Server> {
-    let listener = ns
-        .run(move || TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)))?
-        .with_context(|| format!("binding TCP port {port} in {}", ns.name()))?;
+fn tcp_server(ns: &Netns, addr: SocketAddr, name: &str, with_peer: bool) -> Result<Server> {
+    let listener: TcpListener = ns
+        .run(move || bound(addr, Type::STREAM))?
+        .with_context(|| format!("binding TCP {addr} in {}", ns.name()))?
+        .into();
     listener.set_nonblocking(true)?;
     let stop = Arc::new(AtomicBool::new(false));
     let accepted = Arc::new(AtomicU64::new(0));
@@ -119,9 +158,19 @@ fn echo(stream: std::net::TcpStream, stop: Arc<AtomicBool>) {
 
 /// Starts a UDP greeter on `0.0.0.0:port` inside `ns`.
 pub fn udp_greeter(ns: &Netns, port: u16, name: &str) -> Result<Server> {
-    let socket = ns
-        .run(move || UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)))?
-        .with_context(|| format!("binding UDP port {port} in {}", ns.name()))?;
+    udp_server(ns, any(false, port), name)
+}
+
+/// Starts a UDP greeter on `[::]:port` (IPv6 only) inside `ns`.
+pub fn udp_greeter6(ns: &Netns, port: u16, name: &str) -> Result<Server> {
+    udp_server(ns, any(true, port), name)
+}
+
+fn udp_server(ns: &Netns, addr: SocketAddr, name: &str) -> Result<Server> {
+    let socket: UdpSocket = ns
+        .run(move || bound(addr, Type::DGRAM))?
+        .with_context(|| format!("binding UDP {addr} in {}", ns.name()))?
+        .into();
     socket.set_read_timeout(Some(POLL))?;
     let stop = Arc::new(AtomicBool::new(false));
     let accepted = Arc::new(AtomicU64::new(0));

@@ -7,10 +7,15 @@
 //! ```
 //! Every pod routes everything via the node, so traffic to a service VIP
 //! (10.96.0.0/12) reaches the node's programs on the pod's host-side veth.
+//!
+//! Every link is dual-stack: beside `a.b.k.h/24` each end has the ULA
+//! `fd00:b:k::h/64` (client-0 is `fd00:10:0::2`, its gateway
+//! `fd00:10:0::1`), added with `nodad` so that it is usable at once, and
+//! pods route IPv6 via the node too (IPv6 VIPs: `fd00:96::/64`).
 
 use std::{
     fs,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
     process::Command,
 };
@@ -27,6 +32,8 @@ pub struct Pod {
     pub name: String,
     pub ns: Netns,
     pub ip: Ipv4Addr,
+    /// The pod's IPv6 address (`fd00:b:k::h` beside `a.b.k.h`).
+    pub ip6: Ipv6Addr,
     /// The veth end in the node namespace (a device sluice attaches to).
     pub host_if: String,
 }
@@ -149,6 +156,7 @@ impl Topology {
         anyhow::ensure!(index == 1 || index == 2, "node index is 1 or 2");
         let node = Netns::create(&format!("node{index}"))?;
         node.sysctl("net.ipv4.ip_forward", "1")?;
+        node.sysctl("net.ipv6.conf.all.forwarding", "1")?;
         let mut topo = Self {
             bpf: BpfRoot::create()?,
             cgroup: TestCgroup::create()?,
@@ -200,6 +208,11 @@ impl Topology {
         Ipv4Addr::new(192, 168, (k + 1) as u8, 1)
     }
 
+    /// The node's IPv6 address on the device of external host `k`.
+    pub fn node_address6(&self, k: usize) -> Ipv6Addr {
+        v6_of(Ipv4Addr::new(192, 168, (k + 1) as u8, 1))
+    }
+
     fn pod_name(&self, kind: &str, k: usize) -> String {
         if self.index == 1 {
             format!("{kind}-{k}")
@@ -221,6 +234,7 @@ impl Topology {
         let ns = Netns::create(name)?;
         let ip = Ipv4Addr::new(a, b, k, host);
         let gw = Ipv4Addr::new(a, b, k, 1);
+        let (ip6, gw6) = (v6_of(ip), v6_of(gw));
         self.node.ip(&[
             "link",
             "add",
@@ -235,14 +249,34 @@ impl Topology {
         ])?;
         self.node
             .ip(&["addr", "add", &format!("{gw}/24"), "dev", host_if])?;
+        self.node.ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{gw6}/64"),
+            "dev",
+            host_if,
+            "nodad",
+        ])?;
         self.node.ip(&["link", "set", host_if, "up"])?;
         ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+        ns.ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{ip6}/64"),
+            "dev",
+            "eth0",
+            "nodad",
+        ])?;
         ns.ip(&["link", "set", "eth0", "up"])?;
         ns.ip(&["route", "add", "default", "via", &gw.to_string()])?;
+        ns.ip(&["-6", "route", "add", "default", "via", &gw6.to_string()])?;
         Ok(Pod {
             name: name.to_owned(),
             ns,
             ip,
+            ip6,
             host_if: host_if.to_owned(),
         })
     }
@@ -278,19 +312,37 @@ impl Topology {
             b.node.name(),
         ])?;
         for (me, other) in [(a, b), (b, a)] {
+            let mine = Ipv4Addr::new(192, 168, 200, me.index);
+            me.node
+                .ip(&["addr", "add", &format!("{mine}/24"), "dev", "u0"])?;
             me.node.ip(&[
+                "-6",
                 "addr",
                 "add",
-                &format!("192.168.200.{}/24", me.index),
+                &format!("{}/64", v6_of(mine)),
                 "dev",
                 "u0",
+                "nodad",
             ])?;
             me.node.ip(&["link", "set", "u0", "up"])?;
-            let via = format!("192.168.200.{}", other.index);
+            let via = Ipv4Addr::new(192, 168, 200, other.index);
             let (clients, backends) = nets(other.index);
             for net in [clients, backends] {
-                me.node
-                    .ip(&["route", "add", &format!("10.{net}.0.0/16"), "via", &via])?;
+                me.node.ip(&[
+                    "route",
+                    "add",
+                    &format!("10.{net}.0.0/16"),
+                    "via",
+                    &via.to_string(),
+                ])?;
+                me.node.ip(&[
+                    "-6",
+                    "route",
+                    "add",
+                    &format!("fd00:{net}::/32"),
+                    "via",
+                    &v6_of(via).to_string(),
+                ])?;
             }
         }
         Ok(())
@@ -331,4 +383,43 @@ impl Topology {
     pub fn backend(&self, name: &str) -> Option<&Pod> {
         self.backends.iter().find(|p| p.name == name)
     }
+
+    /// `Pod::strict_checksums` on every client and backend.
+    pub fn strict_checksums(&self) -> Result<()> {
+        for pod in self.clients.iter().chain(&self.backends) {
+            pod.strict_checksums()?;
+        }
+        Ok(())
+    }
+}
+
+impl Pod {
+    /// Turns TX checksum offload off on the pod's `eth0`: its packets then
+    /// carry full checksums (not `CHECKSUM_PARTIAL`, which a veth peer
+    /// trusts unchecked) and whoever receives them verifies every one, so
+    /// a wrong incremental update in the datapath shows as loss.
+    pub fn strict_checksums(&self) -> Result<()> {
+        run(self.ns.command("ethtool").args(["-K", "eth0", "tx", "off"]))?;
+        Ok(())
+    }
+
+    /// The pod's address of one family.
+    pub fn addr(&self, v6: bool) -> IpAddr {
+        if v6 {
+            IpAddr::V6(self.ip6)
+        } else {
+            IpAddr::V4(self.ip)
+        }
+    }
+}
+
+/// The IPv6 twin of a topology address: `a.b.k.h` -> `fd00:b:k::h`, the
+/// decimal digits written as hex digits so that they read the same.
+pub fn v6_of(ip: Ipv4Addr) -> Ipv6Addr {
+    let [_, b, k, h] = ip.octets();
+    let hexlike = |d: u8| -> u16 {
+        let d = u16::from(d);
+        (d / 100) * 0x100 + ((d / 10) % 10) * 0x10 + d % 10
+    };
+    Ipv6Addr::new(0xfd00, hexlike(b), hexlike(k), 0, 0, 0, 0, hexlike(h))
 }

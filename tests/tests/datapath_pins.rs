@@ -2,7 +2,11 @@
 //! without a gap or a write, refused when it does not fit, and full maps
 //! refuse a service whole while the others keep working.
 
-use std::{net::Ipv4Addr, process::Command, time::Duration};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    process::Command,
+    time::Duration,
+};
 
 use anyhow::{Context, Result};
 use sluice::{
@@ -12,11 +16,12 @@ use sluice::{
 };
 use sluice_tests::{
     clients::{self, Stream},
-    lb::{cluster_ip, vip, Lb},
+    lb::{cluster_ip, cluster_ip6, vip, vip6, Lb},
     servers, Topology,
 };
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 50);
+const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x50);
 
 fn bpftool_dump(path: &std::path::Path) -> Result<String> {
     let out = Command::new("bpftool")
@@ -37,6 +42,7 @@ fn bpftool_shows_field_names_of_every_map() -> Result<()> {
     let topo = Topology::new(1, 1)?;
     let b = &topo.backends[0];
     let _server = servers::tcp_greeter(&b.ns, 8080, &b.name)?;
+    let _server6 = servers::tcp_greeter6(&b.ns, 8080, &b.name)?;
     let mut lb = Lb::load(&topo)?;
     lb.set(cluster_ip(
         "web",
@@ -45,9 +51,18 @@ fn bpftool_shows_field_names_of_every_map() -> Result<()> {
         Proto::Tcp,
         &[(b.ip, 8080, BackendState::Active)],
     ));
+    lb.set(cluster_ip6(
+        "web6",
+        VIP6,
+        80,
+        Proto::Tcp,
+        &[(b.ip6, 8080, BackendState::Active)],
+    ));
     clients::tcp_hello(&topo.clients[0].ns, vip(VIP, 80))?;
+    clients::tcp_hello(&topo.clients[0].ns, vip6(VIP6, 80))?;
     let root = topo.bpf.path();
-    let expect: [(&str, &[&str]); 4] = [
+    let abi = format!("\"abi_version\": {}", sluice_common::ABI_VERSION);
+    let expect: [(&str, &[&str]); 6] = [
         (
             "sl_svc4",
             &[
@@ -75,12 +90,26 @@ fn bpftool_shows_field_names_of_every_map() -> Result<()> {
             ],
         ),
         (
-            "sl_config",
+            "sl_svc6",
             &[
-                "\"abi_version\": 2",
-                "\"hash_seed\"",
-                "\"snat_port_min\": 61000",
+                "\"addr\": [253,0,0,150,",
+                "\"port\": 80",
+                "\"slot\"",
+                "\"svc_id\"",
             ],
+        ),
+        (
+            "sl_ct6",
+            &[
+                "\"src\": [253,0,0,16,",
+                "\"dport\": 80",
+                "\"nat_addr\"",
+                "\"kind\"",
+            ],
+        ),
+        (
+            "sl_config",
+            &[abi.as_str(), "\"hash_seed\"", "\"snat_port_min\": 61000"],
         ),
     ];
     for (map, fields) in expect {

@@ -82,8 +82,6 @@ pub enum WriteError {
         #[source]
         source: MapError,
     },
-    #[error("frontend {0} is IPv6, which this datapath does not balance yet")]
-    Ipv6Unsupported(String),
 }
 
 impl WriteError {

@@ -13,8 +13,9 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use sluice_common::{
-    maps as names, stats::STAT_COUNT, Affinity4Key, AffinityValue, Backend, Config, Ct4Key,
-    CtEntry, SockEntry, SockRevKey, SockRevValue, SrcRange4, Svc4Key, SvcValue, ABI_VERSION,
+    maps as names, stats::STAT_COUNT, Affinity4Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key,
+    CtEntry, SockEntry, SockRevKey, SockRevValue, SrcRange4, Svc4Key, Svc6Key, SvcValue,
+    ABI_VERSION,
 };
 
 use super::{links::Hook, DatapathError, Maps, BPF_OBJECT, LINKS_DIR};
@@ -56,7 +57,7 @@ struct Spec {
     max_entries: u32,
 }
 
-fn specs(sizes: &MapSizes) -> [Spec; 9] {
+fn specs(sizes: &MapSizes) -> [Spec; 11] {
     [
         Spec {
             name: names::SERVICES_V4,
@@ -73,6 +74,19 @@ fn specs(sizes: &MapSizes) -> [Spec; 9] {
         Spec {
             name: names::CONNTRACK_V4,
             key_size: mem::size_of::<Ct4Key>(),
+            value_size: mem::size_of::<CtEntry>(),
+            max_entries: sizes.conntrack,
+        },
+        // The IPv6 maps take the IPv4 maps' sizes: one flag per kind.
+        Spec {
+            name: names::SERVICES_V6,
+            key_size: mem::size_of::<Svc6Key>(),
+            value_size: mem::size_of::<SvcValue>(),
+            max_entries: sizes.services,
+        },
+        Spec {
+            name: names::CONNTRACK_V6,
+            key_size: mem::size_of::<Ct6Key>(),
             value_size: mem::size_of::<CtEntry>(),
             max_entries: sizes.conntrack,
         },
@@ -133,6 +147,8 @@ impl Datapath {
             .map_max_entries(names::SERVICES_V4, sizes.services)
             .map_max_entries(names::BACKENDS, sizes.backends)
             .map_max_entries(names::CONNTRACK_V4, sizes.conntrack)
+            .map_max_entries(names::SERVICES_V6, sizes.services)
+            .map_max_entries(names::CONNTRACK_V6, sizes.conntrack)
             .map_max_entries(names::AFFINITY_V4, sizes.affinity);
         for name in names::ALL {
             loader.map_pin_path(name, root.join(name));

@@ -1,7 +1,7 @@
 //! Typed handles on the pinned maps, and reading their content back.
 
 use std::{
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::Path,
 };
 
@@ -10,8 +10,8 @@ use aya::{
     Ebpf,
 };
 use sluice_common::{
-    maps as names, Affinity4Key, AffinityValue, Backend, Config, Ct4Key, CtEntry, SockEntry,
-    SockRevKey, SockRevValue, SrcRange4, Stat, Svc4Key, SvcValue,
+    maps as names, Affinity4Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry,
+    SockEntry, SockRevKey, SockRevValue, SrcRange4, Stat, Svc4Key, Svc6Key, SvcValue,
 };
 
 use super::DatapathError;
@@ -26,6 +26,8 @@ pub struct Maps {
     pub services_v4: HashMap<MapData, Svc4Key, SvcValue>,
     pub backends: HashMap<MapData, u32, Backend>,
     pub conntrack_v4: HashMap<MapData, Ct4Key, CtEntry>,
+    pub services_v6: HashMap<MapData, Svc6Key, SvcValue>,
+    pub conntrack_v6: HashMap<MapData, Ct6Key, CtEntry>,
     pub stats: PerCpuArray<MapData, u64>,
     pub config: Array<MapData, Config>,
     pub affinity_v4: HashMap<MapData, Affinity4Key, AffinityValue>,
@@ -50,6 +52,8 @@ impl Maps {
             services_v4: convert(names::SERVICES_V4, take(names::SERVICES_V4)?)?,
             backends: convert(names::BACKENDS, take(names::BACKENDS)?)?,
             conntrack_v4: convert(names::CONNTRACK_V4, take(names::CONNTRACK_V4)?)?,
+            services_v6: convert(names::SERVICES_V6, take(names::SERVICES_V6)?)?,
+            conntrack_v6: convert(names::CONNTRACK_V6, take(names::CONNTRACK_V6)?)?,
             stats: convert(names::STATS, take(names::STATS)?)?,
             config: convert(names::CONFIG, take(names::CONFIG)?)?,
             affinity_v4: convert(names::AFFINITY_V4, take(names::AFFINITY_V4)?)?,
@@ -70,6 +74,8 @@ impl Maps {
             services_v4: convert(names::SERVICES_V4, open(names::SERVICES_V4)?)?,
             backends: convert(names::BACKENDS, open(names::BACKENDS)?)?,
             conntrack_v4: convert(names::CONNTRACK_V4, open(names::CONNTRACK_V4)?)?,
+            services_v6: convert(names::SERVICES_V6, open(names::SERVICES_V6)?)?,
+            conntrack_v6: convert(names::CONNTRACK_V6, open(names::CONNTRACK_V6)?)?,
             stats: convert(names::STATS, open(names::STATS)?)?,
             config: convert(names::CONFIG, open(names::CONFIG)?)?,
             affinity_v4: convert(names::AFFINITY_V4, open(names::AFFINITY_V4)?)?,
@@ -100,27 +106,69 @@ impl Maps {
     }
 }
 
-/// The frontend a `sl_svc4` key belongs to.
-pub(crate) fn frontend_of(key: &Svc4Key) -> Option<FrontendKey> {
-    Some(FrontendKey {
-        addr: IpAddr::V4(Ipv4Addr::from(key.addr)),
-        port: key.port,
-        proto: Proto::from_number(key.proto)?,
-    })
+/// A service-map key of either family (`sl_svc4` or `sl_svc6`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceKey {
+    V4(Svc4Key),
+    V6(Svc6Key),
 }
 
-/// Reads the service and backend maps back into a `MapState`. Entries the
-/// agent cannot interpret (unknown protocol) are returned separately so the
-/// reconciler can delete them.
-pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<Svc4Key>), DatapathError> {
-    let mut state = MapState::default();
-    let mut foreign = Vec::new();
+impl ServiceKey {
+    /// The key of `slot` of `frontend`, in its family's map.
+    pub fn of(frontend: &FrontendKey, slot: u16) -> Self {
+        let (port, proto) = (frontend.port, frontend.proto.number());
+        match frontend.addr {
+            IpAddr::V4(a) => Self::V4(Svc4Key::new(a.octets(), port, proto, slot)),
+            IpAddr::V6(a) => Self::V6(Svc6Key::new(a.octets(), port, proto, slot)),
+        }
+    }
+
+    /// The frontend this key belongs to and its slot; `None` for a
+    /// protocol the agent does not know.
+    pub fn frontend(&self) -> Option<(FrontendKey, u16)> {
+        let (addr, port, proto, slot) = match self {
+            Self::V4(k) => (IpAddr::V4(Ipv4Addr::from(k.addr)), k.port, k.proto, k.slot),
+            Self::V6(k) => (IpAddr::V6(Ipv6Addr::from(k.addr)), k.port, k.proto, k.slot),
+        };
+        Some((
+            FrontendKey {
+                addr,
+                port,
+                proto: Proto::from_number(proto)?,
+            },
+            slot,
+        ))
+    }
+}
+
+/// Every entry of both service maps.
+fn read_services(maps: &Maps) -> Result<Vec<(ServiceKey, SvcValue)>, DatapathError> {
+    let mut out = Vec::new();
     for item in maps.services_v4.iter() {
         let (key, value) = item.map_err(|source| DatapathError::Map {
             name: names::SERVICES_V4,
             source,
         })?;
-        let Some(frontend) = frontend_of(&key) else {
+        out.push((ServiceKey::V4(key), value));
+    }
+    for item in maps.services_v6.iter() {
+        let (key, value) = item.map_err(|source| DatapathError::Map {
+            name: names::SERVICES_V6,
+            source,
+        })?;
+        out.push((ServiceKey::V6(key), value));
+    }
+    Ok(out)
+}
+
+/// Reads the service and backend maps back into a `MapState`. Entries the
+/// agent cannot interpret (unknown protocol) are returned separately so the
+/// reconciler can delete them.
+pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), DatapathError> {
+    let mut state = MapState::default();
+    let mut foreign = Vec::new();
+    for (key, value) in read_services(maps)? {
+        let Some((frontend, slot)) = key.frontend() else {
             foreign.push(key);
             continue;
         };
@@ -128,14 +176,14 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<Svc4Key>), DatapathE
             .frontends
             .entry(frontend)
             .or_insert_with(FrontendState::default);
-        if key.slot == 0 {
+        if slot == 0 {
             fe.svc_id = value.svc_id;
             fe.flags = value.flags;
             fe.active = value.active;
             fe.fallback = value.fallback;
             fe.affinity_s = value.affinity_s;
         } else {
-            let i = usize::from(key.slot) - 1;
+            let i = usize::from(slot) - 1;
             if fe.slots.len() <= i {
                 fe.slots.resize(i + 1, 0);
             }

@@ -13,7 +13,7 @@ pub use cgroup::{cgroup2_mount, netns_cookie};
 pub use error::{DatapathError, WriteError};
 pub use links::{attached_devices, detach_device, Attached, Hook};
 pub use loader::{Datapath, MapSizes};
-pub use maps::{read_map_state, Maps};
+pub use maps::{read_map_state, Maps, ServiceKey};
 pub use writer::MapWriter;
 
 /// The eBPF object built by `cargo xtask build-ebpf`, embedded at build time

@@ -5,17 +5,17 @@
 //! slot exists before a master count covers it, surplus slots go only after
 //! the master stopped covering them, and a backend goes only after no slot
 //! names it (the reconciler orders whole frontends and backends that way).
+//! IPv6 frontends go to `sl_svc6` under the same rules; both families name
+//! backends in the one `sl_backends`.
 //! Each call updates the caller's record of what is programmed write by
 //! write, so the record stays exact even when a write fails half way.
 
-use std::net::IpAddr;
-
 use aya::maps::{lpm_trie::Key, MapError};
 use sluice_common::{
-    maps as names, Affinity4Key, Backend, Config, Ct4Key, SockRevKey, SrcRange4, Svc4Key, SvcValue,
+    maps as names, Affinity4Key, Backend, Config, Ct4Key, Ct6Key, SockRevKey, SrcRange4, SvcValue,
 };
 
-use super::{Maps, WriteError};
+use super::{maps::ServiceKey, Maps, WriteError};
 use crate::{
     model::FrontendKey,
     state::{FrontendState, SourceRange},
@@ -24,18 +24,6 @@ use crate::{
 pub struct MapWriter {
     maps: Maps,
     writes: u64,
-}
-
-fn v4_key(frontend: &FrontendKey, slot: u16) -> Result<Svc4Key, WriteError> {
-    match frontend.addr {
-        IpAddr::V4(a) => Ok(Svc4Key::new(
-            a.octets(),
-            frontend.port,
-            frontend.proto.number(),
-            slot,
-        )),
-        IpAddr::V6(_) => Err(WriteError::Ipv6Unsupported(frontend.to_string())),
-    }
 }
 
 fn is_missing(e: &MapError) -> bool {
@@ -113,17 +101,12 @@ impl MapWriter {
             if !owner_changed && current.slots.get(i) == Some(&backend_id) {
                 continue;
             }
-            let key = v4_key(frontend, slot_number(i))?;
             let value = SvcValue {
                 svc_id: target.svc_id,
                 backend_id,
                 ..SvcValue::default()
             };
-            self.maps
-                .services_v4
-                .insert(key, value, 0)
-                .map_err(|e| WriteError::from_map(names::SERVICES_V4, e))?;
-            self.writes += 1;
+            self.put_service_entry(ServiceKey::of(frontend, slot_number(i)), &value)?;
             if current.slots.len() <= i {
                 current.slots.resize(i + 1, 0);
             }
@@ -146,11 +129,7 @@ impl MapWriter {
                 affinity_s: target.affinity_s,
                 _pad: 0,
             };
-            self.maps
-                .services_v4
-                .insert(v4_key(frontend, 0)?, value, 0)
-                .map_err(|e| WriteError::from_map(names::SERVICES_V4, e))?;
-            self.writes += 1;
+            self.put_service_entry(ServiceKey::of(frontend, 0), &value)?;
             current.svc_id = target.svc_id;
             current.flags = target.flags;
             current.active = target.active;
@@ -160,7 +139,7 @@ impl MapWriter {
         while current.slots.len() > target.slots.len() {
             let i = current.slots.len() - 1;
             if current.slots[i] != 0 {
-                self.delete_service_entry(v4_key(frontend, slot_number(i))?)?;
+                self.delete_service_entry(ServiceKey::of(frontend, slot_number(i)))?;
             }
             current.slots.pop();
         }
@@ -174,22 +153,48 @@ impl MapWriter {
         frontend: &FrontendKey,
         current: &mut FrontendState,
     ) -> Result<(), WriteError> {
-        self.delete_service_entry(v4_key(frontend, 0)?)?;
+        self.delete_service_entry(ServiceKey::of(frontend, 0))?;
         current.svc_id = 0;
         while let Some(&id) = current.slots.last() {
             if id != 0 {
-                self.delete_service_entry(v4_key(frontend, slot_number(current.slots.len() - 1))?)?;
+                let slot = slot_number(current.slots.len() - 1);
+                self.delete_service_entry(ServiceKey::of(frontend, slot))?;
             }
             current.slots.pop();
         }
         Ok(())
     }
 
+    /// Writes one service-map entry into its family's map.
+    fn put_service_entry(&mut self, key: ServiceKey, value: &SvcValue) -> Result<(), WriteError> {
+        let (map, result) = match key {
+            ServiceKey::V4(k) => (
+                names::SERVICES_V4,
+                self.maps.services_v4.insert(k, value, 0),
+            ),
+            ServiceKey::V6(k) => (
+                names::SERVICES_V6,
+                self.maps.services_v6.insert(k, value, 0),
+            ),
+        };
+        result.map_err(|e| WriteError::from_map(map, e))?;
+        self.writes += 1;
+        Ok(())
+    }
+
     /// Removes a raw service-map entry (also used for entries the agent
     /// cannot interpret).
-    pub fn delete_service_entry(&mut self, key: Svc4Key) -> Result<(), WriteError> {
-        let result = self.maps.services_v4.remove(&key);
-        self.settle(names::SERVICES_V4, result)
+    pub fn delete_service_entry(&mut self, key: ServiceKey) -> Result<(), WriteError> {
+        match key {
+            ServiceKey::V4(k) => {
+                let result = self.maps.services_v4.remove(&k);
+                self.settle(names::SERVICES_V4, result)
+            }
+            ServiceKey::V6(k) => {
+                let result = self.maps.services_v6.remove(&k);
+                self.settle(names::SERVICES_V6, result)
+            }
+        }
     }
 
     /// Adds a loadBalancerSourceRanges entry of service port `svc_id`.
@@ -236,10 +241,16 @@ impl MapWriter {
         self.settle(names::SOCK_REV_V4, result)
     }
 
-    /// Removes a conntrack entry; a missing one counts as removed.
+    /// Removes an IPv4 conntrack entry; a missing one counts as removed.
     pub fn delete_conntrack(&mut self, key: &Ct4Key) -> Result<(), WriteError> {
         let result = self.maps.conntrack_v4.remove(key);
         self.settle(names::CONNTRACK_V4, result)
+    }
+
+    /// Removes an IPv6 conntrack entry; a missing one counts as removed.
+    pub fn delete_conntrack6(&mut self, key: &Ct6Key) -> Result<(), WriteError> {
+        let result = self.maps.conntrack_v6.remove(key);
+        self.settle(names::CONNTRACK_V6, result)
     }
 }
 

@@ -24,17 +24,18 @@ use tracing::{debug, warn};
 
 use crate::{
     conntrack,
-    datapath::{read_map_state, DatapathError, MapSizes, MapWriter, WriteError},
+    datapath::{read_map_state, DatapathError, MapSizes, MapWriter, ServiceKey, WriteError},
     model::{DesiredState, FrontendKey, ServicePortName},
     state::{FrontendState, MapState},
 };
 use ids::Ids;
-use sluice_common::{maps::MAX_SLOTS, Backend, Config, Svc4Key, ABI_VERSION};
+use sluice_common::{maps::MAX_SLOTS, Backend, Config, ABI_VERSION};
 
 /// Entries the maps can hold.
 #[derive(Clone, Copy, Debug)]
 pub struct Capacity {
-    /// `sl_svc4` entries (masters plus slots).
+    /// Entries of each service map (`sl_svc4`, and `sl_svc6` alike:
+    /// masters plus slots).
     pub service_entries: usize,
     pub backends: usize,
 }
@@ -76,16 +77,42 @@ pub struct Reconciler {
     /// (0 for frontends whose master entry is missing).
     backends_of: HashMap<u32, BTreeSet<u32>>,
     frontends_of: HashMap<u32, BTreeSet<FrontendKey>>,
-    /// `sl_svc4` entries in `programmed`.
-    service_entries: usize,
+    /// Service-map entries in `programmed`, per family.
+    service_entries: FamilyCount,
     /// Which desired service port holds each frontend, and the reverse.
     owners: HashMap<FrontendKey, ServicePortName>,
     owned: HashMap<ServicePortName, Vec<FrontendKey>>,
     refused: BTreeMap<ServicePortName, Refusal>,
-    foreign: Vec<Svc4Key>,
+    foreign: Vec<ServiceKey>,
     ids: Ids,
     drain: Drain,
     capacity: Capacity,
+}
+
+/// Service-map entries per address family (`sl_svc4`, `sl_svc6`).
+#[derive(Clone, Copy, Debug, Default)]
+struct FamilyCount {
+    v4: usize,
+    v6: usize,
+}
+
+impl FamilyCount {
+    fn slot(&mut self, key: &FrontendKey) -> &mut usize {
+        if key.addr.is_ipv6() {
+            &mut self.v6
+        } else {
+            &mut self.v4
+        }
+    }
+
+    fn add(&mut self, key: &FrontendKey, n: usize) {
+        *self.slot(key) += n;
+    }
+
+    fn sub(&mut self, key: &FrontendKey, n: usize) {
+        let slot = self.slot(key);
+        *slot = slot.saturating_sub(n);
+    }
 }
 
 fn random_seed() -> u32 {
@@ -130,7 +157,7 @@ impl Reconciler {
             programmed: MapState::default(),
             backends_of: HashMap::new(),
             frontends_of: HashMap::new(),
-            service_entries: 0,
+            service_entries: FamilyCount::default(),
             owners: HashMap::new(),
             owned: HashMap::new(),
             refused: BTreeMap::new(),
@@ -227,7 +254,7 @@ impl Reconciler {
 
     fn take_frontend(&mut self, key: &FrontendKey) -> Option<FrontendState> {
         let old = self.programmed.frontends.remove(key)?;
-        self.service_entries -= 1 + old.slots.len();
+        self.service_entries.sub(key, 1 + old.slots.len());
         if let Some(set) = self.frontends_of.get_mut(&old.svc_id) {
             set.remove(key);
             if set.is_empty() {
@@ -239,7 +266,7 @@ impl Reconciler {
 
     fn set_frontend(&mut self, key: FrontendKey, fe: FrontendState) {
         self.take_frontend(&key);
-        self.service_entries += 1 + fe.slots.len();
+        self.service_entries.add(&key, 1 + fe.slots.len());
         self.frontends_of.entry(fe.svc_id).or_default().insert(key);
         self.programmed.frontends.insert(key, fe);
     }
@@ -324,10 +351,6 @@ impl Reconciler {
             .filter_map(|n| desired.services.get_key_value(n))
         {
             let keys: Vec<FrontendKey> = svc.frontends.iter().map(|f| f.key).collect();
-            if let Some(fe) = keys.iter().find(|k| k.addr.is_ipv6()) {
-                self.refuse(name, Refusal::Ipv6Frontend(*fe), &mut report);
-                continue;
-            }
             if let Some((fe, owner)) = keys
                 .iter()
                 .find_map(|k| self.owners.get(k).map(|o| (*k, o.clone())))
@@ -413,30 +436,35 @@ impl Reconciler {
     }
 
     /// Whether the maps have room for `plan` in place of what the unit
-    /// holds now.
+    /// holds now (each service map on its own).
     fn fits(&self, id: u32, plan: &UnitPlan) -> bool {
-        let mut freed: usize = self
-            .unit_frontends(id)
-            .iter()
-            .map(|k| self.entries_of(k))
-            .sum();
+        let mut freed = FamilyCount::default();
+        for k in self.unit_frontends(id) {
+            freed.add(&k, self.entries_of(&k));
+        }
         // Frontends the plan takes over from a leftover free their entries.
-        freed += plan
-            .frontends
-            .iter()
-            .filter(|(k, _)| {
-                self.programmed
-                    .frontends
-                    .get(k)
-                    .is_some_and(|f| f.svc_id != id)
-            })
-            .map(|(k, _)| self.entries_of(k))
-            .sum::<usize>();
-        let services =
-            self.service_entries - freed.min(self.service_entries) + plan.service_entries();
+        for (k, _) in &plan.frontends {
+            if self
+                .programmed
+                .frontends
+                .get(k)
+                .is_some_and(|f| f.svc_id != id)
+            {
+                freed.add(k, self.entries_of(k));
+            }
+        }
+        let mut wanted = FamilyCount::default();
+        for (k, f) in &plan.frontends {
+            wanted.add(k, 1 + f.slots.len());
+        }
+        let after = |now: usize, freed: usize, wanted: usize| now - freed.min(now) + wanted;
+        let v4 = after(self.service_entries.v4, freed.v4, wanted.v4);
+        let v6 = after(self.service_entries.v6, freed.v6, wanted.v6);
         let current_backends = self.backends_of.get(&id).map_or(0, BTreeSet::len);
         let backends = self.programmed.backends.len() - current_backends + plan.backends.len();
-        services <= self.capacity.service_entries && backends <= self.capacity.backends
+        v4 <= self.capacity.service_entries
+            && v6 <= self.capacity.service_entries
+            && backends <= self.capacity.backends
     }
 
     /// Writes one unit's difference: its backends first, then its frontends
@@ -568,22 +596,28 @@ impl Reconciler {
     /// removed backend) and records live flows per backend for the drain
     /// manager. `now` must be taken before the scan starts.
     pub fn scan_conntrack(&mut self, now: Instant) -> Result<ScanReport, DatapathError> {
-        let entries = conntrack::read_all(self.writer.maps())?;
-        let scan = conntrack::scan(
-            &entries,
-            &self.programmed.backends,
-            conntrack::monotonic_ns(),
-        );
+        let now_ns = conntrack::monotonic_ns();
+        let backends = &self.programmed.backends;
+        let scan4 = conntrack::scan(&conntrack::read_all(self.writer.maps())?, backends, now_ns);
+        let scan6 = conntrack::scan(&conntrack::read_all6(self.writer.maps())?, backends, now_ns);
         let mut report = ScanReport {
-            entries: scan.entries,
+            entries: scan4.entries + scan6.entries,
             ..ScanReport::default()
         };
-        for key in &scan.stale {
+        for key in &scan4.stale {
             match self.writer.delete_conntrack(key) {
                 Ok(()) => report.deleted += 1,
                 Err(e) => report.errors.push(e),
             }
         }
+        for key in &scan6.stale {
+            match self.writer.delete_conntrack6(key) {
+                Ok(()) => report.deleted += 1,
+                Err(e) => report.errors.push(e),
+            }
+        }
+        let mut flows = scan4.flows;
+        conntrack::add_flows(&mut flows, scan6.flows);
         let (sockets, revs) = conntrack::read_sockets(self.writer.maps())?;
         let socks = conntrack::scan_sockets(&sockets, &revs, &self.programmed.backends);
         for cookie in &socks.stale_sockets {
@@ -598,10 +632,7 @@ impl Reconciler {
                 Err(e) => report.errors.push(e),
             }
         }
-        let mut flows = scan.flows;
-        for (id, n) in socks.flows {
-            *flows.entry(id).or_default() += n;
-        }
+        conntrack::add_flows(&mut flows, socks.flows);
         let affinities = conntrack::read_affinities(self.writer.maps())?;
         for key in conntrack::stale_affinities(
             &affinities,

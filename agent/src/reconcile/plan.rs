@@ -31,7 +31,6 @@ pub enum Refusal {
         frontend: FrontendKey,
         owner: ServicePortName,
     },
-    Ipv6Frontend(FrontendKey),
     MapsFull,
 }
 
@@ -41,18 +40,12 @@ impl Refusal {
         match self {
             Refusal::TooManyBackends(_) => "too_many_backends",
             Refusal::FrontendTaken { .. } => "frontend_conflict",
-            Refusal::Ipv6Frontend(_) => "ipv6_unsupported",
             Refusal::MapsFull => "maps_full",
         }
     }
 
     /// Every reason label, for zeroing gauges.
-    pub const REASONS: [&'static str; 4] = [
-        "too_many_backends",
-        "frontend_conflict",
-        "ipv6_unsupported",
-        "maps_full",
-    ];
+    pub const REASONS: [&'static str; 3] = ["too_many_backends", "frontend_conflict", "maps_full"];
 }
 
 impl fmt::Display for Refusal {
@@ -67,7 +60,6 @@ impl fmt::Display for Refusal {
             Refusal::FrontendTaken { frontend, owner } => {
                 write!(f, "frontend {frontend} already belongs to {owner}")
             }
-            Refusal::Ipv6Frontend(fe) => write!(f, "IPv6 frontend {fe} is not balanced yet"),
             Refusal::MapsFull => f.write_str("the service or backend map has no room for it"),
         }
     }
@@ -124,6 +116,10 @@ pub fn endpoint_of(backend: &Backend) -> Endpoint {
         addr,
         port: backend.port,
     }
+}
+
+fn same_family(endpoint: &Endpoint, frontend: &FrontendKey) -> bool {
+    endpoint.addr.is_ipv6() == frontend.addr.is_ipv6()
 }
 
 /// Orders backends into slots: active, then terminating-but-serving, then
@@ -245,7 +241,14 @@ pub fn plan_desired(
                 .into_iter()
                 .filter_map(|(ep, state)| ids.get(&ep).map(|id| (*id, ep, state)))
                 .collect();
-            members.extend(draining.iter().copied());
+            // A frontend lists only its own family's draining backends:
+            // an IPv6 backend has no business in an `sl_svc4` slot.
+            members.extend(
+                draining
+                    .iter()
+                    .filter(|(_, ep, _)| same_family(ep, &fe.key))
+                    .copied(),
+            );
             let mut flags = fe.kind as u16;
             if fe.when_empty == WhenEmpty::Drop {
                 flags |= SVC_F_DROP_EMPTY;
@@ -309,10 +312,12 @@ pub fn plan_leftover(
         .iter()
         .map(|(key, flags)| {
             let kind = flags & FRONTEND_KIND_MASK;
-            (
-                *key,
-                frontend_state(svc_id, kind | SVC_F_DRAINING, 0, &members),
-            )
+            let own: Vec<_> = members
+                .iter()
+                .filter(|(_, ep, _)| same_family(ep, key))
+                .copied()
+                .collect();
+            (*key, frontend_state(svc_id, kind | SVC_F_DRAINING, 0, &own))
         })
         .collect();
     UnitPlan {
@@ -464,6 +469,33 @@ mod tests {
         let a = plan_desired(1, &s, &existing, &HashSet::new(), ids());
         let b = plan_desired(1, &s, &existing, &HashSet::new(), ids());
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn draining_backends_stay_within_their_family() {
+        let v6 = Endpoint {
+            addr: "fd00:20::2".parse().expect("literal"),
+            port: 8080,
+        };
+        let existing = [
+            (7, backend_value(&ep(1), BackendState::Active, 1)),
+            (8, backend_value(&v6, BackendState::Active, 1)),
+        ];
+        let mut s = svc(&[(2, BackendState::Active)]);
+        let mut fe6 = s.frontends[0].clone();
+        fe6.key.addr = "fd00:96::1".parse().expect("literal");
+        fe6.backends.clear();
+        s.frontends.push(fe6);
+        let plan = plan_desired(1, &s, &existing, &HashSet::new(), ids());
+        let slots = |i: usize| plan.frontends[i].1.slots.clone();
+        assert!(slots(0).contains(&7) && !slots(0).contains(&8), "{plan:?}");
+        assert_eq!(slots(1), vec![8], "{plan:?}");
+
+        let fe4 = plan.frontends[0].0;
+        let fe6 = plan.frontends[1].0;
+        let plan = plan_leftover(1, &[(fe4, 0), (fe6, 0)], &existing, &HashSet::new());
+        assert_eq!(plan.frontends[0].1.slots, vec![7]);
+        assert_eq!(plan.frontends[1].1.slots, vec![8]);
     }
 
     #[test]

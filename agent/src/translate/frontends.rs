@@ -93,3 +93,22 @@ pub(super) fn frontends(
     out.dedup_by_key(|f| f.key);
     out
 }
+
+/// What an IPv6 frontend asks for that the IPv6 datapath does not do
+/// (empty for IPv4 frontends and for IPv6 ones it serves fully).
+pub(super) fn ipv6_unsupported(fe: &Frontend) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if !fe.key.addr.is_ipv6() {
+        return out;
+    }
+    if fe.snat {
+        out.push("SNAT (externalTrafficPolicy Cluster)");
+    }
+    if fe.affinity_timeout.is_some() {
+        out.push("session affinity");
+    }
+    if !fe.source_ranges.is_empty() {
+        out.push("loadBalancerSourceRanges");
+    }
+    out
+}

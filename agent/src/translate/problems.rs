@@ -19,7 +19,8 @@ pub enum ProblemReason {
     /// Two entries that must be unique are not (e.g. two service ports with
     /// the same name and protocol).
     Duplicate,
-    /// IPv6 frontends and endpoints are not balanced (yet).
+    /// IPv6 frontends and endpoints are not balanced (IPv6 is off), or an
+    /// IPv6 frontend needs a feature the IPv6 datapath lacks.
     Ipv6Unsupported,
     /// A manifest document that is not valid YAML or JSON, or does not fit
     /// its kind's schema.

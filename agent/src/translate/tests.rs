@@ -350,6 +350,82 @@ fn ipv6_enabled_keeps_families_apart() {
 }
 
 #[test]
+fn ipv6_frontends_needing_unsupported_features_are_left_out_and_reported() {
+    let config = TranslateConfig {
+        ipv6: true,
+        node_addresses: vec![
+            "192.0.2.1".parse().expect("ip"),
+            "fd00::1".parse().expect("ip"),
+        ],
+        ..cfg()
+    };
+    // NodePort with externalTrafficPolicy Cluster: SNAT on both families.
+    let mut svc = mk_service(
+        "default",
+        "np",
+        "10.96.0.50",
+        &[node_port("http", "TCP", 80, 30080)],
+    );
+    let spec = spec_mut(&mut svc);
+    spec.type_ = Some("NodePort".into());
+    spec.cluster_ips = Some(vec!["10.96.0.50".into(), "fd00:96::50".into()]);
+    let slices = [
+        mk_slice(
+            "default",
+            "np-v4",
+            "np",
+            &[slice_port("http", "TCP", 8080)],
+            vec![ep("10.0.0.1")],
+        ),
+        mk_slice(
+            "default",
+            "np-v6",
+            "np",
+            &[slice_port("http", "TCP", 8080)],
+            vec![ep("fd00::a")],
+        ),
+    ];
+    let t = run_with(&[svc.clone()], &slices, None, &config);
+    let keys: Vec<String> = frontends(&t, &tcp("np", "http"))
+        .iter()
+        .map(|f| f.key.to_string())
+        .collect();
+    assert_eq!(
+        keys,
+        vec![
+            "10.96.0.50:80/TCP",
+            "192.0.2.1:30080/TCP",
+            "[fd00:96::50]:80/TCP",
+        ],
+        "the IPv6 ClusterIP stays, the IPv6 node port (SNAT) goes"
+    );
+    assert_eq!(
+        reasons(&t),
+        vec![("Service default/np".into(), ProblemReason::Ipv6Unsupported)]
+    );
+    assert!(
+        t.problems[0].to_string().contains("[fd00::1]:30080/TCP"),
+        "{}",
+        t.problems[0]
+    );
+
+    // Session affinity: the IPv6 ClusterIP goes too, the IPv4 one stays.
+    spec_mut(&mut svc).session_affinity = Some("ClientIP".into());
+    spec_mut(&mut svc).type_ = Some("ClusterIP".into());
+    let t = run_with(&[svc], &slices, None, &config);
+    let keys: Vec<String> = frontends(&t, &tcp("np", "http"))
+        .iter()
+        .map(|f| f.key.to_string())
+        .collect();
+    assert_eq!(keys, vec!["10.96.0.50:80/TCP"]);
+    assert!(
+        t.problems[0].to_string().contains("session affinity"),
+        "{}",
+        t.problems[0]
+    );
+}
+
+#[test]
 fn service_without_selector_uses_manual_slices() {
     let mut svc = mk_service(
         "default",

@@ -1,4 +1,5 @@
-//! `sl_ct4`: connection tracking for IPv4 service flows (LRU hash).
+//! `sl_ct4` and `sl_ct6`: connection tracking for IPv4 and IPv6 service
+//! flows (LRU hashes). Both hold `CtEntry` values; only the key differs.
 //!
 //! Each flow has two entries, both keyed by a full 5-tuple including the
 //! protocol:
@@ -45,7 +46,36 @@ impl Ct4Key {
     }
 }
 
-/// Value of `sl_ct4`.
+/// Key of `sl_ct6`: `Ct4Key` with 16-byte addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ct6Key {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    /// Host order.
+    pub sport: u16,
+    /// Host order.
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+assert_size!(Ct6Key, 40);
+
+impl Ct6Key {
+    /// A key from its parts.
+    pub const fn new(src: [u8; 16], dst: [u8; 16], sport: u16, dport: u16, proto: u8) -> Self {
+        Self {
+            src,
+            dst,
+            sport,
+            dport,
+            proto,
+            _pad: [0; 3],
+        }
+    }
+}
+
+/// Value of `sl_ct4` and `sl_ct6`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CtEntry {
@@ -92,6 +122,17 @@ impl CtEntry {
                 self.nat_addr[2],
                 self.nat_addr[3],
             ],
+            self.peer_port,
+            self.nat_port,
+            proto,
+        )
+    }
+
+    /// The key of the forward entry an IPv6 reply entry belongs to.
+    pub const fn forward_key6_of_reply(&self, proto: u8) -> Ct6Key {
+        Ct6Key::new(
+            self.peer_addr,
+            self.nat_addr,
             self.peer_port,
             self.nat_port,
             proto,
@@ -147,4 +188,4 @@ pub mod timeouts {
     pub const UDP_S: u64 = 60;
 }
 
-user_pod!(Ct4Key, CtEntry);
+user_pod!(Ct4Key, Ct6Key, CtEntry);

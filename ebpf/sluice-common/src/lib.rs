@@ -7,9 +7,9 @@
 //!   with `Default`/zeroed is fully initialised and `bpftool` shows all of it;
 //! - addresses are byte arrays in network order (`bpftool map dump` prints
 //!   `[10,96,0,10]`), ports are host-order `u16` (it prints `80`);
-//! - IPv4 and IPv6 get their own key types (`Svc4Key`, `Ct4Key`, and the `6`
-//!   variants reserved below); values carry 16-byte addresses so one value
-//!   type serves both families.
+//! - IPv4 and IPv6 get their own key types (`Svc4Key`/`Svc6Key`,
+//!   `Ct4Key`/`Ct6Key`) and maps; values carry 16-byte addresses so one
+//!   value type serves both families.
 //!
 //! `docs/maps.md` describes the schema for operators.
 #![no_std]
@@ -28,8 +28,8 @@ pub mod stats;
 pub use affinity::{Affinity4Key, AffinityValue};
 pub use backend::{Backend, BackendState};
 pub use config::Config;
-pub use conntrack::{Ct4Key, CtEntry, CtKind};
-pub use service::{FrontendKind, Svc4Key, SvcValue};
+pub use conntrack::{Ct4Key, Ct6Key, CtEntry, CtKind};
+pub use service::{FrontendKind, Svc4Key, Svc6Key, SvcValue};
 pub use socket::{SockEntry, SockRevKey, SockRevValue};
 pub use source_range::SrcRange4;
 pub use stats::Stat;
@@ -46,7 +46,7 @@ pub const FAMILY_V6: u8 = 6;
 
 /// Bumped whenever a key or value layout changes. The agent refuses to adopt
 /// pinned maps written with another version (see `Config::abi_version`).
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// Implements `aya::Pod` for ABI types when building for userspace.
 macro_rules! user_pod {

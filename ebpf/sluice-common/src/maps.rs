@@ -7,10 +7,15 @@
 
 /// Service frontends and their backend slots: `Svc4Key` -> `SvcValue`.
 pub const SERVICES_V4: &str = "sl_svc4";
+/// IPv6 service frontends and their slots: `Svc6Key` -> `SvcValue` (same
+/// service-port ids and backends as `sl_svc4`).
+pub const SERVICES_V6: &str = "sl_svc6";
 /// Backends by id: `u32` -> `Backend`.
 pub const BACKENDS: &str = "sl_backends";
 /// Connection tracking for IPv4 flows: `Ct4Key` -> `CtEntry` (LRU).
 pub const CONNTRACK_V4: &str = "sl_ct4";
+/// Connection tracking for IPv6 flows: `Ct6Key` -> `CtEntry` (LRU).
+pub const CONNTRACK_V6: &str = "sl_ct6";
 /// Per-CPU counters indexed by `Stat`.
 pub const STATS: &str = "sl_stats";
 /// Single-entry array holding `Config`.
@@ -25,24 +30,26 @@ pub const SOCKETS_V4: &str = "sl_sock4";
 pub const SOCK_REV_V4: &str = "sl_sockrev4";
 
 /// Every map the agent pins, in the order it creates them.
-pub const ALL: [&str; 9] = [
+pub const ALL: [&str; 11] = [
     CONFIG,
     STATS,
     BACKENDS,
     SERVICES_V4,
     CONNTRACK_V4,
+    SERVICES_V6,
+    CONNTRACK_V6,
     AFFINITY_V4,
     SOURCE_RANGES_V4,
     SOCKETS_V4,
     SOCK_REV_V4,
 ];
 
-/// Default capacity of `sl_svc4`: one entry per frontend plus one per
+/// Default capacity of `sl_svc4` (and of `sl_svc6`): one entry per frontend plus one per
 /// backend slot (a frontend with 10 backends uses 11). Not preallocated.
 pub const DEFAULT_SERVICES_MAX: u32 = 262_144;
 /// Default capacity of `sl_backends`. Not preallocated.
 pub const DEFAULT_BACKENDS_MAX: u32 = 131_072;
-/// Default capacity of `sl_ct4`: two entries per flow (forward and reply),
+/// Default capacity of `sl_ct4` (and of `sl_ct6`): two entries per flow (forward and reply),
 /// so 131,072 flows, kube-proxy's default `conntrack-min`. Preallocated (LRU).
 pub const DEFAULT_CONNTRACK_MAX: u32 = 262_144;
 

@@ -1,4 +1,6 @@
-//! `sl_svc4`: service frontends, modelled on Cilium's `lb4_services`.
+//! `sl_svc4` and `sl_svc6`: service frontends, modelled on Cilium's
+//! `lb4_services` / `lb6_services`. Both families share `SvcValue`, the
+//! service-port id space and `sl_backends`.
 //!
 //! A frontend (VIP, port, protocol) owns slots `0..=total`. Slot 0 is the
 //! master entry: it says how many slots there are and which are selectable.
@@ -52,7 +54,44 @@ impl Svc4Key {
     }
 }
 
-/// Value of `sl_svc4`. In the master entry (slot 0) `backend_id` is 0 and
+/// Key of `sl_svc6`: `Svc4Key` with a 16-byte address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Svc6Key {
+    /// Frontend address, network order.
+    pub addr: [u8; 16],
+    /// Frontend port, host order.
+    pub port: u16,
+    /// 0 for the master entry, 1.. for backend slots.
+    pub slot: u16,
+    /// IP protocol (`IPPROTO_TCP` / `IPPROTO_UDP`).
+    pub proto: u8,
+    /// Reserved for traffic-policy scopes; always 0 today.
+    pub scope: u8,
+    pub _pad: [u8; 2],
+}
+assert_size!(Svc6Key, 24);
+
+impl Svc6Key {
+    /// The key of `slot` of the frontend `[addr]:port/proto`.
+    pub const fn new(addr: [u8; 16], port: u16, proto: u8, slot: u16) -> Self {
+        Self {
+            addr,
+            port,
+            slot,
+            proto,
+            scope: 0,
+            _pad: [0; 2],
+        }
+    }
+
+    /// The same frontend's master entry.
+    pub const fn master(&self) -> Self {
+        Self::new(self.addr, self.port, self.proto, 0)
+    }
+}
+
+/// Value of `sl_svc4` and `sl_svc6`. In the master entry (slot 0) `backend_id` is 0 and
 /// the counts are set; in a backend slot only `svc_id` and `backend_id`
 /// are.
 #[repr(C)]
@@ -136,4 +175,4 @@ impl FrontendKind {
     }
 }
 
-user_pod!(Svc4Key, SvcValue);
+user_pod!(Svc4Key, Svc6Key, SvcValue);

@@ -17,7 +17,8 @@ pub enum Stat {
     StaleReset = 4,
     /// A frontend had no selectable backend: ICMP port unreachable sent.
     NoBackend = 5,
-    /// An IPv4 fragment to a frontend passed untouched (not balanced).
+    /// A TCP/UDP fragment (IPv4, or IPv6 with a fragment header) passed
+    /// untouched: its ports are unknown, so it cannot be balanced.
     Fragment = 6,
     /// Recording a flow in conntrack failed; the packet was still NATed.
     CtInsertFailed = 7,
@@ -47,10 +48,21 @@ pub enum Stat {
     /// An ICMP error quoting a DNATed packet was translated back for the
     /// client (path MTU discovery).
     IcmpTranslated = 19,
+    /// An IPv6 packet whose fixed header is followed by an extension
+    /// header (other than a fragment header) passed untouched: the IPv6
+    /// datapath balances only TCP/UDP directly after the fixed header.
+    /// Counts every such packet arriving at the node, service or not (MLD
+    /// reports carry a hop-by-hop header).
+    Ipv6ExtHeader = 20,
+    /// An IPv6 new flow needed what the IPv6 datapath does not do (SNAT:
+    /// hairpin, i.e. the client is the chosen backend; or a frontend flag
+    /// for SNAT, source ranges or affinity, which the agent never sets on
+    /// an IPv6 frontend): dropped.
+    Ipv6Unsupported = 21,
 }
 
 /// Number of counters (the `max_entries` of `sl_stats`).
-pub const STAT_COUNT: u32 = 20;
+pub const STAT_COUNT: u32 = 22;
 
 impl Stat {
     /// Every counter, in index order.
@@ -75,6 +87,8 @@ impl Stat {
         Stat::SockConnect,
         Stat::SockRefused,
         Stat::IcmpTranslated,
+        Stat::Ipv6ExtHeader,
+        Stat::Ipv6Unsupported,
     ];
 
     /// The name used in metrics and `sluice status`.
@@ -100,6 +114,8 @@ impl Stat {
             Stat::SockConnect => "sock_connect",
             Stat::SockRefused => "sock_refused",
             Stat::IcmpTranslated => "icmp_translated",
+            Stat::Ipv6ExtHeader => "ipv6_ext_header",
+            Stat::Ipv6Unsupported => "ipv6_unsupported",
         }
     }
 }

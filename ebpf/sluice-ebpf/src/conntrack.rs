@@ -1,4 +1,4 @@
-//! Conntrack bookkeeping shared by both directions.
+//! Conntrack bookkeeping shared by both directions and both families.
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use sluice_common::{
@@ -10,24 +10,31 @@ use sluice_common::{
 
 use crate::{
     flow::Flow4,
+    flow6::Flow6,
     headers::{TCP_FIN, TCP_RST, TCP_SYN},
-    maps::CONNTRACK_V4,
+    maps::{CONNTRACK_V4, CONNTRACK_V6},
 };
 
 /// Conntrack flag bits a client packet contributes.
 #[inline(always)]
 pub fn tcp_bits(flow: &Flow4) -> u8 {
-    if flow.proto != IPPROTO_TCP {
+    tcp_bits_of(flow.proto, flow.tcp_flags)
+}
+
+/// Conntrack flag bits of a client packet with `proto` and TCP `flags`.
+#[inline(always)]
+pub fn tcp_bits_of(proto: u8, flags: u8) -> u8 {
+    if proto != IPPROTO_TCP {
         return 0;
     }
     let mut bits = 0;
-    if flow.tcp_flags & TCP_SYN != 0 {
+    if flags & TCP_SYN != 0 {
         bits |= CT_F_SYN;
     }
-    if flow.tcp_flags & TCP_FIN != 0 {
+    if flags & TCP_FIN != 0 {
         bits |= CT_F_TX_CLOSING;
     }
-    if flow.tcp_flags & TCP_RST != 0 {
+    if flags & TCP_RST != 0 {
         bits |= CT_F_RST;
     }
     bits
@@ -38,20 +45,48 @@ pub fn tcp_bits(flow: &Flow4) -> u8 {
 /// RST), at most once per `CT_REFRESH_NS` unless the flags change.
 #[inline(always)]
 pub fn note_reply(flow: &Flow4, entry: *mut CtEntry) {
+    let Some((flags, now, backend_id)) = refresh_reply(flow.proto, flow.tcp_flags, entry) else {
+        return;
+    };
+    // SAFETY: the caller found the entry; the key is computed from a copy.
+    let forward_key = unsafe { (*entry).forward_key_of_reply(flow.proto) };
+    if let Some(fwd) = CONNTRACK_V4.get_ptr_mut(forward_key) {
+        push_to_forward(fwd, backend_id, flags, now);
+    }
+}
+
+/// `note_reply` for an IPv6 flow.
+#[inline(always)]
+pub fn note_reply6(flow: &Flow6, entry: *mut CtEntry) {
+    let Some((flags, now, backend_id)) = refresh_reply(flow.proto, flow.tcp_flags, entry) else {
+        return;
+    };
+    // SAFETY: as in `note_reply`.
+    let forward_key = unsafe { (*entry).forward_key6_of_reply(flow.proto) };
+    if let Some(fwd) = CONNTRACK_V6.get_ptr_mut(forward_key) {
+        push_to_forward(fwd, backend_id, flags, now);
+    }
+}
+
+/// Updates a reply entry for one backend packet. Returns the new flags,
+/// the time and the entry's backend when the forward entry should hear of
+/// it, `None` when nothing changed within `CT_REFRESH_NS`.
+#[inline(always)]
+fn refresh_reply(proto: u8, tcp_flags: u8, entry: *mut CtEntry) -> Option<(u8, u64, u32)> {
     // SAFETY: the caller found the entry; fields are copied at once.
     let (old_flags, last_seen, backend_id) =
         unsafe { ((*entry).flags, (*entry).last_seen_ns, (*entry).backend_id) };
     let mut flags = old_flags | CT_F_SEEN_REPLY;
-    if flow.has_tcp_flag(TCP_FIN) {
+    if proto == IPPROTO_TCP && tcp_flags & TCP_FIN != 0 {
         flags |= CT_F_RX_CLOSING;
     }
-    if flow.has_tcp_flag(TCP_RST) {
+    if proto == IPPROTO_TCP && tcp_flags & TCP_RST != 0 {
         flags |= CT_F_RST;
     }
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     if flags == old_flags && now.wrapping_sub(last_seen) <= CT_REFRESH_NS {
-        return;
+        return None;
     }
     // SAFETY: the entry stays valid for this program run; racing writers
     // only lose a refresh.
@@ -59,15 +94,17 @@ pub fn note_reply(flow: &Flow4, entry: *mut CtEntry) {
         (*entry).flags = flags;
         (*entry).last_seen_ns = now;
     }
-    // SAFETY: as above.
-    let forward_key = unsafe { (*entry).forward_key_of_reply(flow.proto) };
-    if let Some(fwd) = CONNTRACK_V4.get_ptr_mut(forward_key) {
-        // SAFETY: as above; only bits are added.
-        unsafe {
-            if (*fwd).kind == CtKind::Forward as u8 && (*fwd).backend_id == backend_id {
-                (*fwd).flags |= flags & (CT_F_SEEN_REPLY | CT_F_RX_CLOSING | CT_F_RST);
-                (*fwd).last_seen_ns = now;
-            }
+    Some((flags, now, backend_id))
+}
+
+/// Adds the reply direction's bits to a forward entry of the same backend.
+#[inline(always)]
+fn push_to_forward(fwd: *mut CtEntry, backend_id: u32, flags: u8, now: u64) {
+    // SAFETY: as in `refresh_reply`; only bits are added.
+    unsafe {
+        if (*fwd).kind == CtKind::Forward as u8 && (*fwd).backend_id == backend_id {
+            (*fwd).flags |= flags & (CT_F_SEEN_REPLY | CT_F_RX_CLOSING | CT_F_RST);
+            (*fwd).last_seen_ns = now;
         }
     }
 }

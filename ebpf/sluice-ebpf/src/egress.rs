@@ -1,6 +1,7 @@
 //! Packets leaving the node towards a client: a backend's reply gets the
 //! frontend address back as its source (reverse NAT). SNATed flows are
-//! turned back on the way in instead (`snat::reply`).
+//! turned back on the way in instead (`snat::reply`). This is the IPv4
+//! path; IPv6 frames go to `egress6.rs` (`sl_egress` picks by ethertype).
 
 use aya_ebpf::programs::TcContext;
 use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat};
@@ -14,6 +15,9 @@ use crate::{
     nat::{self, Side},
 };
 
+/// The IPv4 path, inlined into the program's own frame: its deepest call
+/// chain (SNAT) already fills the 512-byte stack with that frame, so it
+/// cannot afford another level.
 #[inline(always)]
 pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
     let flow = match Flow4::parse(ctx)? {

@@ -3,6 +3,8 @@
 use aya_ebpf::bindings::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC};
 use sluice_common::Stat;
 
+use crate::maps;
+
 /// What a program tells the kernel to do with the packet.
 #[derive(Clone, Copy)]
 pub enum Verdict {
@@ -55,6 +57,25 @@ impl Error {
         match self {
             Error::Truncated => Verdict::Next,
             Error::Dangling | Error::Nat | Error::Reject => Verdict::Drop,
+        }
+    }
+}
+
+/// A result as a verdict, counting the error by its reason.
+///
+/// The IPv6 path's separate BPF functions return this rather than a
+/// `Result`: a `Result<Verdict, Error>` comes back through a hidden pointer
+/// to the caller's stack, the function is `void` to LLVM, and LLVM may
+/// leave a stack address in R0 at its exit (it uses R0 as a scratch
+/// register), which the verifier refuses ("cannot return stack pointer to
+/// the caller").
+#[inline(always)]
+pub fn settle(result: Result<Verdict, Error>) -> Verdict {
+    match result {
+        Ok(verdict) => verdict,
+        Err(err) => {
+            maps::count(err.stat());
+            err.verdict()
         }
     }
 }

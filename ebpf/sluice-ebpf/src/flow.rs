@@ -37,7 +37,7 @@ pub enum Parsed {
 /// Makes `len` bytes readable through direct packet access, pulling
 /// non-linear data in if needed. Invalidates earlier packet pointers.
 #[inline(always)]
-fn ensure(ctx: &TcContext, len: usize) -> bool {
+pub(crate) fn ensure(ctx: &TcContext, len: usize) -> bool {
     if ctx.data() + len <= ctx.data_end() {
         return true;
     }
@@ -48,14 +48,14 @@ fn ensure(ctx: &TcContext, len: usize) -> bool {
 }
 
 /// The furthest header offset the datapath reads: Ethernet plus an IPv4
-/// header with the most options.
+/// header with the most options (an IPv6 L4 header, at 54, is within).
 pub const MAX_L4_OFF: usize = ETH_LEN + 60;
 
 /// Copies a `T` out of the packet at `off`, bounds-checked. The explicit
 /// bound on `off` keeps the verifier's range when the offset comes from
 /// another stack frame.
 #[inline(always)]
-fn read<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
+pub(crate) fn read<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
     if off > MAX_L4_OFF {
         return None;
     }
@@ -133,6 +133,19 @@ impl Flow4 {
     pub fn has_tcp_flag(&self, flag: u8) -> bool {
         self.proto == IPPROTO_TCP && self.tcp_flags & flag != 0
     }
+}
+
+/// The frame's ethertype, to pick the IPv4 or the IPv6 path. Read in
+/// place (TC always has the Ethernet header linear): no stack slot in the
+/// program's frame, which the IPv4 path fills.
+#[inline(always)]
+pub fn ether_type(ctx: &TcContext) -> Option<[u8; 2]> {
+    let start = ctx.data();
+    if start + ETH_LEN > ctx.data_end() {
+        return None;
+    }
+    // SAFETY: bounds checked just above; byte-aligned read.
+    Some(unsafe { *((start + 12) as *const [u8; 2]) })
 }
 
 /// Reads header `T` at `off` for the reject builders (after `parse`

@@ -3,7 +3,9 @@
 
 pub const ETH_LEN: usize = 14;
 pub const ETH_P_IP: [u8; 2] = [0x08, 0x00];
+pub const ETH_P_IPV6: [u8; 2] = [0x86, 0xdd];
 pub const IPV4_LEN: usize = 20;
+pub const IPV6_LEN: usize = 40;
 pub const TCP_LEN: usize = 20;
 pub const UDP_LEN: usize = 8;
 
@@ -17,6 +19,18 @@ pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
 
 pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_ICMPV6: u8 = 58;
+
+/// IPv6 next-header values that are extension headers (RFC 8200 4.1, plus
+/// AH, mobility, HIP and shim6), apart from the fragment header.
+pub const NEXTHDR_HOP: u8 = 0;
+pub const NEXTHDR_ROUTING: u8 = 43;
+pub const NEXTHDR_FRAGMENT: u8 = 44;
+pub const NEXTHDR_AUTH: u8 = 51;
+pub const NEXTHDR_DEST: u8 = 60;
+pub const NEXTHDR_MOBILITY: u8 = 135;
+pub const NEXTHDR_HIP: u8 = 139;
+pub const NEXTHDR_SHIM6: u8 = 140;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -39,6 +53,18 @@ pub struct Ipv4Hdr {
     pub check: [u8; 2],
     pub src: [u8; 4],
     pub dst: [u8; 4],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Ipv6Hdr {
+    /// Version (4 bits), traffic class (8), flow label (20).
+    pub vtcfl: [u8; 4],
+    pub payload_len: [u8; 2],
+    pub next_header: u8,
+    pub hop_limit: u8,
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
 }
 
 #[repr(C)]
@@ -66,5 +92,6 @@ pub struct UdpHdr {
 
 const _: () = assert!(core::mem::size_of::<EthHdr>() == ETH_LEN);
 const _: () = assert!(core::mem::size_of::<Ipv4Hdr>() == IPV4_LEN);
+const _: () = assert!(core::mem::size_of::<Ipv6Hdr>() == IPV6_LEN);
 const _: () = assert!(core::mem::size_of::<TcpHdr>() == TCP_LEN);
 const _: () = assert!(core::mem::size_of::<UdpHdr>() == UDP_LEN);

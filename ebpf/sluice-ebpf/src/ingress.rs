@@ -1,4 +1,6 @@
-//! Packets arriving at the node: service frontends get DNAT.
+//! IPv4 packets arriving at the node: service frontends get DNAT (IPv6
+//! frames go to `ingress6.rs`; `sl_ingress` picks by ethertype). The
+//! tracked-flow rules and slot choice are shared with IPv6 (`select.rs`).
 //!
 //! 1. A packet to a port in the SNAT range may be the reply of an SNATed
 //!    flow: turned back and redirected to its client (`snat::reply`).
@@ -17,9 +19,9 @@ use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_ns, programs::TcContext
 use sluice_common::{
     conntrack::{CT_F_SNAT, CT_REFRESH_NS},
     hash::pick_slot,
-    service::{SVC_F_AFFINITY, SVC_F_DROP_EMPTY, SVC_F_SNAT, SVC_F_SOURCE_RANGES},
-    Affinity4Key, AffinityValue, Backend, BackendState, Config, CtKind, Stat, Svc4Key, SvcValue,
-    IPPROTO_TCP, IPPROTO_UDP,
+    service::{SVC_F_AFFINITY, SVC_F_SNAT, SVC_F_SOURCE_RANGES},
+    Affinity4Key, AffinityValue, BackendState, Config, CtKind, Stat, Svc4Key, SvcValue,
+    IPPROTO_TCP,
 };
 
 use crate::{
@@ -29,18 +31,14 @@ use crate::{
     hash,
     maps::{self, count, AFFINITY_V4, CONNTRACK_V4},
     nat::{self, Side},
-    reject, snat,
+    reject,
+    select::{candidates, judge, Pick, Tracked},
+    snat,
 };
 
-enum Tracked {
-    /// Keep sending the flow to this backend.
-    Follow(&'static Backend),
-    /// Treat the packet as the first of a new flow.
-    Reselect,
-    /// The flow's backend is gone mid-connection: reset it.
-    Reset,
-}
-
+/// The IPv4 path, inlined into the program's own frame: its deepest call
+/// chain (SNAT) already fills the 512-byte stack with that frame, so it
+/// cannot afford another call level (and its frame must not grow).
 #[inline(always)]
 pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
     let flow = match Flow4::parse(ctx)? {
@@ -112,28 +110,6 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
     new_flow(ctx, &flow, master, now, reselected, &config)
 }
 
-/// Decides what a tracked flow's packet gets.
-#[inline(always)]
-fn judge(flow: &Flow4, master: &SvcValue, backend_id: u32, svc_id: u32, ct_flags: u8) -> Tracked {
-    let closing = sluice_common::conntrack::closing(ct_flags);
-    match maps::backend(backend_id) {
-        Some(b) if b.svc_id == svc_id && master.svc_id == svc_id => {
-            // A SYN on a finished flow, or to a backend that no longer takes
-            // new flows, starts a new connection (source-port reuse).
-            if flow.is_syn() && (closing || b.state != BackendState::Active as u8) {
-                Tracked::Reselect
-            } else {
-                Tracked::Follow(b)
-            }
-        }
-        // The backend was removed, or the frontend now belongs to another
-        // service: a new connection or a UDP packet gets a fresh pick, an
-        // established TCP connection is reset.
-        _ if flow.is_syn() || flow.proto == IPPROTO_UDP => Tracked::Reselect,
-        _ => Tracked::Reset,
-    }
-}
-
 /// The backend the client's session affinity points to, if it may still
 /// take new flows (0: none). A separate BPF function, off the main frame.
 #[inline(never)]
@@ -172,20 +148,20 @@ fn new_flow(
         count(Stat::SourceDenied);
         return Ok(Verdict::Drop);
     }
-    let (first, n) = if master.active > 0 {
-        (1, master.active)
-    } else if master.fallback > 0 {
-        (1 + master.active, master.fallback)
-    } else if master.flags & SVC_F_DROP_EMPTY != 0 {
-        count(Stat::NoBackendDrop);
-        return Ok(Verdict::Drop);
-    } else {
-        count(Stat::NoBackend);
-        return if flow.proto == IPPROTO_TCP {
-            reject::tcp_reset(ctx.skb.skb, flow)
-        } else {
-            reject::icmp_port_unreachable(ctx.skb.skb, flow)
-        };
+    let (first, n) = match candidates(master) {
+        Pick::Slots(first, n) => (first, n),
+        Pick::Drop => {
+            count(Stat::NoBackendDrop);
+            return Ok(Verdict::Drop);
+        }
+        Pick::Reject => {
+            count(Stat::NoBackend);
+            return if flow.proto == IPPROTO_TCP {
+                reject::tcp_reset(ctx.skb.skb, flow)
+            } else {
+                reject::icmp_port_unreachable(ctx.skb.skb, flow)
+            };
+        }
     };
     let h = hash::flow(flow, config.hash_seed);
     let sticky = master.flags & SVC_F_AFFINITY != 0;

@@ -1,6 +1,8 @@
 //! sluice's kernel programs.
 //!
 //! Two TC (TCX) classifiers, attached to every device the agent manages:
+//! Both handle IPv4 and IPv6 (`ingress6.rs`, `egress6.rs`, chosen by
+//! ethertype).
 //! - `sl_ingress` sees packets arriving at the node. A packet for a service
 //!   frontend is matched to its conntrack entry or assigned a backend, and
 //!   its destination is rewritten (DNAT) before the kernel routes it.
@@ -11,8 +13,9 @@
 //!   `sl_sock_release` (cgroup programs) balance the node's own sockets,
 //!   whose packets never cross a TC ingress hook.
 //!
-//! The TC programs are thin: they call a `handle` function and turn its
-//! typed result into a verdict, counting every error by reason. See
+//! The TC programs are thin: they pick the family's `handle` function,
+//! which turns its typed result into a verdict, counting every error by
+//! reason (`error::settle`). See
 //! `docs/architecture.md` for the walk of one packet.
 #![no_std]
 #![no_main]
@@ -20,15 +23,22 @@
 mod checksum;
 mod conntrack;
 mod egress;
+mod egress6;
 mod error;
 mod flow;
+mod flow6;
 mod hash;
 mod headers;
 mod icmp;
+mod icmp6;
 mod ingress;
+mod ingress6;
 mod maps;
 mod nat;
+mod nat6;
 mod reject;
+mod reject6;
+mod select;
 mod snat;
 mod sock;
 
@@ -37,16 +47,25 @@ use aya_ebpf::{
     programs::{SockAddrContext, SockContext, TcContext},
 };
 
-use crate::error::Verdict;
+use crate::{error::settle, headers::ETH_P_IPV6};
 
+/// IPv6 goes to a BPF function of its own; IPv4 runs in the program's own
+/// frame (see `ingress::handle`). The IPv6 path's frames must therefore
+/// fit in what the IPv4 frame leaves of the 512-byte stack.
 #[classifier]
 pub fn sl_ingress(ctx: TcContext) -> i32 {
-    finish(ingress::handle(&ctx))
+    if flow::ether_type(&ctx) == Some(ETH_P_IPV6) {
+        return ingress6::handle(ctx.skb.skb).code();
+    }
+    settle(ingress::handle(&ctx)).code()
 }
 
 #[classifier]
 pub fn sl_egress(ctx: TcContext) -> i32 {
-    finish(egress::handle(&ctx))
+    if flow::ether_type(&ctx) == Some(ETH_P_IPV6) {
+        return egress6::handle(ctx.skb.skb).code();
+    }
+    settle(egress::handle(&ctx)).code()
 }
 
 #[cgroup_sock_addr(connect4)]
@@ -72,17 +91,6 @@ pub fn sl_getpeername4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock(sock_release)]
 pub fn sl_sock_release(ctx: SockContext) -> i32 {
     sock::release(&ctx)
-}
-
-#[inline(always)]
-fn finish(result: Result<Verdict, error::Error>) -> i32 {
-    match result {
-        Ok(verdict) => verdict.code(),
-        Err(err) => {
-            maps::count(err.stat());
-            err.verdict().code()
-        }
-    }
 }
 
 #[cfg(not(test))]

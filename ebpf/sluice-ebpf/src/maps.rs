@@ -1,6 +1,7 @@
 //! The map definitions. Names and layouts come from `sluice_common`; the
 //! sizes here are defaults that the agent overrides at load time.
 
+use crate::flow6::Flow6;
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, BPF_F_NO_PREALLOC},
     btf_maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
@@ -13,8 +14,8 @@ use sluice_common::{
         SOCKETS_MAX, SOURCE_RANGES_MAX,
     },
     stats::STAT_COUNT,
-    Affinity4Key, AffinityValue, Backend, Config, Ct4Key, CtEntry, SockEntry, SockRevKey,
-    SockRevValue, SrcRange4, Stat, Svc4Key, SvcValue,
+    Affinity4Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, SockEntry, SockRevKey,
+    SockRevValue, SrcRange4, Stat, Svc4Key, Svc6Key, SvcValue,
 };
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -29,6 +30,14 @@ pub static BACKENDS: HashMap<u32, Backend, { DEFAULT_BACKENDS_MAX as usize }, NO
 
 #[btf_map(name = "sl_ct4")]
 pub static CONNTRACK_V4: LruHashMap<Ct4Key, CtEntry, { DEFAULT_CONNTRACK_MAX as usize }> =
+    LruHashMap::new();
+
+#[btf_map(name = "sl_svc6")]
+pub static SERVICES_V6: HashMap<Svc6Key, SvcValue, { DEFAULT_SERVICES_MAX as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+#[btf_map(name = "sl_ct6")]
+pub static CONNTRACK_V6: LruHashMap<Ct6Key, CtEntry, { DEFAULT_CONNTRACK_MAX as usize }> =
     LruHashMap::new();
 
 #[btf_map(name = "sl_stats")]
@@ -60,11 +69,36 @@ pub static SOURCE_RANGES_V4: LpmTrie<SrcRange4, u8, { SOURCE_RANGES_MAX as usize
 pub struct Scratch {
     pub ct: CtEntry,
     pub fib: bpf_fib_lookup,
-    pub pkt: [u8; 80],
+    /// Large enough for an ICMPv6 error quoting an IPv6 UDP header (110).
+    pub pkt: [u8; PKT_MAX],
 }
+
+/// Size of `Scratch::pkt`.
+pub const PKT_MAX: usize = 112;
 
 #[btf_map(name = "sl_scratch")]
 pub static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
+
+/// The IPv6 path's working set: the packet's tuple and the map keys built
+/// from it, all too large to keep on the stack after the IPv4 path's frame
+/// (see `flow6::Flow6`). Separate from `Scratch` so that the IPv6 path can
+/// hold a reference to its flow while the reject builders use `pkt`.
+#[repr(C)]
+pub struct Scratch6 {
+    pub flow: Flow6,
+    pub ct_key: Ct6Key,
+    pub svc_key: Svc6Key,
+}
+
+#[btf_map(name = "sl_scratch6")]
+pub static SCRATCH6: PerCpuArray<Scratch6, 1> = PerCpuArray::new();
+
+/// This CPU's IPv6 scratch space.
+#[inline(always)]
+pub fn scratch6() -> Option<&'static mut Scratch6> {
+    // SAFETY: a per-CPU slot that only the running program uses.
+    SCRATCH6.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+}
 
 /// This CPU's scratch space.
 #[inline(always)]
@@ -91,6 +125,8 @@ const fn same(a: &str, b: &str) -> bool {
 const _: () = assert!(same("sl_svc4", names::SERVICES_V4));
 const _: () = assert!(same("sl_backends", names::BACKENDS));
 const _: () = assert!(same("sl_ct4", names::CONNTRACK_V4));
+const _: () = assert!(same("sl_svc6", names::SERVICES_V6));
+const _: () = assert!(same("sl_ct6", names::CONNTRACK_V6));
 const _: () = assert!(same("sl_stats", names::STATS));
 const _: () = assert!(same("sl_config", names::CONFIG));
 const _: () = assert!(same("sl_aff4", names::AFFINITY_V4));
@@ -115,6 +151,13 @@ pub fn count(stat: Stat) {
 pub fn service(key: &Svc4Key) -> Option<&'static SvcValue> {
     // SAFETY: see above.
     SERVICES_V4.get_ptr(key).map(|p| unsafe { &*p })
+}
+
+/// An IPv6 frontend entry (a reference, as for `service`).
+#[inline(always)]
+pub fn service6(key: &Svc6Key) -> Option<&'static SvcValue> {
+    // SAFETY: see `service`.
+    SERVICES_V6.get_ptr(key).map(|p| unsafe { &*p })
 }
 
 /// A backend (a reference, as for `service`).

@@ -70,20 +70,21 @@ fn reply_ip(src: [u8; 4], dst: [u8; 4], total: usize, proto: u8) -> Ipv4Hdr {
     ip
 }
 
+/// The answer's Ethernet header: back to where the packet came from.
 #[inline(always)]
-fn swap_eth(eth: &EthHdr) -> EthHdr {
+pub(crate) fn swap_eth(eth: &EthHdr, ether_type: [u8; 2]) -> EthHdr {
     EthHdr {
         dst: eth.src,
         src: eth.dst,
-        ether_type: ETH_P_IP,
+        ether_type,
     }
 }
 
 /// Resizes the packet, writes `pkt` over its start and sends it back out
 /// of the interface it arrived on.
 #[inline(always)]
-fn send_back<T>(ctx: &TcContext, pkt: &T, len: usize) -> Result<Verdict, Error> {
-    const { assert!(core::mem::size_of::<T>() <= 80) };
+pub(crate) fn send_back<T>(ctx: &TcContext, pkt: &T, len: usize) -> Result<Verdict, Error> {
+    const { assert!(core::mem::size_of::<T>() <= crate::maps::PKT_MAX) };
     // SAFETY: the skb pointer is the program's context.
     if unsafe { bpf_skb_change_tail(ctx.skb.skb, len as u32, 0) } != 0 {
         return Err(Error::Reject);
@@ -136,7 +137,7 @@ pub fn tcp_reset(skb: *mut __sk_buff, flow: &Flow4) -> Result<Verdict, Error> {
     // the header structs are byte-aligned.
     let out = unsafe { &mut *(scratch.pkt.as_mut_ptr() as *mut RstPacket) };
     *out = RstPacket {
-        eth: swap_eth(&eth),
+        eth: swap_eth(&eth, ETH_P_IP),
         ip: reply_ip(flow.dst, flow.src, IPV4_LEN + TCP_LEN, IPPROTO_TCP),
         tcp: TcpHdr {
             sport: flow.dport.to_be_bytes(),
@@ -175,7 +176,7 @@ pub fn icmp_port_unreachable(skb: *mut __sk_buff, flow: &Flow4) -> Result<Verdic
     // SAFETY: as in tcp_reset.
     let out = unsafe { &mut *(scratch.pkt.as_mut_ptr() as *mut IcmpPacket) };
     *out = IcmpPacket {
-        eth: swap_eth(&eth),
+        eth: swap_eth(&eth, ETH_P_IP),
         ip: reply_ip(flow.dst, flow.src, ICMP_LEN - ETH_LEN, IPPROTO_ICMP),
         icmp: IcmpHdr {
             kind: 3, // destination unreachable

@@ -1,0 +1,52 @@
+//! IPv6 packets leaving the node towards a client: a backend's reply gets
+//! the frontend address back as its source (the IPv6 twin of `egress.rs`).
+//! Map lookups take the key by reference on purpose (clippy would pass it
+//! by value): a copy would put the 40-byte key on the stack.
+#![allow(clippy::needless_borrows_for_generic_args)]
+
+use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
+use sluice_common::{CtKind, Stat};
+
+use crate::{
+    conntrack::note_reply6,
+    error::{settle, Error, Verdict},
+    flow6::Parsed6,
+    icmp6,
+    maps::{self, count, Scratch6, CONNTRACK_V6},
+    nat::Side,
+    nat6,
+};
+
+/// A separate BPF function, off the IPv4 path's frame (returning a
+/// `Verdict`, see `error::settle`).
+#[inline(never)]
+pub fn handle(skb: *mut __sk_buff) -> Verdict {
+    let Some(s) = maps::scratch6() else {
+        return Verdict::Next;
+    };
+    settle(try_handle(skb, s))
+}
+
+#[inline(always)]
+fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
+    let ctx = &TcContext::new(skb);
+    match s.flow.parse(ctx)? {
+        Parsed6::Flow => {}
+        Parsed6::Icmp => return Ok(icmp6::egress(skb, s)),
+        Parsed6::Fragment | Parsed6::ExtHeader | Parsed6::Other => return Ok(Verdict::Next),
+    }
+    s.flow.ct_key_into(&mut s.ct_key);
+    let Some(entry) = CONNTRACK_V6.get_ptr_mut(&s.ct_key) else {
+        return Ok(Verdict::Next);
+    };
+    let flow = &s.flow;
+    // SAFETY: pointer from a successful lookup; fields copied at once.
+    let (kind, frontend, port) = unsafe { ((*entry).kind, (*entry).nat_addr, (*entry).nat_port) };
+    if kind != CtKind::Reply as u8 {
+        return Ok(Verdict::Next);
+    }
+    note_reply6(flow, entry);
+    nat6::rewrite(skb, flow, Side::Src, &frontend, port)?;
+    count(Stat::ReplyNat);
+    Ok(Verdict::Next)
+}

@@ -1,0 +1,101 @@
+//! What a packet to a frontend gets, independent of the address family:
+//! the verdict on a tracked flow, and which slots a new flow may pick.
+//! `ingress.rs` (IPv4) and `ingress6.rs` (IPv6) share these so that
+//! graceful termination follows one set of rules.
+
+use sluice_common::{service::SVC_F_DROP_EMPTY, Backend, BackendState, SvcValue, IPPROTO_UDP};
+
+use crate::{flow::Flow4, flow6::Flow6, maps};
+
+pub enum Tracked {
+    /// Keep sending the flow to this backend.
+    Follow(&'static Backend),
+    /// Treat the packet as the first of a new flow.
+    Reselect,
+    /// The flow's backend is gone mid-connection: reset it.
+    Reset,
+}
+
+/// What `judge` needs to know about a packet, for either family.
+pub trait Packet {
+    /// A TCP SYN without ACK: the first packet of a new connection.
+    fn is_syn(&self) -> bool;
+    fn proto(&self) -> u8;
+}
+
+impl Packet for Flow4 {
+    #[inline(always)]
+    fn is_syn(&self) -> bool {
+        Flow4::is_syn(self)
+    }
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+}
+
+impl Packet for Flow6 {
+    #[inline(always)]
+    fn is_syn(&self) -> bool {
+        Flow6::is_syn(self)
+    }
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+}
+
+/// Decides what a packet of a tracked flow gets. (Generic rather than
+/// taking `is_syn` as a value: computing it before the backend lookup
+/// costs the IPv4 path a stack slot it does not have.)
+#[inline(always)]
+pub fn judge<P: Packet>(
+    flow: &P,
+    master: &SvcValue,
+    backend_id: u32,
+    svc_id: u32,
+    ct_flags: u8,
+) -> Tracked {
+    let closing = sluice_common::conntrack::closing(ct_flags);
+    match maps::backend(backend_id) {
+        Some(b) if b.svc_id == svc_id && master.svc_id == svc_id => {
+            // A SYN on a finished flow, or to a backend that no longer takes
+            // new flows, starts a new connection (source-port reuse).
+            if flow.is_syn() && (closing || b.state != BackendState::Active as u8) {
+                Tracked::Reselect
+            } else {
+                Tracked::Follow(b)
+            }
+        }
+        // The backend was removed, or the frontend now belongs to another
+        // service: a new connection or a UDP packet gets a fresh pick, an
+        // established TCP connection is reset.
+        _ if flow.is_syn() || flow.proto() == IPPROTO_UDP => Tracked::Reselect,
+        _ => Tracked::Reset,
+    }
+}
+
+/// Where a new flow may go.
+pub enum Pick {
+    /// `n` slots starting at `first`.
+    Slots(u16, u16),
+    /// Nothing selectable, drop-when-empty frontend.
+    Drop,
+    /// Nothing selectable: refuse (RST / port unreachable).
+    Reject,
+}
+
+/// The active slots, or the terminating-but-serving ones when none is
+/// active (KEP-1669 fallback); never the rest.
+#[inline(always)]
+pub fn candidates(master: &SvcValue) -> Pick {
+    if master.active > 0 {
+        Pick::Slots(1, master.active)
+    } else if master.fallback > 0 {
+        Pick::Slots(1 + master.active, master.fallback)
+    } else if master.flags & SVC_F_DROP_EMPTY != 0 {
+        Pick::Drop
+    } else {
+        Pick::Reject
+    }
+}
