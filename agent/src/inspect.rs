@@ -186,8 +186,8 @@ struct CtRow {
     src: String,
     dst: String,
     /// The entry's NAT address: the frontend for replies, the SNAT
-    /// source for forward entries of SNATed flows, unused otherwise.
-    nat: String,
+    /// source for forward entries of SNATed flows; none otherwise.
+    nat: Option<String>,
     /// What the datapath rewrites, e.g. `dst 10.20.0.2:8080` on a forward
     /// entry, `src 10.96.0.10:80` on a reply.
     rewrite: String,
@@ -325,7 +325,7 @@ pub fn ct_list(args: &CtListArgs) -> Result<()> {
             kind: if forward { "forward" } else { "reply" },
             src: src.to_string(),
             dst: dst.to_string(),
-            nat: nat.to_string(),
+            nat: (!forward || snat).then(|| nat.to_string()),
             rewrite,
             backend_id: e.backend_id,
             svc_id: e.svc_id,

@@ -106,7 +106,7 @@ fn dual_stack_service_is_programmed_in_both_families_and_drains_an_ipv6_backend(
         .flatten()
         .filter(|r| {
             r["kind"] == "forward"
-                && r["nat"] == a6.as_str()
+                && r["rewrite"] == format!("dst {a6}").as_str()
                 && r["src"]
                     .as_str()
                     .is_some_and(|s| s.starts_with(&format!("[{client6}]:")))
