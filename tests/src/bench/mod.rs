@@ -441,40 +441,26 @@ fn program_iptables(
     };
 
     let key = format!("{}-noflush", variant.name());
-    let measure = match history.skip(&key, set.n, cfg.load_budget) {
-        Some(why) => Measure::skipped(why),
-        None => {
-            let path = full_file(set)?;
-            let scratch = crate::Netns::create("ipt-scratch")?;
-            let mut cmd = scratch.command(restore);
-            cmd.args(["-w", "--noflush"]);
-            let outcome = run_timed(cmd, Some(&path), cfg.load_budget);
-            let _ = env::flush_rules(variant, &scratch);
-            let outcome = outcome?;
-            history.record(&key, set.n, &outcome);
-            timed_measure(&outcome, cfg.load_budget)
-        }
-    };
-    eprintln!("  {key}: {}", report::measure_text(&measure));
-    control.programming.insert(key, measure);
+    measure_load(key, set, cfg, history, control, || {
+        let path = full_file(set)?;
+        let scratch = crate::Netns::create("ipt-scratch")?;
+        let mut cmd = scratch.command(restore);
+        cmd.args(["-w", "--noflush"]);
+        let outcome = run_timed(cmd, Some(&path), cfg.load_budget);
+        let _ = env::flush_rules(variant, &scratch);
+        outcome
+    })?;
 
     let key = format!("{}-restore", variant.name());
-    let measure = match history.skip(&key, set.n, cfg.load_budget) {
-        Some(why) => Measure::skipped(why),
-        None => {
-            let path = full_file(set)?;
-            let mut cmd = env.node().command(restore);
-            cmd.arg("-w");
-            let outcome = run_timed(cmd, Some(&path), cfg.load_budget)?;
-            history.record(&key, set.n, &outcome);
-            if matches!(outcome, Timed::Done(_)) {
-                env.layout = Some(Layout::Full);
-            }
-            timed_measure(&outcome, cfg.load_budget)
-        }
-    };
-    eprintln!("  {key}: {}", report::measure_text(&measure));
-    control.programming.insert(key, measure);
+    let loaded = measure_load(key, set, cfg, history, control, || {
+        let path = full_file(set)?;
+        let mut cmd = env.node().command(restore);
+        cmd.arg("-w");
+        run_timed(cmd, Some(&path), cfg.load_budget)
+    })?;
+    if loaded {
+        env.layout = Some(Layout::Full);
+    }
     drop(full);
 
     if env.layout.is_none() {
@@ -485,21 +471,59 @@ fn program_iptables(
         )?;
         let mut cmd = env.node().command(restore);
         cmd.arg("-w");
-        match run_timed(cmd, Some(file.path()), cfg.load_budget)? {
-            Timed::Done(d) => {
-                eprintln!(
-                    "  {}: collapsed ruleset loaded in {:.1} s",
-                    variant.name(),
-                    d.as_secs_f64()
-                );
-                env.layout = Some(Layout::Collapsed);
-            }
-            Timed::OverBudget(_) => {
-                anyhow::bail!("even the collapsed ruleset did not load in time")
-            }
-        }
+        load_collapsed(env, cmd, Some(file.path()), cfg.load_budget)?;
     }
     Ok(())
+}
+
+/// Times one load of a full ruleset, unless the loads of smaller sizes say
+/// it cannot fit the budget, and records the figure under `key`; true when
+/// the ruleset is now loaded.
+fn measure_load(
+    key: String,
+    set: &ServiceSet,
+    cfg: &Config,
+    history: &mut History,
+    control: &mut Control,
+    load: impl FnOnce() -> Result<Timed>,
+) -> Result<bool> {
+    let mut loaded = false;
+    let measure = match history.skip(&key, set.n, cfg.load_budget) {
+        Some(why) => Measure::skipped(why),
+        None => {
+            let outcome = load()?;
+            history.record(&key, set.n, &outcome);
+            loaded = matches!(outcome, Timed::Done(_));
+            timed_measure(&outcome, cfg.load_budget)
+        }
+    };
+    eprintln!("  {key}: {}", report::measure_text(&measure));
+    control.programming.insert(key, measure);
+    Ok(loaded)
+}
+
+/// When no full ruleset could be loaded: the collapsed one, so that the
+/// data plane can still be measured.
+fn load_collapsed(
+    env: &mut Env,
+    cmd: std::process::Command,
+    input: Option<&std::path::Path>,
+    budget: Duration,
+) -> Result<()> {
+    match run_timed(cmd, input, budget)? {
+        Timed::Done(d) => {
+            eprintln!(
+                "  {}: collapsed ruleset loaded in {:.1} s",
+                env.variant.name(),
+                d.as_secs_f64()
+            );
+            env.layout = Some(Layout::Collapsed);
+            Ok(())
+        }
+        Timed::OverBudget(_) => {
+            anyhow::bail!("even the collapsed ruleset did not load in time")
+        }
+    }
 }
 
 /// Loads kube-proxy's nftables layout into `env` with `nft -f` (one
@@ -511,23 +535,15 @@ fn program_nftables(
     history: &mut History,
     control: &mut Control,
 ) -> Result<()> {
-    let key = "nftables".to_owned();
-    let measure = match history.skip(&key, set.n, cfg.load_budget) {
-        Some(why) => Measure::skipped(why),
-        None => {
-            let file = TempFile::write("nft", &kubeproxy::nftables(set, Layout::Full))?;
-            let mut cmd = env.node().command("nft");
-            cmd.arg("-f").arg(file.path());
-            let outcome = run_timed(cmd, None, cfg.load_budget)?;
-            history.record(&key, set.n, &outcome);
-            if matches!(outcome, Timed::Done(_)) {
-                env.layout = Some(Layout::Full);
-            }
-            timed_measure(&outcome, cfg.load_budget)
-        }
-    };
-    eprintln!("  {key}: {}", report::measure_text(&measure));
-    control.programming.insert(key, measure);
+    let loaded = measure_load("nftables".to_owned(), set, cfg, history, control, || {
+        let file = TempFile::write("nft", &kubeproxy::nftables(set, Layout::Full))?;
+        let mut cmd = env.node().command("nft");
+        cmd.arg("-f").arg(file.path());
+        run_timed(cmd, None, cfg.load_budget)
+    })?;
+    if loaded {
+        env.layout = Some(Layout::Full);
+    }
     if env.layout.is_none() {
         env.flush()?;
         let file = TempFile::write(
@@ -536,18 +552,7 @@ fn program_nftables(
         )?;
         let mut cmd = env.node().command("nft");
         cmd.arg("-f").arg(file.path());
-        match run_timed(cmd, None, cfg.load_budget)? {
-            Timed::Done(d) => {
-                eprintln!(
-                    "  nftables: collapsed ruleset loaded in {:.1} s",
-                    d.as_secs_f64()
-                );
-                env.layout = Some(Layout::Collapsed);
-            }
-            Timed::OverBudget(_) => {
-                anyhow::bail!("even the collapsed ruleset did not load in time")
-            }
-        }
+        load_collapsed(env, cmd, None, cfg.load_budget)?;
     }
     Ok(())
 }
