@@ -14,10 +14,14 @@
 
 use std::{collections::HashMap, hash::Hash, time::Duration};
 
+use aya::{
+    maps::{HashMap as AyaHashMap, MapData},
+    Pod,
+};
 use sluice_common::{
     conntrack::{timeouts, CT_F_SEEN_REPLY},
-    maps as names, Affinity4Key, AffinityValue, Backend, Ct4Key, Ct6Key, CtEntry, CtKind,
-    SockEntry, SockRevKey, IPPROTO_TCP,
+    maps as names, AffinityValue, Backend, Ct4Key, Ct6Key, CtEntry, CtKind, SockEntry, SockRevKey,
+    IPPROTO_TCP,
 };
 
 use crate::datapath::{DatapathError, Maps};
@@ -80,11 +84,11 @@ pub fn forward_key_of_reply<K: CtKey>(key: &K, entry: &CtEntry) -> K {
 /// Session affinity entries to delete: their backend is gone or belongs to
 /// another service port, or they are idle beyond the longest timeout the
 /// API allows (a frontend's own timeout is enforced by the datapath).
-pub fn stale_affinities(
-    entries: &[(Affinity4Key, AffinityValue)],
+pub fn stale_affinities<K: Copy>(
+    entries: &[(K, AffinityValue)],
     backends: &HashMap<u32, Backend>,
     now_ns: u64,
-) -> Vec<Affinity4Key> {
+) -> Vec<K> {
     let max_idle = Duration::from_secs(u64::from(crate::translate::MAX_AFFINITY_TIMEOUT));
     entries
         .iter()
@@ -99,19 +103,18 @@ pub fn stale_affinities(
         .collect()
 }
 
-/// Every session affinity entry.
-pub fn read_affinities(maps: &Maps) -> Result<Vec<(Affinity4Key, AffinityValue)>, DatapathError> {
+/// Every session affinity entry of one family's map (`sl_aff4` or
+/// `sl_aff6`, named `name`).
+pub fn read_affinities<K: Pod>(
+    map: &AyaHashMap<MapData, K, AffinityValue>,
+    name: &'static str,
+) -> Result<Vec<(K, AffinityValue)>, DatapathError> {
     let mut all = Vec::new();
-    for item in maps.affinity_v4.iter() {
+    for item in map.iter() {
         match item {
             Ok(kv) => all.push(kv),
             Err(aya::maps::MapError::KeyNotFound) => continue,
-            Err(source) => {
-                return Err(DatapathError::Map {
-                    name: names::AFFINITY_V4,
-                    source,
-                })
-            }
+            Err(source) => return Err(DatapathError::Map { name, source }),
         }
     }
     Ok(all)

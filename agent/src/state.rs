@@ -3,7 +3,10 @@
 //! the pinned maps at start-up, then updated write by write) and computes
 //! another for what should be; the difference is what gets written.
 
-use std::collections::{BTreeSet, HashMap};
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::IpAddr,
+};
 
 use sluice_common::{service::FRONTEND_KIND_MASK, Backend, FrontendKind};
 
@@ -31,10 +34,11 @@ impl FrontendState {
     }
 }
 
-/// A loadBalancerSourceRanges entry: IPv4 network and prefix length.
-pub type SourceRange = ([u8; 4], u8);
+/// A loadBalancerSourceRanges entry: network and prefix length (IPv4
+/// ranges live in `sl_srcrng4`, IPv6 ones in `sl_srcrng6`).
+pub type SourceRange = (IpAddr, u8);
 
-/// `sl_svc4` (+ later `sl_svc6`), `sl_backends` and `sl_srcrng4`.
+/// `sl_svc4`, `sl_svc6`, `sl_backends`, `sl_srcrng4` and `sl_srcrng6`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapState {
     pub frontends: HashMap<FrontendKey, FrontendState>,

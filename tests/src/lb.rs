@@ -237,26 +237,23 @@ impl Lb {
     }
 }
 
-/// A frontend for tests: `kind` at `addr:port`, the given backends.
+/// A frontend for tests: `kind` at `addr:port` (either family), the given
+/// backends.
 pub fn frontend(
     kind: FrontendKind,
-    addr: Ipv4Addr,
+    addr: IpAddr,
     port: u16,
     proto: Proto,
-    backends: &[(Ipv4Addr, u16, BackendState)],
+    backends: &[(IpAddr, u16, BackendState)],
 ) -> Frontend {
     Frontend::new(
-        FrontendKey {
-            addr: IpAddr::V4(addr),
-            port,
-            proto,
-        },
+        FrontendKey { addr, port, proto },
         kind,
         backends
             .iter()
             .map(|(addr, port, state)| DesiredBackend {
                 endpoint: Endpoint {
-                    addr: IpAddr::V4(*addr),
+                    addr: *addr,
                     port: *port,
                 },
                 state: *state,

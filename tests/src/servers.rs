@@ -93,6 +93,11 @@ pub fn tcp_whoami(ns: &Netns, port: u16, name: &str) -> Result<Server> {
     tcp_server(ns, any(false, port), name, true)
 }
 
+/// `tcp_whoami` on `[::]:port` (IPv6 only).
+pub fn tcp_whoami6(ns: &Netns, port: u16, name: &str) -> Result<Server> {
+    tcp_server(ns, any(true, port), name, true)
+}
+
 fn tcp_server(ns: &Netns, addr: SocketAddr, name: &str, with_peer: bool) -> Result<Server> {
     let listener: TcpListener = ns
         .run(move || bound(addr, Type::STREAM))?

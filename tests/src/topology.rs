@@ -384,9 +384,14 @@ impl Topology {
         self.backends.iter().find(|p| p.name == name)
     }
 
-    /// `Pod::strict_checksums` on every client and backend.
+    /// `Pod::strict_checksums` on every client, backend and external host.
     pub fn strict_checksums(&self) -> Result<()> {
-        for pod in self.clients.iter().chain(&self.backends) {
+        for pod in self
+            .clients
+            .iter()
+            .chain(&self.backends)
+            .chain(&self.externals)
+        {
             pod.strict_checksums()?;
         }
         Ok(())

@@ -1,11 +1,18 @@
-//! Every kind of frontend on real traffic: NodePort from outside the node
-//! (SNAT with policy Cluster, client address kept with policy Local, DROP
-//! without local endpoints), LoadBalancer source ranges, session affinity,
-//! a backend on another node, and a pod reaching itself (hairpin).
+//! Every kind of frontend on real traffic, for both address families:
+//! NodePort from outside the node (SNAT with policy Cluster, client
+//! address kept with policy Local, DROP without local endpoints),
+//! LoadBalancer source ranges, session affinity, a backend on another node,
+//! a pod reaching itself (hairpin), and (IPv4 here, IPv6 in
+//! `datapath_ipv6`) ICMP errors translated back for PMTU discovery.
+//!
+//! Each scenario is one function over a `Family` and two `#[test]`s: the
+//! IPv6 run uses the same topology, its `fd00:b:k::h` twin addresses
+//! (`v6_of`), and TX checksum offload off in every pod and external host,
+//! so that a wrong checksum update shows as loss.
 
 use std::{
     io::{BufRead, BufReader},
-    net::{Ipv4Addr, SocketAddrV4, TcpStream},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream},
     time::Duration,
 };
 
@@ -14,18 +21,79 @@ use sluice::model::{BackendState, FrontendKind, Proto, WhenEmpty};
 use sluice_common::Stat;
 use sluice_tests::{
     clients::{self, Stream},
-    lb::{frontend, service, vip, Lb},
-    servers, Netns, Topology,
+    lb::{frontend, service, Lb},
+    servers::{self, Server},
+    topology::{v6_of, Pod},
+    Netns, Topology,
 };
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 70);
 const LB_IP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
 const NODE_PORT: u16 = 30080;
 
+/// Which family a scenario runs in. Addresses are written as IPv4 and
+/// mapped to their IPv6 twins (`a.b.k.h` -> `fd00:b:k::h`; a /24 is the
+/// twin /64, a /32 the /128).
+#[derive(Clone, Copy, Debug)]
+struct Family {
+    v6: bool,
+}
+
+const V4: Family = Family { v6: false };
+const V6: Family = Family { v6: true };
+
+impl Family {
+    fn ip(self, v4: Ipv4Addr) -> IpAddr {
+        if self.v6 {
+            IpAddr::V6(v6_of(v4))
+        } else {
+            IpAddr::V4(v4)
+        }
+    }
+
+    fn at(self, v4: Ipv4Addr, port: u16) -> SocketAddr {
+        SocketAddr::new(self.ip(v4), port)
+    }
+
+    fn range(self, v4: Ipv4Addr, len: u8) -> (IpAddr, u8) {
+        let len = match (self.v6, len) {
+            (false, l) => l,
+            (true, 24) => 64,
+            (true, 32) => 128,
+            (true, l) => panic!("no IPv6 twin of a /{l}"),
+        };
+        (self.ip(v4), len)
+    }
+
+    fn whoami_server(self, pod: &Pod) -> Result<Server> {
+        if self.v6 {
+            servers::tcp_whoami6(&pod.ns, 8080, &pod.name)
+        } else {
+            servers::tcp_whoami(&pod.ns, 8080, &pod.name)
+        }
+    }
+
+    fn greeter(self, pod: &Pod) -> Result<Server> {
+        if self.v6 {
+            servers::tcp_greeter6(&pod.ns, 8080, &pod.name)
+        } else {
+            servers::tcp_greeter(&pod.ns, 8080, &pod.name)
+        }
+    }
+
+    /// IPv6 runs verify every checksum (see the module comment).
+    fn prepare(self, topo: &Topology) -> Result<()> {
+        if self.v6 {
+            topo.strict_checksums()?;
+        }
+        Ok(())
+    }
+}
+
 /// Connects and returns the `<name> <peer>` greeting of a whoami server.
-fn whoami(ns: &Netns, addr: SocketAddrV4) -> Result<(String, Ipv4Addr)> {
+fn whoami(ns: &Netns, addr: SocketAddr) -> Result<(String, IpAddr)> {
     let line = ns.run(move || -> std::io::Result<String> {
-        let s = TcpStream::connect_timeout(&addr.into(), Duration::from_secs(2))?;
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
         s.set_read_timeout(Some(Duration::from_secs(2)))?;
         let mut line = String::new();
         BufReader::new(s).read_line(&mut line)?;
@@ -35,29 +103,47 @@ fn whoami(ns: &Netns, addr: SocketAddrV4) -> Result<(String, Ipv4Addr)> {
     Ok((name.to_owned(), peer.parse()?))
 }
 
-fn times_out(ns: &Netns, addr: SocketAddrV4) -> Result<()> {
-    let outcome =
-        ns.run(move || TcpStream::connect_timeout(&addr.into(), Duration::from_millis(700)))?;
+fn times_out(ns: &Netns, addr: SocketAddr) -> Result<()> {
+    let outcome = ns.run(move || TcpStream::connect_timeout(&addr, Duration::from_millis(700)))?;
     match outcome {
         Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Ok(()),
         other => bail!("expected a silent drop, got {other:?}"),
     }
 }
 
-fn active(ips: &[Ipv4Addr]) -> Vec<(Ipv4Addr, u16, BackendState)> {
+fn active(ips: &[IpAddr]) -> Vec<(IpAddr, u16, BackendState)> {
     ips.iter()
         .map(|ip| (*ip, 8080, BackendState::Active))
         .collect()
 }
 
-#[test]
-fn node_port_from_outside_is_snated_with_policy_cluster_and_kept_with_local() -> Result<()> {
+/// Two `#[test]`s, IPv4 and IPv6, running one scenario.
+macro_rules! both_families {
+    ($scenario:ident: $v4:ident, $v6:ident) => {
+        #[test]
+        fn $v4() -> Result<()> {
+            $scenario(V4)
+        }
+
+        #[test]
+        fn $v6() -> Result<()> {
+            $scenario(V6)
+        }
+    };
+}
+
+both_families!(node_port: node_port_from_outside_is_snated_with_policy_cluster_and_kept_with_local,
+    v6_node_port_from_outside_is_snated_with_policy_cluster_and_kept_with_local);
+
+fn node_port(fam: Family) -> Result<()> {
     let mut topo = Topology::new(0, 1)?;
     topo.add_external()?;
+    fam.prepare(&topo)?;
     let b = &topo.backends[0];
-    let _server = servers::tcp_whoami(&b.ns, 8080, &b.name)?;
+    let _server = fam.whoami_server(b)?;
     let mut lb = Lb::load(&topo)?;
-    let node = topo.node_address(0);
+    let node = fam.ip(topo.node_address(0));
+    let node_port = SocketAddr::new(node, NODE_PORT);
     let ext = &topo.externals[0];
 
     let mut np = frontend(
@@ -65,19 +151,19 @@ fn node_port_from_outside_is_snated_with_policy_cluster_and_kept_with_local() ->
         node,
         NODE_PORT,
         Proto::Tcp,
-        &active(&[b.ip]),
+        &active(&[b.addr(fam.v6)]),
     );
     np.snat = true;
     lb.set(service("web", 80, Proto::Tcp, vec![np.clone()]));
-    let (name, peer) = whoami(&ext.ns, SocketAddrV4::new(node, NODE_PORT))?;
+    let (name, peer) = whoami(&ext.ns, node_port)?;
     assert_eq!(name, "backend-0");
     assert_eq!(
         peer,
-        Ipv4Addr::new(10, 20, 0, 1),
+        fam.ip(Ipv4Addr::new(10, 20, 0, 1)),
         "policy Cluster: the backend sees the node (SNAT)"
     );
     // An established SNATed flow keeps working both ways.
-    let mut stream = Stream::connect(&ext.ns, SocketAddrV4::new(node, NODE_PORT))?;
+    let mut stream = Stream::connect(&ext.ns, node_port)?;
     for _ in 0..5 {
         stream.ping()?;
     }
@@ -86,46 +172,55 @@ fn node_port_from_outside_is_snated_with_policy_cluster_and_kept_with_local() ->
 
     np.snat = false;
     lb.set(service("web", 80, Proto::Tcp, vec![np.clone()]));
-    let (_, peer) = whoami(&ext.ns, SocketAddrV4::new(node, NODE_PORT))?;
-    assert_eq!(peer, ext.ip, "policy Local: the backend sees the client");
+    let (_, peer) = whoami(&ext.ns, node_port)?;
+    assert_eq!(
+        peer,
+        ext.addr(fam.v6),
+        "policy Local: the backend sees the client"
+    );
 
     // Policy Local with endpoints only elsewhere: DROP, not REJECT.
     np.backends.clear();
     np.when_empty = WhenEmpty::Drop;
     lb.set(service("web", 80, Proto::Tcp, vec![np]));
-    times_out(&ext.ns, SocketAddrV4::new(node, NODE_PORT))?;
+    times_out(&ext.ns, node_port)?;
     assert!(lb.stat(Stat::NoBackendDrop)? >= 1);
     Ok(())
 }
 
-#[test]
-fn load_balancer_source_ranges_admit_only_listed_clients() -> Result<()> {
+both_families!(source_ranges: load_balancer_source_ranges_admit_only_listed_clients,
+    v6_load_balancer_source_ranges_admit_only_listed_clients);
+
+fn source_ranges(fam: Family) -> Result<()> {
     let mut topo = Topology::new(0, 1)?;
     topo.add_external()?;
     topo.add_external()?;
+    fam.prepare(&topo)?;
     let b = &topo.backends[0];
-    let _server = servers::tcp_greeter(&b.ns, 8080, &b.name)?;
+    let _server = fam.greeter(b)?;
     let mut lb = Lb::load(&topo)?;
     let (e0, e1) = (&topo.externals[0], &topo.externals[1]);
-    let lb_addr = SocketAddrV4::new(LB_IP, 80);
-    let with_ranges = |ranges: &[(Ipv4Addr, u8)]| {
+    let lb_addr = fam.at(LB_IP, 80);
+    let with_ranges = |ranges: &[(IpAddr, u8)]| {
         let mut fe = frontend(
             FrontendKind::LoadBalancer,
-            LB_IP,
+            fam.ip(LB_IP),
             80,
             Proto::Tcp,
-            &active(&[b.ip]),
+            &active(&[b.addr(fam.v6)]),
         );
-        fe.source_ranges = ranges.iter().map(|(a, l)| ((*a).into(), *l)).collect();
+        fe.source_ranges = ranges.to_vec();
         service("public", 80, Proto::Tcp, vec![fe])
     };
 
-    lb.set(with_ranges(&[(Ipv4Addr::new(192, 168, 1, 0), 24)]));
+    lb.set(with_ranges(&[fam.range(Ipv4Addr::new(192, 168, 1, 0), 24)]));
     assert_eq!(clients::tcp_hello(&e0.ns, lb_addr)?, "backend-0");
     times_out(&e1.ns, lb_addr)?;
     assert!(lb.stat(Stat::SourceDenied)? >= 1);
 
-    lb.set(with_ranges(&[(Ipv4Addr::new(192, 168, 2, 100), 32)]));
+    lb.set(with_ranges(&[
+        fam.range(Ipv4Addr::new(192, 168, 2, 100), 32)
+    ]));
     assert_eq!(clients::tcp_hello(&e1.ns, lb_addr)?, "backend-0");
     times_out(&e0.ns, lb_addr)?;
 
@@ -133,31 +228,43 @@ fn load_balancer_source_ranges_admit_only_listed_clients() -> Result<()> {
     assert!(report.errors.is_empty());
     assert_eq!(clients::tcp_hello(&e0.ns, lb_addr)?, "backend-0");
     assert_eq!(clients::tcp_hello(&e1.ns, lb_addr)?, "backend-0");
+    let maps = lb.maps()?;
     assert!(
-        lb.maps()?.source_ranges_v4.keys().next().is_none(),
+        maps.source_ranges_v4.keys().next().is_none()
+            && maps.source_ranges_v6.keys().next().is_none(),
         "no range left behind"
     );
     Ok(())
 }
 
-#[test]
-fn session_affinity_sticks_until_timeout_and_leaves_terminating_backends() -> Result<()> {
+both_families!(affinity: session_affinity_sticks_until_timeout_and_leaves_terminating_backends,
+    v6_session_affinity_sticks_until_timeout_and_leaves_terminating_backends);
+
+fn affinity(fam: Family) -> Result<()> {
     let topo = Topology::new(1, 3)?;
+    fam.prepare(&topo)?;
     let _servers = topo
         .backends
         .iter()
-        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
+        .map(|b| fam.greeter(b))
         .collect::<Result<Vec<_>>>()?;
     let mut lb = Lb::load(&topo)?;
-    let ips: Vec<Ipv4Addr> = topo.backends.iter().map(|b| b.ip).collect();
-    let sticky = |states: Vec<(Ipv4Addr, u16, BackendState)>, timeout: u32| {
-        let mut fe = frontend(FrontendKind::ClusterIp, VIP, 80, Proto::Tcp, &states);
+    let ips: Vec<IpAddr> = topo.backends.iter().map(|b| b.addr(fam.v6)).collect();
+    let vip = fam.at(VIP, 80);
+    let sticky = |states: Vec<(IpAddr, u16, BackendState)>, timeout: u32| {
+        let mut fe = frontend(
+            FrontendKind::ClusterIp,
+            fam.ip(VIP),
+            80,
+            Proto::Tcp,
+            &states,
+        );
         fe.affinity_timeout = Some(timeout);
         service("sticky", 80, Proto::Tcp, vec![fe])
     };
     lb.set(sticky(active(&ips), 2));
     let client = &topo.clients[0].ns;
-    let hits: Vec<String> = clients::tcp_hellos(client, vip(VIP, 80), 30)?
+    let hits: Vec<String> = clients::tcp_hellos(client, vip, 30)?
         .into_iter()
         .collect::<std::io::Result<_>>()?;
     assert!(
@@ -168,23 +275,23 @@ fn session_affinity_sticks_until_timeout_and_leaves_terminating_backends() -> Re
 
     // The chosen backend turns terminating: affinity must not keep sending
     // new flows there; the client sticks to its new backend instead.
-    let first = topo.backend(&hits[0]).context("known backend")?.ip;
+    let first = topo
+        .backend(&hits[0])
+        .context("known backend")?
+        .addr(fam.v6);
     let states: Vec<_> = ips
         .iter()
         .map(|ip| {
-            (
-                *ip,
-                8080,
-                if *ip == first {
-                    BackendState::Terminating
-                } else {
-                    BackendState::Active
-                },
-            )
+            let state = if *ip == first {
+                BackendState::Terminating
+            } else {
+                BackendState::Active
+            };
+            (*ip, 8080, state)
         })
         .collect();
-    lb.set(sticky(states.clone(), 2));
-    let moved: Vec<String> = clients::tcp_hellos(client, vip(VIP, 80), 20)?
+    lb.set(sticky(states, 2));
+    let moved: Vec<String> = clients::tcp_hellos(client, vip, 20)?
         .into_iter()
         .collect::<std::io::Result<_>>()?;
     assert!(
@@ -195,13 +302,13 @@ fn session_affinity_sticks_until_timeout_and_leaves_terminating_backends() -> Re
     // After the timeout, the next new flow is not an affinity hit.
     let before = lb.stat(Stat::AffinityHit)?;
     std::thread::sleep(Duration::from_millis(2300));
-    clients::tcp_hello(client, vip(VIP, 80))?;
+    clients::tcp_hello(client, vip)?;
     assert_eq!(
         lb.stat(Stat::AffinityHit)?,
         before,
         "expired affinity is not followed"
     );
-    clients::tcp_hello(client, vip(VIP, 80))?;
+    clients::tcp_hello(client, vip)?;
     assert_eq!(
         lb.stat(Stat::AffinityHit)?,
         before + 1,
@@ -210,49 +317,84 @@ fn session_affinity_sticks_until_timeout_and_leaves_terminating_backends() -> Re
     Ok(())
 }
 
-#[test]
-fn backend_on_another_node_is_reached_and_replies_carry_the_frontend() -> Result<()> {
+both_families!(remote_backend: backend_on_another_node_is_reached_and_replies_carry_the_frontend,
+    v6_backend_on_another_node_is_reached_and_replies_carry_the_frontend);
+
+fn remote_backend(fam: Family) -> Result<()> {
     let mut node1 = Topology::with_index(1, 1, 0)?;
     node1.add_external()?;
     let node2 = Topology::with_index(2, 0, 1)?;
     Topology::join(&node1, &node2)?;
+    fam.prepare(&node1)?;
+    fam.prepare(&node2)?;
     let remote = &node2.backends[0];
-    let _server = servers::tcp_whoami(&remote.ns, 8080, &remote.name)?;
+    let _server = fam.whoami_server(remote)?;
     // Only node 1 runs sluice; node 2 just routes.
     let mut lb = Lb::load(&node1)?;
-    let node_ip = node1.node_address(0);
+    let node_ip = fam.ip(node1.node_address(0));
     let mut np = frontend(
         FrontendKind::NodePort,
         node_ip,
         NODE_PORT,
         Proto::Tcp,
-        &active(&[remote.ip]),
+        &active(&[remote.addr(fam.v6)]),
     );
     np.snat = true;
     let cluster = frontend(
         FrontendKind::ClusterIp,
-        VIP,
+        fam.ip(VIP),
         80,
         Proto::Tcp,
-        &active(&[remote.ip]),
+        &active(&[remote.addr(fam.v6)]),
     );
     lb.set(service("web", 80, Proto::Tcp, vec![cluster, np]));
 
     // Pod to service: routed to node 2 and back, reverse NAT on the way out.
-    let (name, peer) = whoami(&node1.clients[0].ns, vip(VIP, 80))?;
+    let client = &node1.clients[0];
+    let (name, peer) = whoami(&client.ns, fam.at(VIP, 80))?;
     assert_eq!(name, "node2-backend-0");
-    assert_eq!(peer, node1.clients[0].ip, "pod traffic keeps its source");
-    let mut stream = Stream::connect(&node1.clients[0].ns, vip(VIP, 80))?;
+    assert_eq!(peer, client.addr(fam.v6), "pod traffic keeps its source");
+    let mut stream = Stream::connect(&client.ns, fam.at(VIP, 80))?;
     stream.ping()?;
 
     // External NodePort to a remote backend: SNAT to node 1's underlay
     // address brings the replies back through node 1.
-    let (name, peer) = whoami(
-        &node1.externals[0].ns,
-        SocketAddrV4::new(node_ip, NODE_PORT),
-    )?;
+    let (name, peer) = whoami(&node1.externals[0].ns, SocketAddr::new(node_ip, NODE_PORT))?;
     assert_eq!(name, "node2-backend-0");
-    assert_eq!(peer, Ipv4Addr::new(192, 168, 200, 1));
+    assert_eq!(peer, fam.ip(Ipv4Addr::new(192, 168, 200, 1)));
+    Ok(())
+}
+
+both_families!(hairpin: a_pod_reaches_itself_through_its_service,
+    v6_a_pod_reaches_itself_through_its_service);
+
+fn hairpin(fam: Family) -> Result<()> {
+    let topo = Topology::new(0, 1)?;
+    fam.prepare(&topo)?;
+    let b = &topo.backends[0];
+    let _server = fam.whoami_server(b)?;
+    let mut lb = Lb::load(&topo)?;
+    lb.set(service(
+        "self",
+        80,
+        Proto::Tcp,
+        vec![frontend(
+            FrontendKind::ClusterIp,
+            fam.ip(VIP),
+            80,
+            Proto::Tcp,
+            &active(&[b.addr(fam.v6)]),
+        )],
+    ));
+    let (name, peer) = whoami(&b.ns, fam.at(VIP, 80))?;
+    assert_eq!(name, "backend-0");
+    assert_eq!(
+        peer,
+        fam.ip(Ipv4Addr::new(10, 20, 0, 1)),
+        "hairpin flows are SNATed to the node"
+    );
+    let mut stream = Stream::connect(&b.ns, fam.at(VIP, 80))?;
+    stream.ping()?;
     Ok(())
 }
 
@@ -279,14 +421,14 @@ fn icmp_fragmentation_needed_reaches_the_client_as_about_the_vip() -> Result<()>
         Proto::Tcp,
         vec![frontend(
             FrontendKind::ClusterIp,
-            VIP,
+            V4.ip(VIP),
             80,
             Proto::Tcp,
-            &active(&[remote.ip]),
+            &active(&[remote.addr(false)]),
         )],
     ));
 
-    let mut stream = Stream::connect(&node1.clients[0].ns, vip(VIP, 80))?;
+    let mut stream = Stream::connect(&node1.clients[0].ns, V4.at(VIP, 80))?;
     assert_eq!(stream.backend, "node2-backend-0");
     // 64 KiB in one line: many segments of the client's 1500-byte MTU.
     let big = "x".repeat(64 * 1024);
@@ -299,35 +441,5 @@ fn icmp_fragmentation_needed_reaches_the_client_as_about_the_vip() -> Result<()>
         lb.stat(Stat::IcmpTranslated)? >= 1,
         "no ICMP error was translated, so the test did not exercise PMTU"
     );
-    Ok(())
-}
-
-#[test]
-fn a_pod_reaches_itself_through_its_service() -> Result<()> {
-    let topo = Topology::new(0, 1)?;
-    let b = &topo.backends[0];
-    let _server = servers::tcp_whoami(&b.ns, 8080, &b.name)?;
-    let mut lb = Lb::load(&topo)?;
-    lb.set(service(
-        "self",
-        80,
-        Proto::Tcp,
-        vec![frontend(
-            FrontendKind::ClusterIp,
-            VIP,
-            80,
-            Proto::Tcp,
-            &active(&[b.ip]),
-        )],
-    ));
-    let (name, peer) = whoami(&b.ns, vip(VIP, 80))?;
-    assert_eq!(name, "backend-0");
-    assert_eq!(
-        peer,
-        Ipv4Addr::new(10, 20, 0, 1),
-        "hairpin flows are SNATed to the node"
-    );
-    let mut stream = Stream::connect(&b.ns, vip(VIP, 80))?;
-    stream.ping()?;
     Ok(())
 }

@@ -8,14 +8,14 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, Map, MapData, MapInfo},
+    maps::{Array, Map, MapData, MapInfo, ProgramArray},
     programs::SchedClassifier,
     Ebpf, EbpfLoader,
 };
 use sluice_common::{
-    maps as names, stats::STAT_COUNT, Affinity4Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key,
-    CtEntry, SockEntry, SockRevKey, SockRevValue, SrcRange4, Svc4Key, Svc6Key, SvcValue,
-    ABI_VERSION,
+    maps as names, stats::STAT_COUNT, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config,
+    Ct4Key, Ct6Key, CtEntry, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6, Svc4Key,
+    Svc6Key, SvcValue, ABI_VERSION,
 };
 
 use super::{links::Hook, DatapathError, Maps, BPF_OBJECT, LINKS_DIR};
@@ -57,7 +57,7 @@ struct Spec {
     max_entries: u32,
 }
 
-fn specs(sizes: &MapSizes) -> [Spec; 11] {
+fn specs(sizes: &MapSizes) -> [Spec; 14] {
     [
         Spec {
             name: names::SERVICES_V4,
@@ -126,6 +126,24 @@ fn specs(sizes: &MapSizes) -> [Spec; 11] {
             value_size: mem::size_of::<SockRevValue>(),
             max_entries: names::SOCKETS_MAX,
         },
+        Spec {
+            name: names::AFFINITY_V6,
+            key_size: mem::size_of::<Affinity6Key>(),
+            value_size: mem::size_of::<AffinityValue>(),
+            max_entries: sizes.affinity,
+        },
+        Spec {
+            name: names::SOURCE_RANGES_V6,
+            key_size: 4 + mem::size_of::<SrcRange6>(),
+            value_size: 1,
+            max_entries: names::SOURCE_RANGES_MAX,
+        },
+        Spec {
+            name: names::PROGS,
+            key_size: mem::size_of::<u32>(),
+            value_size: mem::size_of::<u32>(),
+            max_entries: names::PROGS_MAX,
+        },
     ]
 }
 
@@ -149,7 +167,8 @@ impl Datapath {
             .map_max_entries(names::CONNTRACK_V4, sizes.conntrack)
             .map_max_entries(names::SERVICES_V6, sizes.services)
             .map_max_entries(names::CONNTRACK_V6, sizes.conntrack)
-            .map_max_entries(names::AFFINITY_V4, sizes.affinity);
+            .map_max_entries(names::AFFINITY_V4, sizes.affinity)
+            .map_max_entries(names::AFFINITY_V6, sizes.affinity);
         for name in names::ALL {
             loader.map_pin_path(name, root.join(name));
         }
@@ -165,6 +184,7 @@ impl Datapath {
                 .load()
                 .map_err(|source| DatapathError::Program { name, source })?;
         }
+        load_ipv6_halves(&mut ebpf)?;
         super::cgroup::load(&mut ebpf)?;
         let maps = Maps::take(&mut ebpf)?;
         Ok((
@@ -180,6 +200,50 @@ impl Datapath {
     pub fn root(&self) -> &Path {
         &self.root
     }
+}
+
+/// The IPv6 halves of the TC programs, entered by tail call from the
+/// attached programs through the pinned `sl_progs`. Filled before anything
+/// is attached; a restarted agent's entries replace the old ones in place,
+/// so every attached program jumps to a loaded one at all times.
+const IPV6_HALVES: [(&str, u32); 2] = [
+    ("sl_ingress6", names::PROG_INGRESS6),
+    ("sl_egress6", names::PROG_EGRESS6),
+];
+
+fn load_ipv6_halves(ebpf: &mut Ebpf) -> Result<(), DatapathError> {
+    let mut fds = Vec::with_capacity(IPV6_HALVES.len());
+    for (name, index) in IPV6_HALVES {
+        let program: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or(DatapathError::MissingProgram(name))?
+            .try_into()
+            .map_err(|source| DatapathError::Program { name, source })?;
+        program
+            .load()
+            .map_err(|source| DatapathError::Program { name, source })?;
+        let fd = program
+            .fd()
+            .map_err(|source| DatapathError::Program { name, source })?
+            .try_clone()
+            .map_err(|source| DatapathError::Io {
+                path: PathBuf::from(name),
+                source,
+            })?;
+        fds.push((index, fd));
+    }
+    let map = ebpf
+        .map_mut(names::PROGS)
+        .ok_or(DatapathError::MissingMap(names::PROGS))?;
+    let name = names::PROGS;
+    let mut progs: ProgramArray<&mut MapData> =
+        ProgramArray::try_from(map).map_err(|source| DatapathError::Map { name, source })?;
+    for (index, fd) in &fds {
+        progs
+            .set(*index, fd, 0)
+            .map_err(|source| DatapathError::Map { name, source })?;
+    }
+    Ok(())
 }
 
 /// Creates `root` (and its links directory) on a bpffs mount.

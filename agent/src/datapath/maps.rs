@@ -10,8 +10,9 @@ use aya::{
     Ebpf,
 };
 use sluice_common::{
-    maps as names, Affinity4Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry,
-    SockEntry, SockRevKey, SockRevValue, SrcRange4, Stat, Svc4Key, Svc6Key, SvcValue,
+    maps as names, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key,
+    CtEntry, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key,
+    SvcValue,
 };
 
 use super::DatapathError;
@@ -34,6 +35,8 @@ pub struct Maps {
     pub source_ranges_v4: LpmTrie<MapData, SrcRange4, u8>,
     pub sockets_v4: HashMap<MapData, u64, SockEntry>,
     pub sock_rev_v4: HashMap<MapData, SockRevKey, SockRevValue>,
+    pub affinity_v6: HashMap<MapData, Affinity6Key, AffinityValue>,
+    pub source_ranges_v6: LpmTrie<MapData, SrcRange6, u8>,
 }
 
 fn convert<T>(name: &'static str, map: Map) -> Result<T, DatapathError>
@@ -60,6 +63,8 @@ impl Maps {
             source_ranges_v4: convert(names::SOURCE_RANGES_V4, take(names::SOURCE_RANGES_V4)?)?,
             sockets_v4: convert(names::SOCKETS_V4, take(names::SOCKETS_V4)?)?,
             sock_rev_v4: convert(names::SOCK_REV_V4, take(names::SOCK_REV_V4)?)?,
+            affinity_v6: convert(names::AFFINITY_V6, take(names::AFFINITY_V6)?)?,
+            source_ranges_v6: convert(names::SOURCE_RANGES_V6, take(names::SOURCE_RANGES_V6)?)?,
         })
     }
 
@@ -82,6 +87,8 @@ impl Maps {
             source_ranges_v4: convert(names::SOURCE_RANGES_V4, open(names::SOURCE_RANGES_V4)?)?,
             sockets_v4: convert(names::SOCKETS_V4, open(names::SOCKETS_V4)?)?,
             sock_rev_v4: convert(names::SOCK_REV_V4, open(names::SOCK_REV_V4)?)?,
+            affinity_v6: convert(names::AFFINITY_V6, open(names::AFFINITY_V6)?)?,
+            source_ranges_v6: convert(names::SOURCE_RANGES_V6, open(names::SOURCE_RANGES_V6)?)?,
         })
     }
 
@@ -208,7 +215,20 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
             .source_ranges
             .entry(u32::from_be_bytes(data.svc_id))
             .or_default()
-            .insert((data.addr, prefix));
+            .insert((IpAddr::V4(Ipv4Addr::from(data.addr)), prefix));
+    }
+    for item in maps.source_ranges_v6.iter() {
+        let (key, _) = item.map_err(|source| DatapathError::Map {
+            name: names::SOURCE_RANGES_V6,
+            source,
+        })?;
+        let data = key.data();
+        let prefix = key.prefix_len().saturating_sub(32).min(128) as u8;
+        state
+            .source_ranges
+            .entry(u32::from_be_bytes(data.svc_id))
+            .or_default()
+            .insert((IpAddr::V6(Ipv6Addr::from(data.addr)), prefix));
     }
     Ok((state, foreign))
 }

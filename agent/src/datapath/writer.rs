@@ -10,9 +10,12 @@
 //! Each call updates the caller's record of what is programmed write by
 //! write, so the record stays exact even when a write fails half way.
 
+use std::net::IpAddr;
+
 use aya::maps::{lpm_trie::Key, MapError};
 use sluice_common::{
-    maps as names, Affinity4Key, Backend, Config, Ct4Key, Ct6Key, SockRevKey, SrcRange4, SvcValue,
+    maps as names, Affinity4Key, Affinity6Key, Backend, Config, Ct4Key, Ct6Key, SockRevKey,
+    SrcRange4, SrcRange6, SvcValue,
 };
 
 use super::{maps::ServiceKey, Maps, WriteError};
@@ -199,14 +202,28 @@ impl MapWriter {
 
     /// Adds a loadBalancerSourceRanges entry of service port `svc_id`.
     pub fn put_source_range(&mut self, svc_id: u32, range: SourceRange) -> Result<(), WriteError> {
-        let key = Key::new(
-            SrcRange4::prefix_len(range.1),
-            SrcRange4::new(svc_id, range.0),
-        );
-        self.maps
-            .source_ranges_v4
-            .insert(&key, 1, 0)
-            .map_err(|e| WriteError::from_map(names::SOURCE_RANGES_V4, e))?;
+        match range.0 {
+            IpAddr::V4(a) => {
+                let key = Key::new(
+                    SrcRange4::prefix_len(range.1),
+                    SrcRange4::new(svc_id, a.octets()),
+                );
+                self.maps
+                    .source_ranges_v4
+                    .insert(&key, 1, 0)
+                    .map_err(|e| WriteError::from_map(names::SOURCE_RANGES_V4, e))?;
+            }
+            IpAddr::V6(a) => {
+                let key = Key::new(
+                    SrcRange6::prefix_len(range.1),
+                    SrcRange6::new(svc_id, a.octets()),
+                );
+                self.maps
+                    .source_ranges_v6
+                    .insert(&key, 1, 0)
+                    .map_err(|e| WriteError::from_map(names::SOURCE_RANGES_V6, e))?;
+            }
+        }
         self.writes += 1;
         Ok(())
     }
@@ -216,18 +233,37 @@ impl MapWriter {
         svc_id: u32,
         range: SourceRange,
     ) -> Result<(), WriteError> {
-        let key = Key::new(
-            SrcRange4::prefix_len(range.1),
-            SrcRange4::new(svc_id, range.0),
-        );
-        let result = self.maps.source_ranges_v4.remove(&key);
-        self.settle(names::SOURCE_RANGES_V4, result)
+        match range.0 {
+            IpAddr::V4(a) => {
+                let key = Key::new(
+                    SrcRange4::prefix_len(range.1),
+                    SrcRange4::new(svc_id, a.octets()),
+                );
+                let result = self.maps.source_ranges_v4.remove(&key);
+                self.settle(names::SOURCE_RANGES_V4, result)
+            }
+            IpAddr::V6(a) => {
+                let key = Key::new(
+                    SrcRange6::prefix_len(range.1),
+                    SrcRange6::new(svc_id, a.octets()),
+                );
+                let result = self.maps.source_ranges_v6.remove(&key);
+                self.settle(names::SOURCE_RANGES_V6, result)
+            }
+        }
     }
 
     /// Removes a session affinity entry; a missing one counts as removed.
     pub fn delete_affinity(&mut self, key: &Affinity4Key) -> Result<(), WriteError> {
         let result = self.maps.affinity_v4.remove(key);
         self.settle(names::AFFINITY_V4, result)
+    }
+
+    /// Removes an IPv6 session affinity entry; a missing one counts as
+    /// removed.
+    pub fn delete_affinity6(&mut self, key: &Affinity6Key) -> Result<(), WriteError> {
+        let result = self.maps.affinity_v6.remove(key);
+        self.settle(names::AFFINITY_V6, result)
     }
 
     /// Removes a socket-level entry of the node's own sockets.

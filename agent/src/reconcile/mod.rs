@@ -29,7 +29,10 @@ use crate::{
     state::{FrontendState, MapState},
 };
 use ids::Ids;
-use sluice_common::{maps::MAX_SLOTS, Backend, Config, ABI_VERSION};
+use sluice_common::{
+    maps::{self as names, MAX_SLOTS},
+    Backend, Config, ABI_VERSION,
+};
 
 /// Entries the maps can hold.
 #[derive(Clone, Copy, Debug)]
@@ -633,13 +636,19 @@ impl Reconciler {
             }
         }
         conntrack::add_flows(&mut flows, socks.flows);
-        let affinities = conntrack::read_affinities(self.writer.maps())?;
-        for key in conntrack::stale_affinities(
-            &affinities,
-            &self.programmed.backends,
-            conntrack::monotonic_ns(),
-        ) {
+        let now_ns = conntrack::monotonic_ns();
+        let maps = self.writer.maps();
+        let affinities = conntrack::read_affinities(&maps.affinity_v4, names::AFFINITY_V4)?;
+        for key in conntrack::stale_affinities(&affinities, &self.programmed.backends, now_ns) {
             match self.writer.delete_affinity(&key) {
+                Ok(()) => report.deleted += 1,
+                Err(e) => report.errors.push(e),
+            }
+        }
+        let maps = self.writer.maps();
+        let affinities = conntrack::read_affinities(&maps.affinity_v6, names::AFFINITY_V6)?;
+        for key in conntrack::stale_affinities(&affinities, &self.programmed.backends, now_ns) {
+            match self.writer.delete_affinity6(&key) {
                 Ok(()) => report.deleted += 1,
                 Err(e) => report.errors.push(e),
             }

@@ -269,11 +269,7 @@ pub fn plan_desired(
     let source_ranges = svc
         .frontends
         .iter()
-        .flat_map(|f| f.source_ranges.iter())
-        .filter_map(|(net, len)| match net {
-            IpAddr::V4(a) => Some((a.octets(), *len)),
-            IpAddr::V6(_) => None,
-        })
+        .flat_map(|f| f.source_ranges.iter().copied())
         .collect();
     UnitPlan {
         frontends,

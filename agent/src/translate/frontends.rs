@@ -77,10 +77,13 @@ pub(super) fn frontends(
                 // is Local (which keeps the client address).
                 snat: external && !local,
                 affinity_timeout: svc.session_affinity_timeout,
-                // Source ranges guard load-balancer addresses only.
+                // Source ranges guard load-balancer addresses only, each
+                // family with its own ranges: as in kube-proxy, a family
+                // without ranges is not filtered.
                 source_ranges: if kind == FrontendKind::LoadBalancer {
                     svc.load_balancer_source_ranges
                         .iter()
+                        .filter(|n| AddressFamily::of(n.addr) == family)
                         .map(|n| (n.addr, n.prefix_len))
                         .collect()
                 } else {
@@ -91,24 +94,5 @@ pub(super) fn frontends(
         .collect();
     out.sort_by_key(|f| (f.key, f.kind));
     out.dedup_by_key(|f| f.key);
-    out
-}
-
-/// What an IPv6 frontend asks for that the IPv6 datapath does not do
-/// (empty for IPv4 frontends and for IPv6 ones it serves fully).
-pub(super) fn ipv6_unsupported(fe: &Frontend) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    if !fe.key.addr.is_ipv6() {
-        return out;
-    }
-    if fe.snat {
-        out.push("SNAT (externalTrafficPolicy Cluster)");
-    }
-    if fe.affinity_timeout.is_some() {
-        out.push("session affinity");
-    }
-    if !fe.source_ranges.is_empty() {
-        out.push("loadBalancerSourceRanges");
-    }
     out
 }

@@ -42,9 +42,7 @@ pub struct TranslateConfig {
     pub node_addresses: Vec<IpAddr>,
     /// Balance IPv6 too. When off, IPv6 frontends and endpoints are
     /// skipped and reported (`ipv6_unsupported`); the IPv4 side of a
-    /// dual-stack service still works. When on, IPv6 frontends that need
-    /// SNAT, session affinity or source ranges are skipped and reported
-    /// the same way: the IPv6 datapath does not do those.
+    /// dual-stack service still works.
     pub ipv6: bool,
 }
 
@@ -216,25 +214,7 @@ pub fn translate_service(
                 .filter(|c| c.local && c.conditions.state() == crate::model::BackendState::Active)
                 .map(|c| c.endpoint.addr),
         );
-        let mut list = frontends::frontends(svc, port, &addrs, &candidates, zone);
-        // An IPv6 frontend that needs what the IPv6 datapath lacks is left
-        // out and reported, never served without it (an open source range,
-        // a lost affinity, an unmasqueraded external flow).
-        list.retain(|fe| {
-            let missing = frontends::ipv6_unsupported(fe);
-            if !missing.is_empty() {
-                out.problems.push(Problem::new(
-                    object.clone(),
-                    ProblemReason::Ipv6Unsupported,
-                    format!(
-                        "IPv6 frontend {} gets no balancing: the IPv6 datapath does not do {}",
-                        fe.key,
-                        missing.join(", ")
-                    ),
-                ));
-            }
-            missing.is_empty()
-        });
+        let list = frontends::frontends(svc, port, &addrs, &candidates, zone);
         if list.is_empty() {
             continue;
         }

@@ -350,7 +350,7 @@ fn ipv6_enabled_keeps_families_apart() {
 }
 
 #[test]
-fn ipv6_frontends_needing_unsupported_features_are_left_out_and_reported() {
+fn ipv6_frontends_get_snat_affinity_and_their_own_source_ranges() {
     let config = TranslateConfig {
         ipv6: true,
         node_addresses: vec![
@@ -359,7 +359,8 @@ fn ipv6_frontends_needing_unsupported_features_are_left_out_and_reported() {
         ],
         ..cfg()
     };
-    // NodePort with externalTrafficPolicy Cluster: SNAT on both families.
+    // A dual-stack LoadBalancer with externalTrafficPolicy Cluster, session
+    // affinity and source ranges of both families.
     let mut svc = mk_service(
         "default",
         "np",
@@ -367,8 +368,11 @@ fn ipv6_frontends_needing_unsupported_features_are_left_out_and_reported() {
         &[node_port("http", "TCP", 80, 30080)],
     );
     let spec = spec_mut(&mut svc);
-    spec.type_ = Some("NodePort".into());
+    spec.type_ = Some("LoadBalancer".into());
     spec.cluster_ips = Some(vec!["10.96.0.50".into(), "fd00:96::50".into()]);
+    spec.session_affinity = Some("ClientIP".into());
+    spec.load_balancer_source_ranges = Some(vec!["192.0.2.0/24".into(), "fd00:c::/64".into()]);
+    set_lb_ingress(&mut svc, &[("203.0.113.10", None), ("2001:db8::10", None)]);
     let slices = [
         mk_slice(
             "default",
@@ -386,43 +390,46 @@ fn ipv6_frontends_needing_unsupported_features_are_left_out_and_reported() {
         ),
     ];
     let t = run_with(&[svc.clone()], &slices, None, &config);
-    let keys: Vec<String> = frontends(&t, &tcp("np", "http"))
-        .iter()
-        .map(|f| f.key.to_string())
-        .collect();
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    let all = frontends(&t, &tcp("np", "http"));
+    let keys: Vec<String> = all.iter().map(|f| f.key.to_string()).collect();
     assert_eq!(
         keys,
         vec![
             "10.96.0.50:80/TCP",
             "192.0.2.1:30080/TCP",
+            "203.0.113.10:80/TCP",
+            "[2001:db8::10]:80/TCP",
+            "[fd00::1]:30080/TCP",
             "[fd00:96::50]:80/TCP",
         ],
-        "the IPv6 ClusterIP stays, the IPv6 node port (SNAT) goes"
+        "every frontend of both families"
     );
-    assert_eq!(
-        reasons(&t),
-        vec![("Service default/np".into(), ProblemReason::Ipv6Unsupported)]
-    );
-    assert!(
-        t.problems[0].to_string().contains("[fd00::1]:30080/TCP"),
-        "{}",
-        t.problems[0]
-    );
+    for f in all {
+        let external = f.kind != FrontendKind::ClusterIp;
+        assert_eq!(f.snat, external, "{}: SNAT for external kinds", f.key);
+        assert_eq!(f.affinity_timeout, Some(10_800), "{}: affinity", f.key);
+        let ranges: Vec<String> = f
+            .source_ranges
+            .iter()
+            .map(|(a, l)| format!("{a}/{l}"))
+            .collect();
+        let want: Vec<&str> = match (f.kind, f.key.addr.is_ipv6()) {
+            (FrontendKind::LoadBalancer, false) => vec!["192.0.2.0/24"],
+            (FrontendKind::LoadBalancer, true) => vec!["fd00:c::/64"],
+            _ => vec![],
+        };
+        assert_eq!(ranges, want, "{}: each family its own ranges", f.key);
+    }
 
-    // Session affinity: the IPv6 ClusterIP goes too, the IPv4 one stays.
-    spec_mut(&mut svc).session_affinity = Some("ClientIP".into());
-    spec_mut(&mut svc).type_ = Some("ClusterIP".into());
+    // Ranges of one family only: kube-proxy filters that family and leaves
+    // the other open.
+    spec_mut(&mut svc).load_balancer_source_ranges = Some(vec!["192.0.2.0/24".into()]);
     let t = run_with(&[svc], &slices, None, &config);
-    let keys: Vec<String> = frontends(&t, &tcp("np", "http"))
-        .iter()
-        .map(|f| f.key.to_string())
-        .collect();
-    assert_eq!(keys, vec!["10.96.0.50:80/TCP"]);
-    assert!(
-        t.problems[0].to_string().contains("session affinity"),
-        "{}",
-        t.problems[0]
-    );
+    let v6_lb = frontend(&t, &tcp("np", "http"), "[2001:db8::10]:80/TCP");
+    assert!(v6_lb.source_ranges.is_empty());
+    let v4_lb = frontend(&t, &tcp("np", "http"), "203.0.113.10:80/TCP");
+    assert_eq!(v4_lb.source_ranges.len(), 1);
 }
 
 #[test]

@@ -25,13 +25,13 @@ pub mod socket;
 pub mod source_range;
 pub mod stats;
 
-pub use affinity::{Affinity4Key, AffinityValue};
+pub use affinity::{Affinity4Key, Affinity6Key, AffinityValue};
 pub use backend::{Backend, BackendState};
 pub use config::Config;
 pub use conntrack::{Ct4Key, Ct6Key, CtEntry, CtKind};
 pub use service::{FrontendKind, Svc4Key, Svc6Key, SvcValue};
 pub use socket::{SockEntry, SockRevKey, SockRevValue};
-pub use source_range::SrcRange4;
+pub use source_range::{SrcRange4, SrcRange6};
 pub use stats::Stat;
 
 /// IP protocol numbers the datapath balances.
@@ -46,7 +46,7 @@ pub const FAMILY_V6: u8 = 6;
 
 /// Bumped whenever a key or value layout changes. The agent refuses to adopt
 /// pinned maps written with another version (see `Config::abi_version`).
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// Implements `aya::Pod` for ABI types when building for userspace.
 macro_rules! user_pod {

@@ -22,15 +22,22 @@ pub const STATS: &str = "sl_stats";
 pub const CONFIG: &str = "sl_config";
 /// Session affinity: `Affinity4Key` -> `AffinityValue` (LRU).
 pub const AFFINITY_V4: &str = "sl_aff4";
+/// Session affinity of IPv6 clients: `Affinity6Key` -> `AffinityValue` (LRU).
+pub const AFFINITY_V6: &str = "sl_aff6";
 /// loadBalancerSourceRanges: LPM trie of `SrcRange4` -> `u8`.
 pub const SOURCE_RANGES_V4: &str = "sl_srcrng4";
+/// IPv6 loadBalancerSourceRanges: LPM trie of `SrcRange6` -> `u8`.
+pub const SOURCE_RANGES_V6: &str = "sl_srcrng6";
+/// Tail-call targets of the TC programs (`PROG_*` index -> program): the
+/// IPv6 path runs as a program of its own, with a whole stack.
+pub const PROGS: &str = "sl_progs";
 /// Socket-level balancing: socket cookie -> `SockEntry` (LRU).
 pub const SOCKETS_V4: &str = "sl_sock4";
 /// Socket-level reverse translation: `SockRevKey` -> `SockRevValue` (LRU).
 pub const SOCK_REV_V4: &str = "sl_sockrev4";
 
 /// Every map the agent pins, in the order it creates them.
-pub const ALL: [&str; 11] = [
+pub const ALL: [&str; 14] = [
     CONFIG,
     STATS,
     BACKENDS,
@@ -42,7 +49,17 @@ pub const ALL: [&str; 11] = [
     SOURCE_RANGES_V4,
     SOCKETS_V4,
     SOCK_REV_V4,
+    AFFINITY_V6,
+    SOURCE_RANGES_V6,
+    PROGS,
 ];
+
+/// `sl_progs` index of the IPv6 half of `sl_ingress`.
+pub const PROG_INGRESS6: u32 = 0;
+/// `sl_progs` index of the IPv6 half of `sl_egress`.
+pub const PROG_EGRESS6: u32 = 1;
+/// Entries of `sl_progs`.
+pub const PROGS_MAX: u32 = 2;
 
 /// Default capacity of `sl_svc4` (and of `sl_svc6`): one entry per frontend plus one per
 /// backend slot (a frontend with 10 backends uses 11). Not preallocated.
@@ -53,10 +70,10 @@ pub const DEFAULT_BACKENDS_MAX: u32 = 131_072;
 /// so 131,072 flows, kube-proxy's default `conntrack-min`. Preallocated (LRU).
 pub const DEFAULT_CONNTRACK_MAX: u32 = 262_144;
 
-/// Default capacity of `sl_aff4` (client, service port) pairs. Preallocated
+/// Default capacity of `sl_aff4` (and of `sl_aff6`): (client, frontend) pairs. Preallocated
 /// (LRU).
 pub const DEFAULT_AFFINITY_MAX: u32 = 65_536;
-/// Capacity of `sl_srcrng4` (ranges over all service ports). Not
+/// Capacity of `sl_srcrng4` and of `sl_srcrng6` (ranges over all service ports). Not
 /// preallocated.
 pub const SOURCE_RANGES_MAX: u32 = 16_384;
 

@@ -54,11 +54,9 @@ pub enum Stat {
     /// Counts every such packet arriving at the node, service or not (MLD
     /// reports carry a hop-by-hop header).
     Ipv6ExtHeader = 20,
-    /// An IPv6 new flow needed what the IPv6 datapath does not do (SNAT:
-    /// hairpin, i.e. the client is the chosen backend; or a frontend flag
-    /// for SNAT, source ranges or affinity, which the agent never sets on
-    /// an IPv6 frontend): dropped.
-    Ipv6Unsupported = 21,
+    /// An IPv6 packet could not enter the IPv6 program (`sl_progs` slot
+    /// empty: an agent that never finished loading): passed untouched.
+    TailCallFailed = 21,
 }
 
 /// Number of counters (the `max_entries` of `sl_stats`).
@@ -88,7 +86,7 @@ impl Stat {
         Stat::SockRefused,
         Stat::IcmpTranslated,
         Stat::Ipv6ExtHeader,
-        Stat::Ipv6Unsupported,
+        Stat::TailCallFailed,
     ];
 
     /// The name used in metrics and `sluice status`.
@@ -115,7 +113,7 @@ impl Stat {
             Stat::SockRefused => "sock_refused",
             Stat::IcmpTranslated => "icmp_translated",
             Stat::Ipv6ExtHeader => "ipv6_ext_header",
-            Stat::Ipv6Unsupported => "ipv6_unsupported",
+            Stat::TailCallFailed => "tail_call_failed",
         }
     }
 }

@@ -5,7 +5,7 @@
 #![allow(clippy::needless_borrows_for_generic_args)]
 
 use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
-use sluice_common::{CtKind, Stat};
+use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat};
 
 use crate::{
     conntrack::note_reply6,
@@ -17,8 +17,7 @@ use crate::{
     nat6,
 };
 
-/// A separate BPF function, off the IPv4 path's frame (returning a
-/// `Verdict`, see `error::settle`).
+/// The body of `sl_egress6` (returning a `Verdict`, see `error::settle`).
 #[inline(never)]
 pub fn handle(skb: *mut __sk_buff) -> Verdict {
     let Some(s) = maps::scratch6() else {
@@ -41,8 +40,16 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     };
     let flow = &s.flow;
     // SAFETY: pointer from a successful lookup; fields copied at once.
-    let (kind, frontend, port) = unsafe { ((*entry).kind, (*entry).nat_addr, (*entry).nat_port) };
-    if kind != CtKind::Reply as u8 {
+    let (kind, flags, frontend, port) = unsafe {
+        (
+            (*entry).kind,
+            (*entry).flags,
+            (*entry).nat_addr,
+            (*entry).nat_port,
+        )
+    };
+    // SNATed flows are turned back on the way in (`snat6::reply`).
+    if kind != CtKind::Reply as u8 || flags & CT_F_SNAT != 0 {
         return Ok(Verdict::Next);
     }
     note_reply6(flow, entry);

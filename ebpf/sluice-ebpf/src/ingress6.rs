@@ -2,16 +2,14 @@
 //! the same conntrack rules (`select.rs`) and the same maps' semantics
 //! (`sl_svc6`, `sl_ct6`, the shared `sl_backends`).
 //!
-//! The IPv4 path runs in the program's own frame, so this path has only
-//! what that frame leaves of the 512-byte stack: the flow and the map keys
-//! live in the per-CPU `Scratch6`, and the work is split into BPF
-//! functions (`handle` -> `new_flow` -> `record`/`nat6`/`reject6`) whose
-//! frames stay small.
+//! It runs as `sl_ingress6`, entered by tail call, with a stack of its
+//! own. The flow and the map keys still live in the per-CPU `Scratch6`
+//! (40-byte keys would crowd the stack), and the work is split into BPF
+//! functions (`handle` -> `new_flow` -> `record`/`snat6`/`nat6`/`reject6`).
 //!
-//! Not done for IPv6 (see docs/maps.md): SNAT (so no hairpin: such a flow
-//! is dropped and counted), source ranges and session affinity (the agent
-//! never sets those flags on an IPv6 frontend; a frontend that has them is
-//! refused new flows rather than served without them).
+//! The same features as IPv4: SNAT to the node (externalTrafficPolicy
+//! Cluster on external frontends, hairpin), loadBalancerSourceRanges
+//! (`sl_srcrng6`) and session affinity (`sl_aff6`).
 //!
 //! Map calls take keys and values by reference on purpose (clippy would
 //! pass them by value): a copy would put them back on the stack.
@@ -23,24 +21,22 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use sluice_common::{
-    conntrack::CT_REFRESH_NS,
+    conntrack::{CT_F_SNAT, CT_REFRESH_NS},
     hash::{flow_hash_v6, pick_slot},
     service::{SVC_F_AFFINITY, SVC_F_SNAT, SVC_F_SOURCE_RANGES},
-    Backend, CtKind, Stat, SvcValue, FAMILY_V6, IPPROTO_TCP,
+    AffinityValue, Backend, BackendState, CtKind, Stat, SvcValue, FAMILY_V6, IPPROTO_TCP,
 };
 
 use crate::{
     conntrack::tcp_bits_of,
     error::{settle, Error, Verdict},
     flow6::{same_addr, Flow6, Parsed6},
-    maps::{self, count, Scratch6, CONNTRACK_V6},
+    maps::{self, count, Scratch6, AFFINITY_V6, CONNTRACK_V6},
     nat::Side,
     nat6, reject6,
     select::{candidates, judge, Pick, Tracked},
+    snat6,
 };
-
-/// Frontend flags whose feature the IPv6 datapath lacks.
-const UNSUPPORTED: u16 = SVC_F_SNAT | SVC_F_SOURCE_RANGES | SVC_F_AFFINITY;
 
 /// A separate BPF function (returning a `Verdict`, see `error::settle`).
 #[inline(never)]
@@ -65,6 +61,20 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
             return Ok(Verdict::Next);
         }
         Parsed6::Icmp | Parsed6::Other => return Ok(Verdict::Next),
+    }
+    let config = maps::config();
+    if s.flow.dport >= config.snat_port_min
+        && s.flow.dport <= config.snat_port_max
+        && config.snat_port_min != 0
+    {
+        s.flow.ct_key_into(&mut s.ct_key);
+        if let Some(entry) = CONNTRACK_V6.get_ptr_mut(&s.ct_key) {
+            // SAFETY: pointer from a successful lookup; copied at once.
+            let (kind, flags) = unsafe { ((*entry).kind, (*entry).flags) };
+            if kind == CtKind::Reply as u8 && flags & CT_F_SNAT != 0 {
+                return snat6::reply(skb, s, entry);
+            }
+        }
     }
     s.flow.svc_key_into(&mut s.svc_key, 0);
     let Some(master) = maps::service6(&s.svc_key) else {
@@ -100,6 +110,9 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
                         }
                     }
                     count(Stat::Established);
+                    if ct_flags & CT_F_SNAT != 0 {
+                        return snat6::forward(skb, s, backend_id, entry);
+                    }
                     nat6::rewrite(skb, flow, Side::Dst, &backend.addr, backend.port)?;
                     return Ok(Verdict::Next);
                 }
@@ -127,8 +140,10 @@ fn try_new_flow(
     master: &SvcValue,
     reselected: bool,
 ) -> Result<Verdict, Error> {
-    if master.flags & UNSUPPORTED != 0 {
-        count(Stat::Ipv6Unsupported);
+    if master.flags & SVC_F_SOURCE_RANGES != 0
+        && !maps::source_allowed6(&mut s.range_key, master.svc_id, &s.flow.src)
+    {
+        count(Stat::SourceDenied);
         return Ok(Verdict::Drop);
     }
     let (first, n) = match candidates(master) {
@@ -146,28 +161,84 @@ fn try_new_flow(
             });
         }
     };
-    let slot = pick_slot(hash(&s.flow), first, n);
-    s.flow.svc_key_into(&mut s.svc_key, slot);
-    let slot = maps::service6(&s.svc_key).ok_or(Error::Dangling)?;
-    let backend_id = slot.backend_id;
+    let h = hash(&s.flow);
+    let sticky = master.flags & SVC_F_AFFINITY != 0;
+    let mut backend_id = if sticky { affinity(s, master) } else { 0 };
+    if backend_id != 0 {
+        count(Stat::AffinityHit);
+    } else {
+        s.flow.svc_key_into(&mut s.svc_key, pick_slot(h, first, n));
+        backend_id = maps::service6(&s.svc_key)
+            .ok_or(Error::Dangling)?
+            .backend_id;
+    }
     let backend = maps::backend(backend_id).ok_or(Error::Dangling)?;
     if backend.family != FAMILY_V6 {
         return Err(Error::Dangling);
     }
-    if same_addr(&backend.addr, &s.flow.src) {
-        // Hairpin needs SNAT, which the IPv6 datapath does not do: the
-        // backend would answer itself directly, from the wrong address.
-        count(Stat::Ipv6Unsupported);
-        return Ok(Verdict::Drop);
+    if sticky {
+        remember(s, master.svc_id, backend_id);
     }
     count(if reselected {
         Stat::Reselected
     } else {
         Stat::NewFlow
     });
+    // SNAT when the frontend asks for it, or when the client is the
+    // backend itself (hairpin: it would answer itself directly, from the
+    // wrong address).
+    if master.flags & SVC_F_SNAT != 0 || same_addr(&backend.addr, &s.flow.src) {
+        return Ok(snat6::new_flow(skb, s, master.svc_id, backend_id, h));
+    }
     record(s, backend, master.svc_id, backend_id)?;
     nat6::rewrite(skb, &s.flow, Side::Dst, &backend.addr, backend.port)?;
     Ok(Verdict::Next)
+}
+
+/// The backend the client's session affinity points to, if it may still
+/// take new flows (0: none). Builds the affinity key in `s.aff_key`.
+#[inline(never)]
+fn affinity(s: &mut Scratch6, master: &SvcValue) -> u32 {
+    let key = &mut s.aff_key;
+    key.client = s.flow.src;
+    key.frontend = s.flow.dst;
+    key.port = s.flow.dport;
+    key.proto = s.flow.proto;
+    key._pad = 0;
+    let Some(a) = AFFINITY_V6.get_ptr(&*key) else {
+        return 0;
+    };
+    // SAFETY: pointer from a successful lookup; fields copied at once.
+    let (last_used, backend_id, svc_id) =
+        unsafe { ((*a).last_used_ns, (*a).backend_id, (*a).svc_id) };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now.wrapping_sub(last_used) > u64::from(master.affinity_s) * 1_000_000_000 {
+        return 0;
+    }
+    let Some(b) = maps::backend(backend_id) else {
+        return 0;
+    };
+    let selectable = b.state == BackendState::Active as u8
+        || (master.active == 0 && b.state == BackendState::TerminatingServing as u8);
+    if b.svc_id == master.svc_id && svc_id == master.svc_id && selectable {
+        backend_id
+    } else {
+        0
+    }
+}
+
+/// Records the backend of the client's new flow for its next ones (the
+/// key `affinity` built is still in `s.aff_key`).
+#[inline(never)]
+fn remember(s: &mut Scratch6, svc_id: u32, backend_id: u32) {
+    let value = AffinityValue {
+        // SAFETY: plain helper call.
+        last_used_ns: unsafe { bpf_ktime_get_ns() },
+        backend_id,
+        svc_id,
+    };
+    let _ = AFFINITY_V6.insert(&s.aff_key, &value, BPF_ANY as u64);
 }
 
 /// The flow hash with the node's seed. A separate BPF function: the hash

@@ -1,8 +1,10 @@
 //! sluice's kernel programs.
 //!
-//! Two TC (TCX) classifiers, attached to every device the agent manages:
-//! Both handle IPv4 and IPv6 (`ingress6.rs`, `egress6.rs`, chosen by
-//! ethertype).
+//! Two TC (TCX) classifiers, attached to every device the agent manages.
+//! Both handle IPv4 themselves and hand IPv6 frames to their IPv6 halves,
+//! `sl_ingress6` / `sl_egress6` (`ingress6.rs`, `egress6.rs`), by tail
+//! call through `sl_progs`: each family's path gets the whole 512-byte
+//! BPF stack, as Cilium's per-family tail calls do.
 //! - `sl_ingress` sees packets arriving at the node. A packet for a service
 //!   frontend is matched to its conntrack entry or assigned a backend, and
 //!   its destination is rewritten (DNAT) before the kernel routes it.
@@ -40,6 +42,7 @@ mod reject;
 mod reject6;
 mod select;
 mod snat;
+mod snat6;
 mod sock;
 
 use aya_ebpf::{
@@ -47,15 +50,23 @@ use aya_ebpf::{
     programs::{SockAddrContext, SockContext, TcContext},
 };
 
-use crate::{error::settle, headers::ETH_P_IPV6};
+use sluice_common::{
+    maps::{PROG_EGRESS6, PROG_INGRESS6},
+    Stat,
+};
 
-/// IPv6 goes to a BPF function of its own; IPv4 runs in the program's own
-/// frame (see `ingress::handle`). The IPv6 path's frames must therefore
-/// fit in what the IPv4 frame leaves of the 512-byte stack.
+use crate::{
+    error::{settle, Verdict},
+    headers::ETH_P_IPV6,
+    maps::{count, PROGS},
+};
+
+/// IPv4 runs in the program's own frame (see `ingress::handle`); IPv6
+/// jumps to `sl_ingress6`.
 #[classifier]
 pub fn sl_ingress(ctx: TcContext) -> i32 {
     if flow::ether_type(&ctx) == Some(ETH_P_IPV6) {
-        return ingress6::handle(ctx.skb.skb).code();
+        return jump(&ctx, PROG_INGRESS6);
     }
     settle(ingress::handle(&ctx)).code()
 }
@@ -63,9 +74,33 @@ pub fn sl_ingress(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn sl_egress(ctx: TcContext) -> i32 {
     if flow::ether_type(&ctx) == Some(ETH_P_IPV6) {
-        return egress6::handle(ctx.skb.skb).code();
+        return jump(&ctx, PROG_EGRESS6);
     }
     settle(egress::handle(&ctx)).code()
+}
+
+/// Entered only by tail call from `sl_ingress` (never attached).
+#[classifier]
+pub fn sl_ingress6(ctx: TcContext) -> i32 {
+    ingress6::handle(ctx.skb.skb).code()
+}
+
+/// Entered only by tail call from `sl_egress` (never attached).
+#[classifier]
+pub fn sl_egress6(ctx: TcContext) -> i32 {
+    egress6::handle(ctx.skb.skb).code()
+}
+
+/// Tail-calls the IPv6 half at `index`. Returns only if the slot is empty
+/// (the agent fills it before attaching anything): the packet then passes
+/// untouched, counted.
+#[inline(always)]
+fn jump(ctx: &TcContext, index: u32) -> i32 {
+    // SAFETY: the target is a TC program over the same context; on
+    // success control never comes back here.
+    unsafe { PROGS.tail_call(ctx, index) };
+    count(Stat::TailCallFailed);
+    Verdict::Next.code()
 }
 
 #[cgroup_sock_addr(connect4)]

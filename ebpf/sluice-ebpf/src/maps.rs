@@ -4,18 +4,18 @@
 use crate::flow6::Flow6;
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, BPF_F_NO_PREALLOC},
-    btf_maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    btf_maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
     macros::btf_map,
 };
 use sluice_common::{
     maps as names,
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX,
-        SOCKETS_MAX, SOURCE_RANGES_MAX,
+        PROGS_MAX, SOCKETS_MAX, SOURCE_RANGES_MAX,
     },
     stats::STAT_COUNT,
-    Affinity4Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, SockEntry, SockRevKey,
-    SockRevValue, SrcRange4, Stat, Svc4Key, Svc6Key, SvcValue,
+    Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, SockEntry,
+    SockRevKey, SockRevValue, SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue,
 };
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -49,6 +49,20 @@ pub static CONFIG: Array<Config, 1> = Array::new();
 #[btf_map(name = "sl_aff4")]
 pub static AFFINITY_V4: LruHashMap<Affinity4Key, AffinityValue, { DEFAULT_AFFINITY_MAX as usize }> =
     LruHashMap::new();
+
+#[btf_map(name = "sl_aff6")]
+pub static AFFINITY_V6: LruHashMap<Affinity6Key, AffinityValue, { DEFAULT_AFFINITY_MAX as usize }> =
+    LruHashMap::new();
+
+#[btf_map(name = "sl_srcrng6")]
+pub static SOURCE_RANGES_V6: LpmTrie<SrcRange6, u8, { SOURCE_RANGES_MAX as usize }> =
+    LpmTrie::new();
+
+/// The IPv6 halves of the TC programs (`sluice_common::maps::PROG_*`),
+/// entered by tail call so that they run with a stack of their own. Pinned:
+/// the kernel empties a program array when its last user reference goes.
+#[btf_map(name = "sl_progs")]
+pub static PROGS: ProgramArray<{ PROGS_MAX as usize }> = ProgramArray::new();
 
 #[btf_map(name = "sl_sock4")]
 pub static SOCKETS_V4: LruHashMap<u64, SockEntry, { SOCKETS_MAX as usize }> = LruHashMap::new();
@@ -88,6 +102,10 @@ pub struct Scratch6 {
     pub flow: Flow6,
     pub ct_key: Ct6Key,
     pub svc_key: Svc6Key,
+    pub aff_key: Affinity6Key,
+    pub range_key: Key<SrcRange6>,
+    /// The node address an SNATed flow leaves with.
+    pub snat_addr: [u8; 16],
 }
 
 #[btf_map(name = "sl_scratch6")]
@@ -133,6 +151,9 @@ const _: () = assert!(same("sl_aff4", names::AFFINITY_V4));
 const _: () = assert!(same("sl_srcrng4", names::SOURCE_RANGES_V4));
 const _: () = assert!(same("sl_sock4", names::SOCKETS_V4));
 const _: () = assert!(same("sl_sockrev4", names::SOCK_REV_V4));
+const _: () = assert!(same("sl_aff6", names::AFFINITY_V6));
+const _: () = assert!(same("sl_srcrng6", names::SOURCE_RANGES_V6));
+const _: () = assert!(same("sl_progs", names::PROGS));
 
 /// Adds one to a per-CPU counter.
 #[inline(always)]
@@ -182,4 +203,14 @@ pub fn source_allowed(svc_id: u32, client: [u8; 4]) -> bool {
         data: SrcRange4::new(svc_id, client),
     };
     SOURCE_RANGES_V4.get(&key).is_some()
+}
+
+/// Whether `client` is within the source ranges of service port `svc_id`
+/// (IPv6; the key is built in `key`, off the stack).
+#[inline(always)]
+pub fn source_allowed6(key: &mut Key<SrcRange6>, svc_id: u32, client: &[u8; 16]) -> bool {
+    key.prefix_len = SrcRange6::prefix_len(128);
+    key.data.svc_id = svc_id.to_be_bytes();
+    key.data.addr = *client;
+    SOURCE_RANGES_V6.get(&*key).is_some()
 }
