@@ -345,6 +345,32 @@ impl Topology {
                 ])?;
             }
         }
+        for node in [a, b] {
+            node.wait_ipv6_ready()?;
+        }
+        Ok(())
+    }
+
+    /// Waits until IPv6 is configured on every device of the topology,
+    /// both ends of each veth. A veth's carrier comes up through the
+    /// kernel's link watch, which may lag by a second; until then the
+    /// device has no multicast route and drops its peer's neighbour
+    /// solicitations. Its link-local address then runs duplicate address
+    /// detection (~1-2 s), during which neighbour discovery from it stalls.
+    /// Either way a fresh pod's first IPv6 connection took 1-2 s (measured
+    /// without sluice loaded); IPv4's ARP waits for neither.
+    pub fn wait_ipv6_ready(&self) -> Result<()> {
+        for dev in self.devices() {
+            wait_ipv6_ready(&self.node, &dev)?;
+        }
+        for pod in self
+            .clients
+            .iter()
+            .chain(&self.backends)
+            .chain(&self.externals)
+        {
+            wait_ipv6_ready(&pod.ns, "eth0")?;
+        }
         Ok(())
     }
 
@@ -415,6 +441,25 @@ impl Pod {
         } else {
             IpAddr::V4(self.ip)
         }
+    }
+}
+
+/// Waits until IPv6 is configured on `dev`: its multicast route exists
+/// and no address is tentative (see `Topology::wait_ipv6_ready`).
+fn wait_ipv6_ready(ns: &Netns, dev: &str) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let routes = ns.ip(&["-6", "route", "show", "table", "local", "dev", dev])?;
+        let tentative = ns.ip(&["-6", "addr", "show", "dev", dev, "tentative"])?;
+        if routes.contains("multicast ff00::/8") && tentative.trim().is_empty() {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "IPv6 on {dev} in {} not configured after 10 s",
+            ns.name()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 

@@ -34,6 +34,7 @@ fn hellos(ns: &sluice_tests::Netns, addr: SocketAddr, n: usize) -> Result<HashSe
 fn dual_stack_service_is_programmed_in_both_families_and_drains_an_ipv6_backend() -> Result<()> {
     let topo = Topology::new(1, 2)?;
     topo.strict_checksums()?;
+    topo.wait_ipv6_ready()?;
     let mut servers = Vec::new();
     for b in &topo.backends {
         servers.push(servers::tcp_greeter(&b.ns, 8080, &b.name)?);

@@ -29,6 +29,7 @@ const VIP4: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 96, 0, 70);
 fn setup(clients: usize, backends: usize) -> Result<Topology> {
     let topo = Topology::new(clients, backends)?;
     topo.strict_checksums()?;
+    topo.wait_ipv6_ready()?;
     Ok(topo)
 }
 

@@ -81,10 +81,12 @@ impl Family {
         }
     }
 
-    /// IPv6 runs verify every checksum (see the module comment).
+    /// IPv6 runs verify every checksum (see the module comment), on
+    /// devices whose IPv6 is up.
     fn prepare(self, topo: &Topology) -> Result<()> {
         if self.v6 {
             topo.strict_checksums()?;
+            topo.wait_ipv6_ready()?;
         }
         Ok(())
     }
@@ -271,7 +273,12 @@ fn affinity(fam: Family) -> Result<()> {
         hits.iter().all(|h| *h == hits[0]),
         "all 30 on one backend: {hits:?}"
     );
-    assert_eq!(lb.stat(Stat::AffinityHit)?, 29);
+    // Every new flow but the first was an affinity hit. (A SYN that
+    // reuses the source port of a flow whose entry is not closing yet
+    // follows that entry instead of being a new flow.)
+    let new_flows = lb.stat(Stat::NewFlow)? + lb.stat(Stat::Reselected)?;
+    assert!(new_flows >= 25, "{new_flows} new flows of 30 connections");
+    assert_eq!(lb.stat(Stat::AffinityHit)?, new_flows - 1);
 
     // The chosen backend turns terminating: affinity must not keep sending
     // new flows there; the client sticks to its new backend instead.
