@@ -165,7 +165,8 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_CONNTRACK_MAP_SIZE", default_value_t = sluice_common::maps::DEFAULT_CONNTRACK_MAX)]
     pub conntrack_map_size: u32,
 
-    /// Capacity of sl_aff4 (client, frontend) session affinity entries.
+    /// Capacity of sl_aff4 and of sl_aff6 (client, frontend) session affinity
+    /// entries.
     #[arg(long, env = "SLUICE_AFFINITY_MAP_SIZE", default_value_t = sluice_common::maps::DEFAULT_AFFINITY_MAX)]
     pub affinity_map_size: u32,
 
