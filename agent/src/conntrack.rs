@@ -404,26 +404,26 @@ pub type SocketEntries = (Vec<(u64, SockEntry)>, Vec<SockRevKey>);
 /// Every socket entry and every reverse entry.
 pub fn read_sockets(maps: &Maps) -> Result<SocketEntries, DatapathError> {
     let mut sockets = Vec::new();
-    for item in maps.sockets_v4.iter() {
+    for item in maps.sockets.iter() {
         match item {
             Ok(kv) => sockets.push(kv),
             Err(aya::maps::MapError::KeyNotFound) => continue,
             Err(source) => {
                 return Err(DatapathError::Map {
-                    name: names::SOCKETS_V4,
+                    name: names::SOCKETS,
                     source,
                 })
             }
         }
     }
     let mut revs = Vec::new();
-    for key in maps.sock_rev_v4.keys() {
+    for key in maps.sock_rev.keys() {
         match key {
             Ok(k) => revs.push(k),
             Err(aya::maps::MapError::KeyNotFound) => continue,
             Err(source) => {
                 return Err(DatapathError::Map {
-                    name: names::SOCK_REV_V4,
+                    name: names::SOCK_REV,
                     source,
                 })
             }

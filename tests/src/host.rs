@@ -14,22 +14,29 @@ use crate::topology::Topology;
 const CLIENT: &str = r#"
 import socket, sys
 mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+# The socket's family follows the address: an IPv6 address (v4-mapped
+# ones included) gets an AF_INET6 socket. Peers print as Rust's
+# SocketAddr does.
+family = socket.AF_INET6 if ":" in host else socket.AF_INET
+def show(addr):
+    return ("[%s]:%d" if family == socket.AF_INET6 else "%s:%d") % addr[:2]
 try:
     if mode == "tcp":
-        s = socket.create_connection((host, port), timeout=3)
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.settimeout(3)
+        s.connect((host, port))
         f = s.makefile("rw")
         greeting = f.readline().strip()
-        peer = s.getpeername()
-        print("ok", greeting, "%s:%d" % peer, flush=True)
+        print("ok", greeting, show(s.getpeername()), flush=True)
         for line in sys.stdin:
             f.write("ping\n"); f.flush()
             print("ok" if f.readline() == "ping\n" else "err", flush=True)
     else:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s = socket.socket(family, socket.SOCK_DGRAM)
         s.settimeout(3)
         s.sendto(b"hello", (host, port))
         data, src = s.recvfrom(512)
-        print("ok", data.decode(), "%s:%d" % src, flush=True)
+        print("ok", data.decode(), show(src), flush=True)
 except OSError as e:
     import errno
     print("error", errno.errorcode.get(e.errno, str(e)), flush=True)
@@ -43,7 +50,9 @@ pub struct HostClient {
 }
 
 impl HostClient {
-    /// Starts a TCP (`"tcp"`) or UDP (`"udp"`) client to `host:port`.
+    /// Starts a TCP (`"tcp"`) or UDP (`"udp"`) client to `host:port`, on an
+    /// `AF_INET6` socket when `host` is an IPv6 address (v4-mapped ones
+    /// included).
     pub fn start(topo: &Topology, mode: &str, host: &str, port: u16) -> Result<Self> {
         let mut child = topo
             .host_command("python3")

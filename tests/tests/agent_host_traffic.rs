@@ -1,7 +1,8 @@
 //! Traffic from the node itself (which crosses no TC ingress hook) through
 //! the socket-level programs: TCP and UDP to a ClusterIP and a NodePort,
 //! the service address seen by the application, refusal of an empty
-//! service, and graceful termination of a host connection.
+//! service, and graceful termination of a host connection; the same for
+//! IPv6 sockets and for IPv4 services reached through v4-mapped addresses.
 
 use std::{net::Ipv4Addr, time::Duration};
 
@@ -133,5 +134,183 @@ fn the_nodes_own_processes_reach_services() -> Result<()> {
         Duration::from_secs(5),
         |a| Ok(a.frontends()?[&format!("{VIP}:80")].len() == 1),
     )?;
+    Ok(())
+}
+
+/// A dual-stack ClusterIP service `web6` (TCP 80), an IPv6 UDP service
+/// `dns6` and an IPv6 service `empty6` without endpoints, on the two
+/// backends' addresses of both families.
+fn dual_stack_yaml(topo: &Topology) -> String {
+    let (b0, b1) = (&topo.backends[0], &topo.backends[1]);
+    format!(
+        r#"apiVersion: v1
+kind: Service
+metadata:
+  name: web6
+  namespace: default
+spec:
+  ipFamilyPolicy: RequireDualStack
+  clusterIP: 10.96.0.94
+  clusterIPs: [10.96.0.94, "fd00:96::94"]
+  ports:
+  - name: http
+    protocol: TCP
+    port: 80
+    targetPort: 8080
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web6-v4
+  namespace: default
+  labels:
+    kubernetes.io/service-name: web6
+addressType: IPv4
+ports:
+- name: http
+  protocol: TCP
+  port: 8080
+endpoints:
+- addresses: ["{b0v4}"]
+  conditions: {{ready: true}}
+- addresses: ["{b1v4}"]
+  conditions: {{ready: true}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web6-v6
+  namespace: default
+  labels:
+    kubernetes.io/service-name: web6
+addressType: IPv6
+ports:
+- name: http
+  protocol: TCP
+  port: 8080
+endpoints:
+- addresses: ["{b0v6}"]
+  conditions: {{ready: true}}
+- addresses: ["{b1v6}"]
+  conditions: {{ready: true}}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: dns6
+  namespace: default
+spec:
+  ipFamilies: [IPv6]
+  clusterIP: "fd00:96::95"
+  clusterIPs: ["fd00:96::95"]
+  ports:
+  - name: dns
+    protocol: UDP
+    port: 53
+    targetPort: 5353
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: dns6-1
+  namespace: default
+  labels:
+    kubernetes.io/service-name: dns6
+addressType: IPv6
+ports:
+- name: dns
+  protocol: UDP
+  port: 5353
+endpoints:
+- addresses: ["{b0v6}"]
+  conditions: {{ready: true}}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: empty6
+  namespace: default
+spec:
+  ipFamilies: [IPv6]
+  clusterIP: "fd00:96::96"
+  clusterIPs: ["fd00:96::96"]
+  ports:
+  - name: http
+    protocol: TCP
+    port: 80
+"#,
+        b0v4 = b0.ip,
+        b1v4 = b1.ip,
+        b0v6 = b0.ip6,
+        b1v6 = b1.ip6,
+    )
+}
+
+/// The node's own IPv6 sockets (`connect6` & co.), and `AF_INET6` sockets
+/// reaching an IPv4 service through its v4-mapped address: balanced, the
+/// service address reported back, an empty service refused, and a node
+/// socket counted as a live flow of its backend.
+#[test]
+fn the_nodes_own_ipv6_and_v4_mapped_sockets_reach_services() -> Result<()> {
+    let topo = Topology::new(0, 2)?;
+    topo.wait_ipv6_ready()?;
+    let mut servers = Vec::new();
+    for b in &topo.backends {
+        servers.push(servers::tcp_greeter(&b.ns, 8080, &b.name)?);
+        servers.push(servers::tcp_greeter6(&b.ns, 8080, &b.name)?);
+    }
+    servers.push(servers::udp_greeter6(
+        &topo.backends[0].ns,
+        5353,
+        &topo.backends[0].name,
+    )?);
+    let dir = ManifestDir::create()?;
+    dir.write("web6.yaml", &dual_stack_yaml(&topo))?;
+    let mut agent = Agent::start(&topo, &format!("dir:{}", dir.path().display()), &[])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+
+    // IPv6 TCP: both backends answer over a run of connections, and
+    // getpeername() says the service address.
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        let out = HostClient::once(&topo, "tcp", "fd00:96::94", 80)?;
+        ensure!(out[0] == "ok" && out[2] == "[fd00:96::94]:80", "{out:?}");
+        seen.insert(out[1].clone());
+    }
+    ensure!(
+        seen.len() == 2,
+        "20 connections reach both backends: {seen:?}"
+    );
+    // An AF_INET6 socket to the IPv4 ClusterIP, v4-mapped.
+    let out = HostClient::once(&topo, "tcp", "::ffff:10.96.0.94", 80)?;
+    ensure!(
+        out[0] == "ok" && out[1].starts_with("backend-") && out[2] == "[::ffff:10.96.0.94]:80",
+        "{out:?}"
+    );
+    // IPv6 UDP: the reply reads as coming from the service address.
+    let out = HostClient::once(&topo, "udp", "fd00:96::95", 53)?;
+    ensure!(out == ["ok", "backend-0", "[fd00:96::95]:53"], "{out:?}");
+    // An IPv6 service without endpoints refuses at once.
+    let out = HostClient::once(&topo, "tcp", "fd00:96::96", 80)?;
+    ensure!(out == ["error", "ECONNREFUSED"], "{out:?}");
+
+    // An open IPv6 node socket is a live flow of its backend.
+    let mut host = HostClient::start(&topo, "tcp", "fd00:96::94", 80)?;
+    let first = host.line()?;
+    ensure!(first[0] == "ok", "{first:?}");
+    let backend = topo
+        .backend(&first[1])
+        .ok_or_else(|| anyhow::anyhow!("unknown backend {first:?}"))?;
+    let address = format!("[{}]:8080", backend.ip6);
+    agent.wait_until("the node socket counted", Duration::from_secs(5), |a| {
+        let rows: serde_json::Value = serde_json::from_str(&a.cli(&["lb", "list", "--json"])?)?;
+        Ok(rows
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|r| r["backends"].as_array().cloned().unwrap_or_default())
+            .any(|b| b["address"] == address.as_str() && b["flows"] == 1))
+    })?;
+    host.ping()?;
     Ok(())
 }

@@ -18,11 +18,15 @@ use tracing::info;
 use super::{Datapath, DatapathError, LINKS_DIR};
 
 /// The cgroup programs, by name.
-pub const PROGRAMS: [&str; 5] = [
+pub const PROGRAMS: [&str; 9] = [
     "sl_connect4",
     "sl_sendmsg4",
     "sl_recvmsg4",
     "sl_getpeername4",
+    "sl_connect6",
+    "sl_sendmsg6",
+    "sl_recvmsg6",
+    "sl_getpeername6",
     "sl_sock_release",
 ];
 

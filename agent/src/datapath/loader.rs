@@ -115,13 +115,13 @@ fn specs(sizes: &MapSizes) -> [Spec; 14] {
             max_entries: names::SOURCE_RANGES_MAX,
         },
         Spec {
-            name: names::SOCKETS_V4,
+            name: names::SOCKETS,
             key_size: mem::size_of::<u64>(),
             value_size: mem::size_of::<SockEntry>(),
             max_entries: names::SOCKETS_MAX,
         },
         Spec {
-            name: names::SOCK_REV_V4,
+            name: names::SOCK_REV,
             key_size: mem::size_of::<SockRevKey>(),
             value_size: mem::size_of::<SockRevValue>(),
             max_entries: names::SOCKETS_MAX,

@@ -33,8 +33,8 @@ pub struct Maps {
     pub config: Array<MapData, Config>,
     pub affinity_v4: HashMap<MapData, Affinity4Key, AffinityValue>,
     pub source_ranges_v4: LpmTrie<MapData, SrcRange4, u8>,
-    pub sockets_v4: HashMap<MapData, u64, SockEntry>,
-    pub sock_rev_v4: HashMap<MapData, SockRevKey, SockRevValue>,
+    pub sockets: HashMap<MapData, u64, SockEntry>,
+    pub sock_rev: HashMap<MapData, SockRevKey, SockRevValue>,
     pub affinity_v6: HashMap<MapData, Affinity6Key, AffinityValue>,
     pub source_ranges_v6: LpmTrie<MapData, SrcRange6, u8>,
 }
@@ -61,8 +61,8 @@ impl Maps {
             config: convert(names::CONFIG, take(names::CONFIG)?)?,
             affinity_v4: convert(names::AFFINITY_V4, take(names::AFFINITY_V4)?)?,
             source_ranges_v4: convert(names::SOURCE_RANGES_V4, take(names::SOURCE_RANGES_V4)?)?,
-            sockets_v4: convert(names::SOCKETS_V4, take(names::SOCKETS_V4)?)?,
-            sock_rev_v4: convert(names::SOCK_REV_V4, take(names::SOCK_REV_V4)?)?,
+            sockets: convert(names::SOCKETS, take(names::SOCKETS)?)?,
+            sock_rev: convert(names::SOCK_REV, take(names::SOCK_REV)?)?,
             affinity_v6: convert(names::AFFINITY_V6, take(names::AFFINITY_V6)?)?,
             source_ranges_v6: convert(names::SOURCE_RANGES_V6, take(names::SOURCE_RANGES_V6)?)?,
         })
@@ -85,8 +85,8 @@ impl Maps {
             config: convert(names::CONFIG, open(names::CONFIG)?)?,
             affinity_v4: convert(names::AFFINITY_V4, open(names::AFFINITY_V4)?)?,
             source_ranges_v4: convert(names::SOURCE_RANGES_V4, open(names::SOURCE_RANGES_V4)?)?,
-            sockets_v4: convert(names::SOCKETS_V4, open(names::SOCKETS_V4)?)?,
-            sock_rev_v4: convert(names::SOCK_REV_V4, open(names::SOCK_REV_V4)?)?,
+            sockets: convert(names::SOCKETS, open(names::SOCKETS)?)?,
+            sock_rev: convert(names::SOCK_REV, open(names::SOCK_REV)?)?,
             affinity_v6: convert(names::AFFINITY_V6, open(names::AFFINITY_V6)?)?,
             source_ranges_v6: convert(names::SOURCE_RANGES_V6, open(names::SOURCE_RANGES_V6)?)?,
         })

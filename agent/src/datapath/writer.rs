@@ -268,13 +268,13 @@ impl MapWriter {
 
     /// Removes a socket-level entry of the node's own sockets.
     pub fn delete_socket(&mut self, cookie: u64) -> Result<(), WriteError> {
-        let result = self.maps.sockets_v4.remove(&cookie);
-        self.settle(names::SOCKETS_V4, result)
+        let result = self.maps.sockets.remove(&cookie);
+        self.settle(names::SOCKETS, result)
     }
 
     pub fn delete_sock_rev(&mut self, key: &SockRevKey) -> Result<(), WriteError> {
-        let result = self.maps.sock_rev_v4.remove(key);
-        self.settle(names::SOCK_REV_V4, result)
+        let result = self.maps.sock_rev.remove(key);
+        self.settle(names::SOCK_REV, result)
     }
 
     /// Removes an IPv4 conntrack entry; a missing one counts as removed.

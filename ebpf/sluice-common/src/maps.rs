@@ -31,10 +31,12 @@ pub const SOURCE_RANGES_V6: &str = "sl_srcrng6";
 /// Tail-call targets of the TC programs (`PROG_*` index -> program): the
 /// IPv6 path runs as a program of its own, with a whole stack.
 pub const PROGS: &str = "sl_progs";
-/// Socket-level balancing: socket cookie -> `SockEntry` (LRU).
-pub const SOCKETS_V4: &str = "sl_sock4";
-/// Socket-level reverse translation: `SockRevKey` -> `SockRevValue` (LRU).
-pub const SOCK_REV_V4: &str = "sl_sockrev4";
+/// Socket-level balancing, both families: socket cookie -> `SockEntry`
+/// (LRU).
+pub const SOCKETS: &str = "sl_sock";
+/// Socket-level reverse translation, both families: `SockRevKey` ->
+/// `SockRevValue` (LRU).
+pub const SOCK_REV: &str = "sl_sockrev";
 
 /// Every map the agent pins, in the order it creates them.
 pub const ALL: [&str; 14] = [
@@ -47,8 +49,8 @@ pub const ALL: [&str; 14] = [
     CONNTRACK_V6,
     AFFINITY_V4,
     SOURCE_RANGES_V4,
-    SOCKETS_V4,
-    SOCK_REV_V4,
+    SOCKETS,
+    SOCK_REV,
     AFFINITY_V6,
     SOURCE_RANGES_V6,
     PROGS,
@@ -77,7 +79,7 @@ pub const DEFAULT_AFFINITY_MAX: u32 = 65_536;
 /// preallocated.
 pub const SOURCE_RANGES_MAX: u32 = 16_384;
 
-/// Capacity of `sl_sock4` and `sl_sockrev4` (sockets of the node itself
+/// Capacity of `sl_sock` and `sl_sockrev` (sockets of the node itself
 /// talking to services). Preallocated (LRU).
 pub const SOCKETS_MAX: u32 = 65_536;
 

@@ -11,9 +11,9 @@
 //! - `sl_egress` sees packets leaving the node towards a client. A reply
 //!   from a backend gets the frontend address back as its source.
 //!
-//! - `sl_connect4`, `sl_sendmsg4`, `sl_recvmsg4`, `sl_getpeername4` and
-//!   `sl_sock_release` (cgroup programs) balance the node's own sockets,
-//!   whose packets never cross a TC ingress hook.
+//! - `sl_connect4`/`6`, `sl_sendmsg4`/`6`, `sl_recvmsg4`/`6`,
+//!   `sl_getpeername4`/`6` and `sl_sock_release` (cgroup programs) balance
+//!   the node's own sockets, whose packets never cross a TC ingress hook.
 //!
 //! The TC programs are thin: they pick the family's `handle` function,
 //! which turns its typed result into a verdict, counting every error by
@@ -59,6 +59,7 @@ use crate::{
     error::{settle, Verdict},
     headers::ETH_P_IPV6,
     maps::{count, PROGS},
+    sock::Family,
 };
 
 /// IPv4 runs in the program's own frame (see `ingress::handle`); IPv6
@@ -105,22 +106,42 @@ fn jump(ctx: &TcContext, index: u32) -> i32 {
 
 #[cgroup_sock_addr(connect4)]
 pub fn sl_connect4(ctx: SockAddrContext) -> i32 {
-    sock::connect(&ctx, false)
+    sock::connect(&ctx, Family::V4, false)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sl_sendmsg4(ctx: SockAddrContext) -> i32 {
-    sock::connect(&ctx, true)
+    sock::connect(&ctx, Family::V4, true)
 }
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn sl_recvmsg4(ctx: SockAddrContext) -> i32 {
-    sock::reverse(&ctx)
+    sock::reverse(&ctx, Family::V4)
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn sl_getpeername4(ctx: SockAddrContext) -> i32 {
-    sock::reverse(&ctx)
+    sock::reverse(&ctx, Family::V4)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn sl_connect6(ctx: SockAddrContext) -> i32 {
+    sock::connect(&ctx, Family::V6, false)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn sl_sendmsg6(ctx: SockAddrContext) -> i32 {
+    sock::connect(&ctx, Family::V6, true)
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn sl_recvmsg6(ctx: SockAddrContext) -> i32 {
+    sock::reverse(&ctx, Family::V6)
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn sl_getpeername6(ctx: SockAddrContext) -> i32 {
+    sock::reverse(&ctx, Family::V6)
 }
 
 #[cgroup_sock(sock_release)]

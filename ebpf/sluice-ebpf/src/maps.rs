@@ -64,11 +64,11 @@ pub static SOURCE_RANGES_V6: LpmTrie<SrcRange6, u8, { SOURCE_RANGES_MAX as usize
 #[btf_map(name = "sl_progs")]
 pub static PROGS: ProgramArray<{ PROGS_MAX as usize }> = ProgramArray::new();
 
-#[btf_map(name = "sl_sock4")]
-pub static SOCKETS_V4: LruHashMap<u64, SockEntry, { SOCKETS_MAX as usize }> = LruHashMap::new();
+#[btf_map(name = "sl_sock")]
+pub static SOCKETS: LruHashMap<u64, SockEntry, { SOCKETS_MAX as usize }> = LruHashMap::new();
 
-#[btf_map(name = "sl_sockrev4")]
-pub static SOCK_REV_V4: LruHashMap<SockRevKey, SockRevValue, { SOCKETS_MAX as usize }> =
+#[btf_map(name = "sl_sockrev")]
+pub static SOCK_REV: LruHashMap<SockRevKey, SockRevValue, { SOCKETS_MAX as usize }> =
     LruHashMap::new();
 
 #[btf_map(name = "sl_srcrng4")]
@@ -149,8 +149,8 @@ const _: () = assert!(same("sl_stats", names::STATS));
 const _: () = assert!(same("sl_config", names::CONFIG));
 const _: () = assert!(same("sl_aff4", names::AFFINITY_V4));
 const _: () = assert!(same("sl_srcrng4", names::SOURCE_RANGES_V4));
-const _: () = assert!(same("sl_sock4", names::SOCKETS_V4));
-const _: () = assert!(same("sl_sockrev4", names::SOCK_REV_V4));
+const _: () = assert!(same("sl_sock", names::SOCKETS));
+const _: () = assert!(same("sl_sockrev", names::SOCK_REV));
 const _: () = assert!(same("sl_aff6", names::AFFINITY_V6));
 const _: () = assert!(same("sl_srcrng6", names::SOURCE_RANGES_V6));
 const _: () = assert!(same("sl_progs", names::PROGS));

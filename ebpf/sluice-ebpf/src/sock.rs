@@ -4,24 +4,40 @@
 //! datagram), and the service address is put back where the application
 //! looks (`getpeername`, UDP `recvmsg`). Attached to a cgroup, these
 //! programs act only on sockets of the node's network namespace.
+//!
+//! Both families: `connect4` & co. look in `sl_svc4`; `connect6` & co. in
+//! `sl_svc6`, or in `sl_svc4` for a v4-mapped address (`::ffff:a.b.c.d`,
+//! an `AF_INET6` socket reaching an IPv4 service), whose backend is then
+//! written back v4-mapped too, as Cilium does.
 
 use aya_ebpf::{
-    bindings::BPF_ANY,
+    bindings::{bpf_sock_addr, BPF_ANY},
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
     programs::{SockAddrContext, SockContext},
     EbpfContext,
 };
 use sluice_common::{
     hash::{jhash_3words, pick_slot},
-    SockEntry, SockRevKey, SockRevValue, Stat, Svc4Key, IPPROTO_TCP, IPPROTO_UDP,
+    Backend, SockEntry, SockRevKey, SockRevValue, Stat, Svc4Key, Svc6Key, SvcValue, FAMILY_V4,
+    FAMILY_V6, IPPROTO_TCP, IPPROTO_UDP,
 };
 
-use crate::maps::{self, count, SOCKETS_V4, SOCK_REV_V4};
+use crate::maps::{self, count, SOCKETS, SOCK_REV};
 
 /// What cgroup socket-address programs return to let the call proceed.
 const ALLOW: i32 = 1;
 const REJECT: i32 = 0;
 const ECONNREFUSED: i32 = 111;
+
+/// The first 12 bytes of a v4-mapped IPv6 address.
+const V4_MAPPED: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+
+/// Which hook family a program serves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
 
 /// Whether the socket belongs to the node's own network namespace.
 #[inline(always)]
@@ -31,16 +47,111 @@ fn ours<C: EbpfContext>(ctx: &C) -> bool {
     cookie != 0 && unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } == cookie
 }
 
+/// The destination address of the call, as the socket sees it (IPv4 in
+/// the first 4 bytes for `AF_INET`).
+#[inline(always)]
+fn read_addr(sa: *const bpf_sock_addr, family: Family) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    // SAFETY: reading fields of the program's context, word by word as
+    // the kernel requires.
+    unsafe {
+        match family {
+            Family::V4 => out[..4].copy_from_slice(&(*sa).user_ip4.to_ne_bytes()),
+            Family::V6 => {
+                let w = (*sa).user_ip6;
+                out[..4].copy_from_slice(&w[0].to_ne_bytes());
+                out[4..8].copy_from_slice(&w[1].to_ne_bytes());
+                out[8..12].copy_from_slice(&w[2].to_ne_bytes());
+                out[12..].copy_from_slice(&w[3].to_ne_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// Rewrites the call's address (`addr` as the socket sees it) and port.
+#[inline(always)]
+fn write_addr(sa: *mut bpf_sock_addr, family: Family, addr: &[u8; 16], port: u16) {
+    let w = |i: usize| u32::from_ne_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
+    // SAFETY: these hooks may rewrite the address they see, word by word.
+    unsafe {
+        match family {
+            Family::V4 => (*sa).user_ip4 = w(0),
+            Family::V6 => {
+                (*sa).user_ip6[0] = w(0);
+                (*sa).user_ip6[1] = w(4);
+                (*sa).user_ip6[2] = w(8);
+                (*sa).user_ip6[3] = w(12);
+            }
+        }
+        (*sa).user_port = u32::from(port.to_be());
+    }
+}
+
+/// Whether `addr` (an `AF_INET6` socket's view) is v4-mapped.
+#[inline(always)]
+fn is_v4_mapped(addr: &[u8; 16]) -> bool {
+    let w = |i: usize| u32::from_ne_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
+    let m = |i: usize| {
+        u32::from_ne_bytes([
+            V4_MAPPED[i],
+            V4_MAPPED[i + 1],
+            V4_MAPPED[i + 2],
+            V4_MAPPED[i + 3],
+        ])
+    };
+    (w(0) ^ m(0)) | (w(4) ^ m(4)) | (w(8) ^ m(8)) == 0
+}
+
+/// A frontend entry (`slot` 0: the master) of the service at `addr`: in
+/// `sl_svc4` when `v4` (the address in bytes 12..16 when `mapped`, else
+/// 0..4), else in `sl_svc6`.
+#[inline(always)]
+fn service(
+    addr: &[u8; 16],
+    v4: bool,
+    mapped: bool,
+    port: u16,
+    proto: u8,
+    slot: u16,
+) -> Option<&'static SvcValue> {
+    if v4 {
+        let o = if mapped { 12 } else { 0 };
+        let a = [addr[o], addr[o + 1], addr[o + 2], addr[o + 3]];
+        maps::service(&Svc4Key::new(a, port, proto, slot))
+    } else {
+        maps::service6(&Svc6Key::new(*addr, port, proto, slot))
+    }
+}
+
+/// `backend`'s address as a socket of `family` (v4-mapped when `mapped`)
+/// sees it.
+#[inline(always)]
+fn socket_view(backend: &Backend, mapped: bool) -> [u8; 16] {
+    if backend.family == FAMILY_V6 {
+        return backend.addr;
+    }
+    let mut out = [0u8; 16];
+    let o = if mapped {
+        out[..12].copy_from_slice(&V4_MAPPED);
+        12
+    } else {
+        0
+    };
+    out[o..o + 4].copy_from_slice(&backend.addr[..4]);
+    out
+}
+
 /// `connect()` (TCP, UDP) and, with `datagram`, `sendmsg()` on unconnected
 /// UDP sockets: a frontend address becomes a backend address.
 #[inline(always)]
-pub fn connect(ctx: &SockAddrContext, datagram: bool) -> i32 {
+pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
     if !ours(ctx) {
         return ALLOW;
     }
     let sa = ctx.sock_addr;
     // SAFETY: reading fields of the program's context.
-    let (proto, ip, raw_port) = unsafe { ((*sa).protocol as u8, (*sa).user_ip4, (*sa).user_port) };
+    let (proto, raw_port) = unsafe { ((*sa).protocol as u8, (*sa).user_port) };
     let wanted = if datagram {
         proto == IPPROTO_UDP
     } else {
@@ -49,9 +160,11 @@ pub fn connect(ctx: &SockAddrContext, datagram: bool) -> i32 {
     if !wanted {
         return ALLOW;
     }
-    let addr = ip.to_ne_bytes();
+    let addr = read_addr(sa, family);
     let port = u16::from_be(raw_port as u16);
-    let Some(master) = maps::service(&Svc4Key::new(addr, port, proto, 0)) else {
+    let mapped = family == Family::V6 && is_v4_mapped(&addr);
+    let v4 = family == Family::V4 || mapped;
+    let Some(master) = service(&addr, v4, mapped, port, proto, 0) else {
         return ALLOW;
     };
     let (first, n) = if master.active > 0 {
@@ -73,7 +186,7 @@ pub fn connect(ctx: &SockAddrContext, datagram: bool) -> i32 {
         maps::config().hash_seed,
     );
     let slot = pick_slot(h, first, n);
-    let Some(slot) = maps::service(&Svc4Key::new(addr, port, proto, slot)) else {
+    let Some(slot) = service(&addr, v4, mapped, port, proto, slot) else {
         count(Stat::Dangling);
         return ALLOW;
     };
@@ -81,12 +194,12 @@ pub fn connect(ctx: &SockAddrContext, datagram: bool) -> i32 {
         count(Stat::Dangling);
         return ALLOW;
     };
-    let baddr = backend.addr_v4();
-    // SAFETY: connect4 and sendmsg4 may rewrite the destination.
-    unsafe {
-        (*sa).user_ip4 = u32::from_ne_bytes(baddr);
-        (*sa).user_port = u32::from(backend.port.to_be());
+    if (backend.family == FAMILY_V4) != v4 {
+        count(Stat::Dangling);
+        return ALLOW;
     }
+    let baddr = socket_view(backend, mapped);
+    write_addr(sa, family, &baddr, backend.port);
     let entry = SockEntry {
         backend_id: slot.backend_id,
         svc_id: master.svc_id,
@@ -95,21 +208,25 @@ pub fn connect(ctx: &SockAddrContext, datagram: bool) -> i32 {
         backend_port: backend.port,
         frontend_port: port,
         proto,
-        _pad: [0; 3],
+        family: match family {
+            Family::V4 => FAMILY_V4,
+            Family::V6 => FAMILY_V6,
+        },
+        _pad: [0; 2],
     };
     let rev_key = SockRevKey {
         cookie,
         backend: baddr,
         port: backend.port,
-        _pad: [0; 2],
+        _pad: [0; 6],
     };
     let rev = SockRevValue {
         frontend: addr,
         port,
         _pad: [0; 2],
     };
-    let _ = SOCKETS_V4.insert(cookie, entry, BPF_ANY as u64);
-    let _ = SOCK_REV_V4.insert(rev_key, rev, BPF_ANY as u64);
+    let _ = SOCKETS.insert(cookie, entry, BPF_ANY as u64);
+    let _ = SOCK_REV.insert(rev_key, rev, BPF_ANY as u64);
     count(Stat::SockConnect);
     ALLOW
 }
@@ -117,28 +234,25 @@ pub fn connect(ctx: &SockAddrContext, datagram: bool) -> i32 {
 /// `getpeername()` and UDP `recvmsg()`: a backend address the socket was
 /// sent to reads as the frontend it asked for.
 #[inline(always)]
-pub fn reverse(ctx: &SockAddrContext) -> i32 {
+pub fn reverse(ctx: &SockAddrContext, family: Family) -> i32 {
     if !ours(ctx) {
         return ALLOW;
     }
     let sa = ctx.sock_addr;
-    // SAFETY: reading fields of the program's context.
-    let (ip, raw_port) = unsafe { ((*sa).user_ip4, (*sa).user_port) };
+    // SAFETY: reading a field of the program's context.
+    let raw_port = unsafe { (*sa).user_port };
     // SAFETY: plain helper call on the program's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let key = SockRevKey {
         cookie,
-        backend: ip.to_ne_bytes(),
+        backend: read_addr(sa, family),
         port: u16::from_be(raw_port as u16),
-        _pad: [0; 2],
+        _pad: [0; 6],
     };
-    if let Some(rev) = SOCK_REV_V4.get_ptr(key) {
-        // SAFETY: the pointer comes from a successful lookup; these hooks
-        // may rewrite the address they report.
-        unsafe {
-            (*sa).user_ip4 = u32::from_ne_bytes((*rev).frontend);
-            (*sa).user_port = u32::from((*rev).port.to_be());
-        }
+    if let Some(rev) = SOCK_REV.get_ptr(key) {
+        // SAFETY: the pointer comes from a successful lookup; copied at once.
+        let (frontend, port) = unsafe { ((*rev).frontend, (*rev).port) };
+        write_addr(sa, family, &frontend, port);
     }
     ALLOW
 }
@@ -149,16 +263,16 @@ pub fn reverse(ctx: &SockAddrContext) -> i32 {
 pub fn release(ctx: &SockContext) -> i32 {
     // SAFETY: plain helper call on the program's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    if let Some(e) = SOCKETS_V4.get_ptr(cookie) {
+    if let Some(e) = SOCKETS.get_ptr(cookie) {
         // SAFETY: the pointer comes from a successful lookup.
         let (backend, port) = unsafe { ((*e).backend, (*e).backend_port) };
-        let _ = SOCK_REV_V4.remove(SockRevKey {
+        let _ = SOCK_REV.remove(SockRevKey {
             cookie,
             backend,
             port,
-            _pad: [0; 2],
+            _pad: [0; 6],
         });
-        let _ = SOCKETS_V4.remove(cookie);
+        let _ = SOCKETS.remove(cookie);
     }
     ALLOW
 }
