@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use sluice_common::{
     conntrack::{CT_F_RST, CT_F_RX_CLOSING, CT_F_SEEN_REPLY, CT_F_SYN, CT_F_TX_CLOSING},
-    service::{SVC_F_DRAINING, SVC_F_DROP_EMPTY},
+    service::{SVC_F_DRAINING, SVC_F_DROP_EMPTY, SVC_F_MAGLEV},
     BackendState, Ct4Key, Ct6Key, CtEntry, CtKind, FrontendKind, Stat,
 };
 
@@ -74,6 +74,8 @@ struct FrontendRow {
     fallback: u16,
     draining_service: bool,
     drop_when_empty: bool,
+    /// New flows by the frontend's Maglev table (`sl_maglev4`/`6`).
+    maglev: bool,
     backends: Vec<BackendRow>,
 }
 
@@ -112,6 +114,7 @@ fn frontends(maps: &Maps) -> Result<Vec<FrontendRow>> {
                 fallback: fe.fallback,
                 draining_service: fe.flags & SVC_F_DRAINING != 0,
                 drop_when_empty: fe.flags & SVC_F_DROP_EMPTY != 0,
+                maglev: fe.flags & SVC_F_MAGLEV != 0,
                 backends,
             })
         })
@@ -162,6 +165,9 @@ fn render_lb(rows: &[FrontendRow]) -> String {
         }
         if r.drop_when_empty {
             notes.push_str(" [drops when empty]");
+        }
+        if r.maglev {
+            notes.push_str(" [maglev]");
         }
         let _ = writeln!(
             out,

@@ -90,6 +90,9 @@ pub struct Frontend {
     /// loadBalancerSourceRanges as (network, prefix length); empty means
     /// every client may connect.
     pub source_ranges: Vec<(IpAddr, u8)>,
+    /// New flows by Maglev consistent hashing (annotation
+    /// `service.sluice.dev/lb-algorithm: maglev`).
+    pub maglev: bool,
 }
 
 impl Frontend {
@@ -108,6 +111,7 @@ impl Frontend {
             snat: false,
             affinity_timeout: None,
             source_ranges: Vec::new(),
+            maglev: false,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::{
 
 use sluice_common::{service::FRONTEND_KIND_MASK, Backend, FrontendKind};
 
-use crate::model::FrontendKey;
+use crate::model::{Endpoint, FrontendKey};
 
 /// One frontend: its master entry and its slots.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -26,6 +26,9 @@ pub struct FrontendState {
     pub affinity_s: u32,
     /// Backend id of slot `i + 1`; 0 for a missing slot entry.
     pub slots: Vec<u32>,
+    /// The backends its Maglev table spreads over (sorted by endpoint);
+    /// empty: no table.
+    pub maglev: Vec<(u32, Endpoint)>,
 }
 
 impl FrontendState {

@@ -22,6 +22,8 @@ use sluice_tests::{
 
 const VIP4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 62);
 const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x62);
+const MAGLEV_VIP4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 63);
+const MAGLEV_VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x63);
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn hellos(ns: &sluice_tests::Netns, addr: SocketAddr, n: usize) -> Result<HashSet<String>> {
@@ -49,6 +51,22 @@ fn dual_stack_service_is_programmed_in_both_families_and_drains_an_ipv6_backend(
     let v6: Vec<_> = topo.backends.iter().map(|b| (b.ip6, READY)).collect();
     dir.write("dual-v4.yaml", &yaml::slice("dual-v4", "dual", 8080, &v4))?;
     dir.write("dual-v6.yaml", &yaml::slice6("dual-v6", "dual", 8080, &v6))?;
+    // The same backends behind a Maglev service (both families): its
+    // tables must survive the restart below without a write too.
+    let maglev = yaml::dual_stack_service("dual-maglev", MAGLEV_VIP4, MAGLEV_VIP6, 80, 8080)
+        .replace(
+            "  namespace: default\n",
+            "  namespace: default\n  annotations:\n    service.sluice.dev/lb-algorithm: maglev\n",
+        );
+    dir.write("maglev-svc.yaml", &maglev)?;
+    dir.write(
+        "maglev-v4.yaml",
+        &yaml::slice("dual-maglev-v4", "dual-maglev", 8080, &v4),
+    )?;
+    dir.write(
+        "maglev-v6.yaml",
+        &yaml::slice6("dual-maglev-v6", "dual-maglev", 8080, &v6),
+    )?;
 
     let source = format!("dir:{}", dir.path().display());
     let mut agent = Agent::start(&topo, &source, &[])?;
@@ -155,6 +173,15 @@ fn dual_stack_service_is_programmed_in_both_families_and_drains_an_ipv6_backend(
     agent.wait_until("backend-0 (IPv6) removed", Duration::from_secs(5), |ag| {
         Ok(!ag.frontends()?[&fe6].iter().any(|(addr, _)| *addr == a6))
     })?;
+
+    let list = agent.cli(&["lb", "list"])?;
+    assert_eq!(
+        list.matches("[maglev]").count(),
+        2,
+        "one Maglev frontend per family:\n{list}"
+    );
+    assert_eq!(hellos(client, vip(MAGLEV_VIP4, 80).into(), 40)?, names);
+    assert_eq!(hellos(client, vip6(MAGLEV_VIP6, 80).into(), 40)?, names);
 
     // A restarted agent adopts both families and writes nothing.
     agent.kill9();

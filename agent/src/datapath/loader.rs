@@ -14,8 +14,8 @@ use aya::{
 };
 use sluice_common::{
     maps as names, stats::STAT_COUNT, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config,
-    Ct4Key, Ct6Key, CtEntry, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6, Svc4Key,
-    Svc6Key, SvcValue, ABI_VERSION,
+    Ct4Key, Ct6Key, CtEntry, MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4,
+    SrcRange6, Svc4Key, Svc6Key, SvcValue, ABI_VERSION,
 };
 
 use super::{links::Hook, DatapathError, Maps, BPF_OBJECT, LINKS_DIR};
@@ -57,7 +57,7 @@ struct Spec {
     max_entries: u32,
 }
 
-fn specs(sizes: &MapSizes) -> [Spec; 14] {
+fn specs(sizes: &MapSizes) -> [Spec; 16] {
     [
         Spec {
             name: names::SERVICES_V4,
@@ -137,6 +137,18 @@ fn specs(sizes: &MapSizes) -> [Spec; 14] {
             key_size: 4 + mem::size_of::<SrcRange6>(),
             value_size: 1,
             max_entries: names::SOURCE_RANGES_MAX,
+        },
+        Spec {
+            name: names::MAGLEV_V4,
+            key_size: mem::size_of::<Svc4Key>(),
+            value_size: mem::size_of::<MaglevTable>(),
+            max_entries: names::MAGLEV_MAX,
+        },
+        Spec {
+            name: names::MAGLEV_V6,
+            key_size: mem::size_of::<Svc6Key>(),
+            value_size: mem::size_of::<MaglevTable>(),
+            max_entries: names::MAGLEV_MAX,
         },
         Spec {
             name: names::PROGS,

@@ -11,13 +11,13 @@ use aya::{
 };
 use sluice_common::{
     maps as names, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key,
-    CtEntry, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key,
-    SvcValue,
+    CtEntry, MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6, Stat, Svc4Key,
+    Svc6Key, SvcValue,
 };
 
 use super::DatapathError;
 use crate::{
-    model::{FrontendKey, Proto},
+    model::{Endpoint, FrontendKey, Proto},
     state::{FrontendState, MapState},
 };
 
@@ -37,6 +37,8 @@ pub struct Maps {
     pub sock_rev: HashMap<MapData, SockRevKey, SockRevValue>,
     pub affinity_v6: HashMap<MapData, Affinity6Key, AffinityValue>,
     pub source_ranges_v6: LpmTrie<MapData, SrcRange6, u8>,
+    pub maglev_v4: HashMap<MapData, Svc4Key, MaglevTable>,
+    pub maglev_v6: HashMap<MapData, Svc6Key, MaglevTable>,
 }
 
 fn convert<T>(name: &'static str, map: Map) -> Result<T, DatapathError>
@@ -65,6 +67,8 @@ impl Maps {
             sock_rev: convert(names::SOCK_REV, take(names::SOCK_REV)?)?,
             affinity_v6: convert(names::AFFINITY_V6, take(names::AFFINITY_V6)?)?,
             source_ranges_v6: convert(names::SOURCE_RANGES_V6, take(names::SOURCE_RANGES_V6)?)?,
+            maglev_v4: convert(names::MAGLEV_V4, take(names::MAGLEV_V4)?)?,
+            maglev_v6: convert(names::MAGLEV_V6, take(names::MAGLEV_V6)?)?,
         })
     }
 
@@ -89,6 +93,8 @@ impl Maps {
             sock_rev: convert(names::SOCK_REV, open(names::SOCK_REV)?)?,
             affinity_v6: convert(names::AFFINITY_V6, open(names::AFFINITY_V6)?)?,
             source_ranges_v6: convert(names::SOURCE_RANGES_V6, open(names::SOURCE_RANGES_V6)?)?,
+            maglev_v4: convert(names::MAGLEV_V4, open(names::MAGLEV_V4)?)?,
+            maglev_v6: convert(names::MAGLEV_V6, open(names::MAGLEV_V6)?)?,
         })
     }
 
@@ -230,5 +236,66 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
             .or_default()
             .insert((IpAddr::V6(Ipv6Addr::from(data.addr)), prefix));
     }
+    for (key, table) in read_maglev(maps)? {
+        let Some((frontend, _)) = key.frontend() else {
+            continue;
+        };
+        let mut ids: Vec<u32> = table.backends.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut members: Vec<(u32, Endpoint)> = ids
+            .into_iter()
+            .map(|id| {
+                let endpoint = state.backends.get(&id).map_or(
+                    // Unknown backend: an endpoint no desired state has,
+                    // so the table is rewritten.
+                    Endpoint {
+                        addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                        port: 0,
+                    },
+                    |b| Endpoint {
+                        addr: backend_ip(b),
+                        port: b.port,
+                    },
+                );
+                (id, endpoint)
+            })
+            .collect();
+        members.sort_by_key(|(_, ep)| *ep);
+        state
+            .frontends
+            .entry(frontend)
+            .or_insert_with(FrontendState::default)
+            .maglev = members;
+    }
     Ok((state, foreign))
+}
+
+/// An IPv4 or IPv6 backend's address.
+fn backend_ip(b: &Backend) -> IpAddr {
+    if b.family == sluice_common::FAMILY_V6 {
+        IpAddr::V6(Ipv6Addr::from(b.addr))
+    } else {
+        IpAddr::V4(Ipv4Addr::from(b.addr_v4()))
+    }
+}
+
+/// Every Maglev table of both families, by its frontend's master key.
+fn read_maglev(maps: &Maps) -> Result<Vec<(ServiceKey, Box<MaglevTable>)>, DatapathError> {
+    let mut out = Vec::new();
+    for item in maps.maglev_v4.iter() {
+        let (key, table) = item.map_err(|source| DatapathError::Map {
+            name: names::MAGLEV_V4,
+            source,
+        })?;
+        out.push((ServiceKey::V4(key), Box::new(table)));
+    }
+    for item in maps.maglev_v6.iter() {
+        let (key, table) = item.map_err(|source| DatapathError::Map {
+            name: names::MAGLEV_V6,
+            source,
+        })?;
+        out.push((ServiceKey::V6(key), Box::new(table)));
+    }
+    Ok(out)
 }

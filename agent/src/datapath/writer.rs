@@ -14,13 +14,14 @@ use std::net::IpAddr;
 
 use aya::maps::{lpm_trie::Key, MapError};
 use sluice_common::{
-    maps as names, Affinity4Key, Affinity6Key, Backend, Config, Ct4Key, Ct6Key, SockRevKey,
-    SrcRange4, SrcRange6, SvcValue,
+    maps as names, Affinity4Key, Affinity6Key, Backend, Config, Ct4Key, Ct6Key, MaglevTable,
+    SockRevKey, SrcRange4, SrcRange6, SvcValue,
 };
 
 use super::{maps::ServiceKey, Maps, WriteError};
 use crate::{
-    model::FrontendKey,
+    model::{Endpoint, FrontendKey},
+    reconcile::maglev,
     state::{FrontendState, SourceRange},
 };
 
@@ -115,6 +116,12 @@ impl MapWriter {
             }
             current.slots[i] = backend_id;
         }
+        // A table exists before a master entry that flags it.
+        let table_changed = owner_changed || current.maglev != target.maglev;
+        if table_changed && !target.maglev.is_empty() {
+            self.put_maglev(frontend, &target.maglev)?;
+            current.maglev = target.maglev.clone();
+        }
         let master_changed = owner_changed
             || current.flags != target.flags
             || current.active != target.active
@@ -146,6 +153,11 @@ impl MapWriter {
             }
             current.slots.pop();
         }
+        // A table goes after the master entry stopped flagging it.
+        if target.maglev.is_empty() && !current.maglev.is_empty() {
+            self.delete_maglev(frontend)?;
+            current.maglev.clear();
+        }
         Ok(())
     }
 
@@ -158,6 +170,10 @@ impl MapWriter {
     ) -> Result<(), WriteError> {
         self.delete_service_entry(ServiceKey::of(frontend, 0))?;
         current.svc_id = 0;
+        if !current.maglev.is_empty() {
+            self.delete_maglev(frontend)?;
+            current.maglev.clear();
+        }
         while let Some(&id) = current.slots.last() {
             if id != 0 {
                 let slot = slot_number(current.slots.len() - 1);
@@ -166,6 +182,46 @@ impl MapWriter {
             current.slots.pop();
         }
         Ok(())
+    }
+
+    /// Writes the Maglev table of `frontend` over `members`.
+    fn put_maglev(
+        &mut self,
+        frontend: &FrontendKey,
+        members: &[(u32, Endpoint)],
+    ) -> Result<(), WriteError> {
+        let mut table = Box::<MaglevTable>::default();
+        for (slot, id) in table.backends.iter_mut().zip(maglev::populate(members)) {
+            *slot = id;
+        }
+        let (map, result) = match ServiceKey::of(frontend, 0) {
+            ServiceKey::V4(k) => (
+                names::MAGLEV_V4,
+                self.maps.maglev_v4.insert(k, table.as_ref(), 0),
+            ),
+            ServiceKey::V6(k) => (
+                names::MAGLEV_V6,
+                self.maps.maglev_v6.insert(k, table.as_ref(), 0),
+            ),
+        };
+        result.map_err(|e| WriteError::from_map(map, e))?;
+        self.writes += 1;
+        Ok(())
+    }
+
+    /// Removes the Maglev table of `frontend`; a missing one counts as
+    /// removed.
+    fn delete_maglev(&mut self, frontend: &FrontendKey) -> Result<(), WriteError> {
+        match ServiceKey::of(frontend, 0) {
+            ServiceKey::V4(k) => {
+                let result = self.maps.maglev_v4.remove(&k);
+                self.settle(names::MAGLEV_V4, result)
+            }
+            ServiceKey::V6(k) => {
+                let result = self.maps.maglev_v6.remove(&k);
+                self.settle(names::MAGLEV_V6, result)
+            }
+        }
     }
 
     /// Writes one service-map entry into its family's map.

@@ -11,6 +11,7 @@
 
 mod drain;
 mod ids;
+pub mod maglev;
 mod plan;
 
 use std::{

@@ -11,8 +11,8 @@ use std::{
 use sluice_common::{
     maps::MAX_SLOTS,
     service::{
-        FRONTEND_KIND_MASK, SVC_F_AFFINITY, SVC_F_DRAINING, SVC_F_DROP_EMPTY, SVC_F_SNAT,
-        SVC_F_SOURCE_RANGES,
+        FRONTEND_KIND_MASK, SVC_F_AFFINITY, SVC_F_DRAINING, SVC_F_DROP_EMPTY, SVC_F_MAGLEV,
+        SVC_F_SNAT, SVC_F_SOURCE_RANGES,
     },
     Backend, BackendState, FAMILY_V4, FAMILY_V6,
 };
@@ -130,6 +130,7 @@ fn frontend_state(
     flags: u16,
     affinity_s: u32,
     members: &[(u32, Endpoint, BackendState)],
+    maglev: bool,
 ) -> FrontendState {
     let mut order: Vec<(u8, Endpoint, u32)> = members
         .iter()
@@ -138,13 +139,33 @@ fn frontend_state(
     order.sort();
     order.dedup_by_key(|(_, _, id)| *id);
     let count = |r: u8| order.iter().filter(|(rank, _, _)| *rank == r).count() as u16;
+    let (active, fallback) = (count(0), count(1));
+    // A Maglev table spreads over what new flows may pick: the active
+    // backends, or the serving-terminating ones while none is active.
+    let pickable = if active > 0 { 0 } else { 1 };
+    let mut table: Vec<(u32, Endpoint)> = if maglev {
+        order
+            .iter()
+            .filter(|(rank, _, _)| *rank == pickable)
+            .map(|(_, ep, id)| (*id, *ep))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    table.sort_by_key(|(_, ep)| *ep);
+    let flags = if table.is_empty() {
+        flags
+    } else {
+        flags | SVC_F_MAGLEV
+    };
     FrontendState {
         svc_id,
         flags,
-        active: count(0),
-        fallback: count(1),
+        active,
+        fallback,
         affinity_s,
         slots: order.into_iter().map(|(_, _, id)| id).collect(),
+        maglev: table,
     }
 }
 
@@ -263,7 +284,10 @@ pub fn plan_desired(
             if !fe.source_ranges.is_empty() {
                 flags |= SVC_F_SOURCE_RANGES;
             }
-            (fe.key, frontend_state(svc_id, flags, affinity_s, &members))
+            (
+                fe.key,
+                frontend_state(svc_id, flags, affinity_s, &members, fe.maglev),
+            )
         })
         .collect();
     let source_ranges = svc
@@ -313,7 +337,10 @@ pub fn plan_leftover(
                 .filter(|(_, ep, _)| same_family(ep, key))
                 .copied()
                 .collect();
-            (*key, frontend_state(svc_id, kind | SVC_F_DRAINING, 0, &own))
+            (
+                *key,
+                frontend_state(svc_id, kind | SVC_F_DRAINING, 0, &own, false),
+            )
         })
         .collect();
     UnitPlan {
@@ -395,6 +422,40 @@ mod tests {
         assert_eq!(state_of(fe.slots[1]), Some(Active));
         assert_eq!(state_of(fe.slots[2]), Some(TerminatingServing));
         assert_eq!(state_of(fe.slots[3]), Some(NotReady));
+    }
+
+    #[test]
+    fn maglev_tables_spread_over_what_new_flows_may_pick() {
+        use BackendState::*;
+        let maglev = |backends: &[(u8, BackendState)]| {
+            let mut desired = svc(backends);
+            desired.frontends[0].maglev = true;
+            let plan = plan_desired(1, &desired, &[], &HashSet::new(), ids());
+            let (_, fe) = plan.frontends[0].clone();
+            let members: Vec<Endpoint> = fe.maglev.iter().map(|(_, ep)| *ep).collect();
+            (fe.flags & SVC_F_MAGLEV != 0, members)
+        };
+        // The active backends only, sorted by endpoint.
+        assert_eq!(
+            maglev(&[
+                (3, Active),
+                (2, TerminatingServing),
+                (1, Active),
+                (4, NotReady)
+            ]),
+            (true, vec![ep(1), ep(3)])
+        );
+        // None active: the serving-terminating fallback, as the slots do.
+        assert_eq!(
+            maglev(&[(2, TerminatingServing), (4, NotReady)]),
+            (true, vec![ep(2)])
+        );
+        // Nothing selectable: no table, no flag (the frontend rejects).
+        assert_eq!(maglev(&[(4, NotReady)]), (false, vec![]));
+        // Without the annotation: no table.
+        let plan = plan_desired(1, &svc(&[(1, Active)]), &[], &HashSet::new(), ids());
+        assert!(plan.frontends[0].1.maglev.is_empty());
+        assert_eq!(plan.frontends[0].1.flags & SVC_F_MAGLEV, 0);
     }
 
     #[test]

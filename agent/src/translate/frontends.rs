@@ -80,6 +80,7 @@ pub(super) fn frontends(
                 // Source ranges guard load-balancer addresses only, each
                 // family with its own ranges: as in kube-proxy, a family
                 // without ranges is not filtered.
+                maglev: svc.maglev,
                 source_ranges: if kind == FrontendKind::LoadBalancer {
                     svc.load_balancer_source_ranges
                         .iter()

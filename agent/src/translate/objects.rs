@@ -29,6 +29,11 @@ use crate::model::{BackendState, Proto};
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// Label handing a service to another proxy; kube-proxy ignores such services.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+
+/// Annotation choosing how a service's new flows pick a backend: `maglev`
+/// (consistent hashing) or `random` (the default: a flow hash over the
+/// selectable slots).
+pub const ANNOTATION_LB_ALGORITHM: &str = "service.sluice.dev/lb-algorithm";
 /// Label the EndpointSlice controller puts on headless services' slices.
 pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 /// The node label holding its zone.
@@ -269,6 +274,8 @@ pub struct ServiceInfo {
     pub load_balancer_source_ranges: Vec<IpNet>,
     pub health_check_node_port: Option<u16>,
     pub allocate_load_balancer_node_ports: bool,
+    /// `service.sluice.dev/lb-algorithm: maglev`.
+    pub maglev: bool,
     /// What of the object was left out, and why.
     pub problems: Vec<Problem>,
 }
@@ -340,6 +347,7 @@ impl ServiceInfo {
             &mut problems,
         );
         let session_affinity_timeout = session_affinity(spec, &mut problems);
+        let maglev = lb_algorithm(meta, &mut problems);
 
         let mut bad_ranges = Vec::new();
         let mut load_balancer_source_ranges = Vec::new();
@@ -383,6 +391,7 @@ impl ServiceInfo {
             allocate_load_balancer_node_ports: spec
                 .allocate_load_balancer_node_ports
                 .unwrap_or(true),
+            maglev,
             problems: problems.into_vec(),
         }))
     }
@@ -500,6 +509,28 @@ fn parse_port(index: usize, p: &ServicePort, problems: &mut Problems) -> Option<
         port,
         node_port,
     })
+}
+
+/// Whether the service asks for Maglev; an unknown algorithm is reported
+/// and the default used.
+fn lb_algorithm(meta: &ObjectMeta, problems: &mut Problems) -> bool {
+    let value = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_LB_ALGORITHM));
+    match value.map(String::as_str) {
+        None | Some("") | Some("random") => false,
+        Some("maglev") => true,
+        Some(other) => {
+            problems.push(
+                ProblemReason::InvalidValue,
+                format!(
+                    "annotation {ANNOTATION_LB_ALGORITHM} {other:?} is neither maglev nor random, random used"
+                ),
+            );
+            false
+        }
+    }
 }
 
 /// `true` for `Local`; `Cluster` and unset are the default.
@@ -925,6 +956,30 @@ mod tests {
         assert!(info.problems.is_empty());
         assert!(info.allocate_load_balancer_node_ports);
         assert_eq!(info.session_affinity_timeout, None);
+    }
+
+    #[test]
+    fn lb_algorithm_annotation() {
+        let with = |value: Option<&str>| {
+            let mut svc = mk_service("default", "web", "10.96.0.10", &[port("http", "TCP", 80)]);
+            if let Some(v) = value {
+                svc.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(ANNOTATION_LB_ALGORITHM.into(), v.into());
+            }
+            ServiceInfo::from_service(&svc).unwrap().unwrap()
+        };
+        assert!(!with(None).maglev);
+        assert!(!with(Some("random")).maglev);
+        let maglev = with(Some("maglev"));
+        assert!(maglev.maglev && maglev.problems.is_empty());
+        // An unknown algorithm: reported, the default used, the service kept.
+        let bad = with(Some("round-robin"));
+        assert!(!bad.maglev);
+        assert_eq!(bad.problems.len(), 1);
+        assert_eq!(bad.problems[0].reason, ProblemReason::InvalidValue);
+        assert!(bad.problems[0].to_string().contains("round-robin"));
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub const AFFINITY_V4: &str = "sl_aff4";
 pub const AFFINITY_V6: &str = "sl_aff6";
 /// loadBalancerSourceRanges: LPM trie of `SrcRange4` -> `u8`.
 pub const SOURCE_RANGES_V4: &str = "sl_srcrng4";
+/// Maglev tables of IPv4 frontends: master `Svc4Key` -> `MaglevTable`.
+pub const MAGLEV_V4: &str = "sl_maglev4";
+/// Maglev tables of IPv6 frontends: master `Svc6Key` -> `MaglevTable`.
+pub const MAGLEV_V6: &str = "sl_maglev6";
 /// IPv6 loadBalancerSourceRanges: LPM trie of `SrcRange6` -> `u8`.
 pub const SOURCE_RANGES_V6: &str = "sl_srcrng6";
 /// Tail-call targets of the TC programs (`PROG_*` index -> program): the
@@ -39,7 +43,7 @@ pub const SOCKETS: &str = "sl_sock";
 pub const SOCK_REV: &str = "sl_sockrev";
 
 /// Every map the agent pins, in the order it creates them.
-pub const ALL: [&str; 14] = [
+pub const ALL: [&str; 16] = [
     CONFIG,
     STATS,
     BACKENDS,
@@ -54,6 +58,8 @@ pub const ALL: [&str; 14] = [
     AFFINITY_V6,
     SOURCE_RANGES_V6,
     PROGS,
+    MAGLEV_V4,
+    MAGLEV_V6,
 ];
 
 /// `sl_progs` index of the IPv6 half of `sl_ingress`.
@@ -78,6 +84,10 @@ pub const DEFAULT_AFFINITY_MAX: u32 = 65_536;
 /// Capacity of `sl_srcrng4` and of `sl_srcrng6` (ranges over all service ports). Not
 /// preallocated.
 pub const SOURCE_RANGES_MAX: u32 = 16_384;
+
+/// Capacity of `sl_maglev4` and of `sl_maglev6`: frontends using Maglev
+/// (64 KiB each, allocated as used).
+pub const MAGLEV_MAX: u32 = 4_096;
 
 /// Capacity of `sl_sock` and `sl_sockrev` (sockets of the node itself
 /// talking to services). Preallocated (LRU).

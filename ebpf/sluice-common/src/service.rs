@@ -152,6 +152,10 @@ pub const SVC_F_SOURCE_RANGES: u16 = 1 << 7;
 /// within `affinity_s` (sessionAffinity ClientIP), if it is still active.
 pub const SVC_F_AFFINITY: u16 = 1 << 8;
 
+/// Master flag: new flows take the backend of this frontend's Maglev table
+/// (`sl_maglev4`/`sl_maglev6`) when it is selectable.
+pub const SVC_F_MAGLEV: u16 = 1 << 9;
+
 /// What kind of address a frontend is, for operators (`sluice lb list`).
 #[repr(u16)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

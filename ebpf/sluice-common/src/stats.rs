@@ -57,10 +57,13 @@ pub enum Stat {
     /// An IPv6 packet could not enter the IPv6 program (`sl_progs` slot
     /// empty: an agent that never finished loading): passed untouched.
     TailCallFailed = 21,
+    /// A Maglev frontend's table named a backend that may not take new
+    /// flows (or had no entry): the flow was balanced over the slots.
+    MaglevFallback = 22,
 }
 
 /// Number of counters (the `max_entries` of `sl_stats`).
-pub const STAT_COUNT: u32 = 22;
+pub const STAT_COUNT: u32 = 23;
 
 impl Stat {
     /// Every counter, in index order.
@@ -87,6 +90,7 @@ impl Stat {
         Stat::IcmpTranslated,
         Stat::Ipv6ExtHeader,
         Stat::TailCallFailed,
+        Stat::MaglevFallback,
     ];
 
     /// The name used in metrics and `sluice status`.
@@ -114,6 +118,7 @@ impl Stat {
             Stat::IcmpTranslated => "icmp_translated",
             Stat::Ipv6ExtHeader => "ipv6_ext_header",
             Stat::TailCallFailed => "tail_call_failed",
+            Stat::MaglevFallback => "maglev_fallback",
         }
     }
 }

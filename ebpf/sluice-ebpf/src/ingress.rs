@@ -19,7 +19,7 @@ use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_ns, programs::TcContext
 use sluice_common::{
     conntrack::{CT_F_SNAT, CT_REFRESH_NS},
     hash::pick_slot,
-    service::{SVC_F_AFFINITY, SVC_F_SNAT, SVC_F_SOURCE_RANGES},
+    service::{SVC_F_AFFINITY, SVC_F_MAGLEV, SVC_F_SNAT, SVC_F_SOURCE_RANGES},
     Affinity4Key, AffinityValue, BackendState, Config, CtKind, Stat, Svc4Key, SvcValue,
     IPPROTO_TCP,
 };
@@ -28,7 +28,7 @@ use crate::{
     conntrack::tcp_bits,
     error::{Error, Verdict},
     flow::{Flow4, Parsed},
-    hash,
+    hash, maglev,
     maps::{self, count, AFFINITY_V4, CONNTRACK_V4},
     nat::{self, Side},
     reject,
@@ -188,11 +188,20 @@ fn new_flow(
             chosen
         }
         None => {
-            let slot = pick_slot(h, first, n);
-            let slot = maps::service(&Svc4Key::new(flow.dst, flow.dport, flow.proto, slot))
-                .ok_or(Error::Dangling)?;
-            let backend = maps::backend(slot.backend_id).ok_or(Error::Dangling)?;
-            (slot.backend_id, backend)
+            let by_table = if master.flags & SVC_F_MAGLEV != 0 {
+                maglev::pick4(flow, master)
+            } else {
+                0
+            };
+            let id = if by_table != 0 {
+                by_table
+            } else {
+                let slot = pick_slot(h, first, n);
+                maps::service(&Svc4Key::new(flow.dst, flow.dport, flow.proto, slot))
+                    .ok_or(Error::Dangling)?
+                    .backend_id
+            };
+            (id, maps::backend(id).ok_or(Error::Dangling)?)
         }
     };
     if sticky {

@@ -23,7 +23,7 @@ use aya_ebpf::{
 use sluice_common::{
     conntrack::{CT_F_SNAT, CT_REFRESH_NS},
     hash::{flow_hash_v6, pick_slot},
-    service::{SVC_F_AFFINITY, SVC_F_SNAT, SVC_F_SOURCE_RANGES},
+    service::{SVC_F_AFFINITY, SVC_F_MAGLEV, SVC_F_SNAT, SVC_F_SOURCE_RANGES},
     AffinityValue, Backend, BackendState, CtKind, Stat, SvcValue, FAMILY_V6, IPPROTO_TCP,
 };
 
@@ -31,6 +31,7 @@ use crate::{
     conntrack::tcp_bits_of,
     error::{settle, Error, Verdict},
     flow6::{same_addr, Flow6, Parsed6},
+    maglev,
     maps::{self, count, Scratch6, AFFINITY_V6, CONNTRACK_V6},
     nat::Side,
     nat6, reject6,
@@ -167,10 +168,16 @@ fn try_new_flow(
     if backend_id != 0 {
         count(Stat::AffinityHit);
     } else {
-        s.flow.svc_key_into(&mut s.svc_key, pick_slot(h, first, n));
-        backend_id = maps::service6(&s.svc_key)
-            .ok_or(Error::Dangling)?
-            .backend_id;
+        if master.flags & SVC_F_MAGLEV != 0 {
+            s.flow.svc_key_into(&mut s.svc_key, 0);
+            backend_id = maglev::pick6(&s.flow, &s.svc_key, master);
+        }
+        if backend_id == 0 {
+            s.flow.svc_key_into(&mut s.svc_key, pick_slot(h, first, n));
+            backend_id = maps::service6(&s.svc_key)
+                .ok_or(Error::Dangling)?
+                .backend_id;
+        }
     }
     let backend = maps::backend(backend_id).ok_or(Error::Dangling)?;
     if backend.family != FAMILY_V6 {

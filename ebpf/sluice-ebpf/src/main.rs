@@ -35,6 +35,7 @@ mod icmp;
 mod icmp6;
 mod ingress;
 mod ingress6;
+mod maglev;
 mod maps;
 mod nat;
 mod nat6;

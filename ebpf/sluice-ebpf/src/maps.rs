@@ -11,11 +11,12 @@ use sluice_common::{
     maps as names,
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX,
-        PROGS_MAX, SOCKETS_MAX, SOURCE_RANGES_MAX,
+        MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX, SOURCE_RANGES_MAX,
     },
     stats::STAT_COUNT,
-    Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, SockEntry,
-    SockRevKey, SockRevValue, SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue,
+    Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry,
+    MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key,
+    SvcValue,
 };
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -63,6 +64,14 @@ pub static SOURCE_RANGES_V6: LpmTrie<SrcRange6, u8, { SOURCE_RANGES_MAX as usize
 /// the kernel empties a program array when its last user reference goes.
 #[btf_map(name = "sl_progs")]
 pub static PROGS: ProgramArray<{ PROGS_MAX as usize }> = ProgramArray::new();
+
+#[btf_map(name = "sl_maglev4")]
+pub static MAGLEV_V4: HashMap<Svc4Key, MaglevTable, { MAGLEV_MAX as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+#[btf_map(name = "sl_maglev6")]
+pub static MAGLEV_V6: HashMap<Svc6Key, MaglevTable, { MAGLEV_MAX as usize }, NO_PREALLOC> =
+    HashMap::new();
 
 #[btf_map(name = "sl_sock")]
 pub static SOCKETS: LruHashMap<u64, SockEntry, { SOCKETS_MAX as usize }> = LruHashMap::new();
@@ -154,6 +163,8 @@ const _: () = assert!(same("sl_sockrev", names::SOCK_REV));
 const _: () = assert!(same("sl_aff6", names::AFFINITY_V6));
 const _: () = assert!(same("sl_srcrng6", names::SOURCE_RANGES_V6));
 const _: () = assert!(same("sl_progs", names::PROGS));
+const _: () = assert!(same("sl_maglev4", names::MAGLEV_V4));
+const _: () = assert!(same("sl_maglev6", names::MAGLEV_V6));
 
 /// Adds one to a per-CPU counter.
 #[inline(always)]

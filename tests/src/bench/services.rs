@@ -146,6 +146,7 @@ impl ServiceSet {
                 snat: false,
                 affinity_timeout: None,
                 source_ranges: Vec::new(),
+                maglev: false,
             }],
         }
     }
