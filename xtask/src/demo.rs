@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 
 use crate::{
     ebpf,
-    exec::{is_root, root, run},
+    exec::{is_root, root, run, run_reading},
     toolchain,
 };
 
@@ -29,7 +29,7 @@ pub fn run_demo() -> Result<()> {
         "sluice-demo",
     ]))?;
     let demo = root().join("target/debug/sluice-demo");
-    run(Command::new(demo)
+    run_reading(Command::new(demo)
         .arg(root().join("deploy/demo"))
         .env("SLUICE_AGENT_BIN", root().join("target/debug/sluice")))
 }

@@ -13,11 +13,17 @@ pub fn root() -> PathBuf {
     here.parent().map(PathBuf::from).unwrap_or(here)
 }
 
-/// Runs a command with inherited stdio; fails when it fails.
+/// Runs a command with inherited stdout and stderr (stdin closed: nothing
+/// may stop to ask); fails when it fails.
 pub fn run(cmd: &mut Command) -> Result<()> {
+    run_reading(cmd.stdin(Stdio::null()))
+}
+
+/// `run` with stdin inherited too, for a command that may wait for the
+/// user (the demo's `SLUICE_DEMO_HOLD`).
+pub fn run_reading(cmd: &mut Command) -> Result<()> {
     eprintln!("$ {}", show(cmd));
     let status = cmd
-        .stdin(Stdio::null())
         .status()
         .with_context(|| format!("starting {}", show(cmd)))?;
     if !status.success() {
