@@ -29,7 +29,9 @@ pub fn run_demo() -> Result<()> {
         "sluice-demo",
     ]))?;
     let demo = root().join("target/debug/sluice-demo");
-    run_reading(Command::new(demo)
-        .arg(root().join("deploy/demo"))
-        .env("SLUICE_AGENT_BIN", root().join("target/debug/sluice")))
+    run_reading(
+        Command::new(demo)
+            .arg(root().join("deploy/demo"))
+            .env("SLUICE_AGENT_BIN", root().join("target/debug/sluice")),
+    )
 }
