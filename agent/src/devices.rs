@@ -32,6 +32,11 @@ impl Devices {
         }
     }
 
+    /// The loaded datapath.
+    pub fn datapath_mut(&mut self) -> &mut Datapath {
+        &mut self.datapath
+    }
+
     fn wanted(&self, name: &str) -> bool {
         self.patterns.iter().any(|p| netdev::glob(p, name))
     }

@@ -164,6 +164,12 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     let mut devices = Devices::new(datapath, args.devices.clone());
     let attached = devices.scan();
     metrics.devices.set(attached as i64);
+    // Every pinned link now runs this agent's programs: a migration of the
+    // pins (upgrade, rollback, resize) can end.
+    devices
+        .datapath_mut()
+        .finish_migration()
+        .context("finishing the migration of the pinned maps")?;
     if attached == 0 {
         warn!(patterns = ?args.devices, "no device matches --devices yet; will keep looking");
     }

@@ -43,6 +43,7 @@ impl Lb {
             }
             Ok(())
         })??;
+        datapath.finish_migration()?;
         let reconciler = Reconciler::new(MapWriter::new(maps), &sizes, drain_timeout)?;
         Ok(Self {
             datapath,

@@ -1,5 +1,5 @@
 //! Pinned state: readable with bpftool, adopted by a restarted loader
-//! without a gap or a write, refused when it does not fit, and full maps
+//! without a gap or a write, migrated with its flows when resized, and full maps
 //! refuse a service whole while the others keep working.
 
 use std::{
@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use sluice::{
-    datapath::{Attached, Datapath, DatapathError, MapSizes, MapWriter},
+    datapath::{Attached, Datapath, MapSizes, MapWriter},
     model::{BackendState, Proto},
     reconcile::{Reconciler, Refusal},
 };
@@ -179,29 +179,63 @@ fn a_second_loader_swaps_programs_in_place_and_adopts_without_writing() -> Resul
 }
 
 #[test]
-fn pins_of_another_size_are_refused_with_a_clear_error() -> Result<()> {
-    let topo = Topology::new(0, 0)?;
-    let first = Datapath::load(topo.bpf.path(), &MapSizes::default())?;
-    drop(first);
+fn a_resized_conntrack_map_is_migrated_with_its_flows() -> Result<()> {
+    let topo = Topology::new(1, 2)?;
+    let _servers = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let mut lb = Lb::load(&topo)?;
+    let backends: Vec<_> = topo
+        .backends
+        .iter()
+        .map(|b| (b.ip, 8080, BackendState::Active))
+        .collect();
+    lb.set(cluster_ip("web", VIP, 80, Proto::Tcp, &backends));
+    let mut streams = (0..8)
+        .map(|_| Stream::connect(&topo.clients[0].ns, vip(VIP, 80)))
+        .collect::<Result<Vec<_>>>()?;
+    for s in &mut streams {
+        s.ping()?;
+    }
+    let programmed = lb.reconciler.programmed().clone();
+    let flows_before = lb.maps()?.conntrack_v4.iter().count();
+    drop(lb);
+
     let bigger = MapSizes {
         conntrack: MapSizes::default().conntrack * 2,
         ..MapSizes::default()
     };
-    match Datapath::load(topo.bpf.path(), &bigger) {
-        Err(DatapathError::IncompatiblePin {
-            what,
-            pinned,
-            wanted,
-            ..
-        }) => {
-            assert_eq!(what, "max_entries");
-            assert_eq!(
-                (pinned, wanted),
-                (MapSizes::default().conntrack, bigger.conntrack)
-            );
-        }
-        Err(e) => anyhow::bail!("wrong error: {e}"),
-        Ok(_) => anyhow::bail!("adopted pins of another size"),
+    let lb = Lb::load_with(&topo, bigger, Duration::from_secs(60))?;
+    for (i, s) in streams.iter_mut().enumerate() {
+        s.ping()
+            .with_context(|| format!("stream {i} survives the resize"))?;
+    }
+    assert_eq!(
+        lb.reconciler.programmed(),
+        &programmed,
+        "services, backends and ids carried over"
+    );
+    let ct = topo.bpf.path().join("sl_ct4");
+    let info = aya::maps::MapInfo::from_pin(&ct)?;
+    assert_eq!(
+        info.max_entries(),
+        bigger.conntrack,
+        "the pin is the new map"
+    );
+    assert_eq!(
+        lb.maps()?.conntrack_v4.iter().count(),
+        flows_before,
+        "every conntrack entry carried over"
+    );
+    assert!(
+        !topo.bpf.path().join("migrate").exists(),
+        "staging removed once finished"
+    );
+    clients::tcp_hello(&topo.clients[0].ns, vip(VIP, 80))?;
+    for s in &mut streams {
+        s.ping()?;
     }
     Ok(())
 }

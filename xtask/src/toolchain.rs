@@ -231,6 +231,8 @@ const RUNTIME_PACKAGES: &[(&str, &str)] = &[
     ("ip", "iproute2"),
     ("iptables-legacy", "iptables"),
     ("nft", "nftables"),
+    // Tests turn off TX checksum offload on veths (strict checksums).
+    ("ethtool", "ethtool"),
 ];
 
 fn ensure_runtime_tools() -> Result<()> {

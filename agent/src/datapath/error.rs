@@ -11,25 +11,8 @@ pub enum DatapathError {
     NoObject,
     #[error("{0} is not on a bpffs mount (mount one with `mount -t bpf bpf /sys/fs/bpf`)")]
     NotBpffs(PathBuf),
-    #[error(
-        "pinned map {path} does not fit this agent: {what} is {pinned}, expected {wanted}; \
-         start with matching --*-map-size flags, or remove the pins to start afresh (drops all flows)"
-    )]
-    IncompatiblePin {
-        path: PathBuf,
-        what: &'static str,
-        pinned: u32,
-        wanted: u32,
-    },
-    #[error(
-        "pinned maps under {root} use datapath ABI {found}, this agent uses {wanted}; \
-         remove the pins to start afresh (drops all flows)"
-    )]
-    AbiMismatch {
-        root: PathBuf,
-        found: u32,
-        wanted: u32,
-    },
+    #[error("reading BTF: {0}")]
+    Btf(#[from] super::btf::BtfError),
     #[error("loading the eBPF object: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("program {name}: {source}")]

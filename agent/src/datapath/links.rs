@@ -93,6 +93,9 @@ impl Datapath {
                 source,
             };
             if replace(program, &pin, device)? {
+                if self.migration.pending() {
+                    super::migrate::failpoint("migrate-swapped-one");
+                }
                 continue;
             }
             outcome = Attached::Fresh;

@@ -8,17 +8,13 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, Map, MapData, MapInfo, ProgramArray},
+    maps::{MapData, ProgramArray},
     programs::SchedClassifier,
     Ebpf, EbpfLoader,
 };
-use sluice_common::{
-    maps as names, stats::STAT_COUNT, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config,
-    Ct4Key, Ct6Key, CtEntry, MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4,
-    SrcRange6, Svc4Key, Svc6Key, SvcValue, ABI_VERSION,
-};
+use sluice_common::{abi::MAPS, maps as names};
 
-use super::{links::Hook, DatapathError, Maps, BPF_OBJECT, LINKS_DIR};
+use super::{layout, links::Hook, migrate::Migration, DatapathError, Maps, BPF_OBJECT, LINKS_DIR};
 
 /// Capacities of the sized maps (the `--*-map-size` flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,119 +41,10 @@ impl Default for MapSizes {
 pub struct Datapath {
     pub(super) ebpf: Ebpf,
     pub(super) root: PathBuf,
+    pub(super) migration: Migration,
 }
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-
-/// What one map must look like, to adopt a pin of it.
-struct Spec {
-    name: &'static str,
-    key_size: usize,
-    value_size: usize,
-    max_entries: u32,
-}
-
-fn specs(sizes: &MapSizes) -> [Spec; 16] {
-    [
-        Spec {
-            name: names::SERVICES_V4,
-            key_size: mem::size_of::<Svc4Key>(),
-            value_size: mem::size_of::<SvcValue>(),
-            max_entries: sizes.services,
-        },
-        Spec {
-            name: names::BACKENDS,
-            key_size: mem::size_of::<u32>(),
-            value_size: mem::size_of::<Backend>(),
-            max_entries: sizes.backends,
-        },
-        Spec {
-            name: names::CONNTRACK_V4,
-            key_size: mem::size_of::<Ct4Key>(),
-            value_size: mem::size_of::<CtEntry>(),
-            max_entries: sizes.conntrack,
-        },
-        // The IPv6 maps take the IPv4 maps' sizes: one flag per kind.
-        Spec {
-            name: names::SERVICES_V6,
-            key_size: mem::size_of::<Svc6Key>(),
-            value_size: mem::size_of::<SvcValue>(),
-            max_entries: sizes.services,
-        },
-        Spec {
-            name: names::CONNTRACK_V6,
-            key_size: mem::size_of::<Ct6Key>(),
-            value_size: mem::size_of::<CtEntry>(),
-            max_entries: sizes.conntrack,
-        },
-        Spec {
-            name: names::STATS,
-            key_size: mem::size_of::<u32>(),
-            value_size: mem::size_of::<u64>(),
-            max_entries: STAT_COUNT,
-        },
-        Spec {
-            name: names::CONFIG,
-            key_size: mem::size_of::<u32>(),
-            value_size: mem::size_of::<Config>(),
-            max_entries: 1,
-        },
-        Spec {
-            name: names::AFFINITY_V4,
-            key_size: mem::size_of::<Affinity4Key>(),
-            value_size: mem::size_of::<AffinityValue>(),
-            max_entries: sizes.affinity,
-        },
-        Spec {
-            name: names::SOURCE_RANGES_V4,
-            key_size: 4 + mem::size_of::<SrcRange4>(),
-            value_size: 1,
-            max_entries: names::SOURCE_RANGES_MAX,
-        },
-        Spec {
-            name: names::SOCKETS,
-            key_size: mem::size_of::<u64>(),
-            value_size: mem::size_of::<SockEntry>(),
-            max_entries: names::SOCKETS_MAX,
-        },
-        Spec {
-            name: names::SOCK_REV,
-            key_size: mem::size_of::<SockRevKey>(),
-            value_size: mem::size_of::<SockRevValue>(),
-            max_entries: names::SOCKETS_MAX,
-        },
-        Spec {
-            name: names::AFFINITY_V6,
-            key_size: mem::size_of::<Affinity6Key>(),
-            value_size: mem::size_of::<AffinityValue>(),
-            max_entries: sizes.affinity,
-        },
-        Spec {
-            name: names::SOURCE_RANGES_V6,
-            key_size: 4 + mem::size_of::<SrcRange6>(),
-            value_size: 1,
-            max_entries: names::SOURCE_RANGES_MAX,
-        },
-        Spec {
-            name: names::MAGLEV_V4,
-            key_size: mem::size_of::<Svc4Key>(),
-            value_size: mem::size_of::<MaglevTable>(),
-            max_entries: names::MAGLEV_MAX,
-        },
-        Spec {
-            name: names::MAGLEV_V6,
-            key_size: mem::size_of::<Svc6Key>(),
-            value_size: mem::size_of::<MaglevTable>(),
-            max_entries: names::MAGLEV_MAX,
-        },
-        Spec {
-            name: names::PROGS,
-            key_size: mem::size_of::<u32>(),
-            value_size: mem::size_of::<u32>(),
-            max_entries: names::PROGS_MAX,
-        },
-    ]
-}
 
 impl Datapath {
     /// Loads the programs, reusing the maps pinned under `root` (creating
@@ -167,22 +54,15 @@ impl Datapath {
             return Err(DatapathError::NoObject);
         }
         prepare_root(root)?;
-        for spec in specs(sizes) {
-            check_pin(root, &spec)?;
-        }
-        check_abi(root)?;
+        // Pins of another layout (an upgrade, a rollback, a resize) get new
+        // maps staged beside them, filled from the old ones.
+        let mut migration = Migration::begin(root, sizes, BPF_OBJECT)?;
 
         let mut loader = EbpfLoader::new();
-        loader
-            .map_max_entries(names::SERVICES_V4, sizes.services)
-            .map_max_entries(names::BACKENDS, sizes.backends)
-            .map_max_entries(names::CONNTRACK_V4, sizes.conntrack)
-            .map_max_entries(names::SERVICES_V6, sizes.services)
-            .map_max_entries(names::CONNTRACK_V6, sizes.conntrack)
-            .map_max_entries(names::AFFINITY_V4, sizes.affinity)
-            .map_max_entries(names::AFFINITY_V6, sizes.affinity);
-        for name in names::ALL {
-            loader.map_pin_path(name, root.join(name));
+        for decl in &MAPS {
+            loader
+                .map_max_entries(decl.name, layout::capacity(decl, sizes))
+                .map_pin_path(decl.name, migration.pin_path(decl.name));
         }
         let mut ebpf = loader.load(BPF_OBJECT)?;
         for hook in Hook::ALL {
@@ -198,14 +78,28 @@ impl Datapath {
         }
         load_ipv6_halves(&mut ebpf)?;
         super::cgroup::load(&mut ebpf)?;
+        migration.copy()?;
         let maps = Maps::take(&mut ebpf)?;
         Ok((
             Self {
                 ebpf,
                 root: root.to_owned(),
+                migration,
             },
             maps,
         ))
+    }
+
+    /// Ends a migration once every pinned link runs this agent's programs
+    /// (after the first device scan and the cgroup attach); a no-op when
+    /// the pins fitted as they were.
+    pub fn finish_migration(&mut self) -> Result<(), DatapathError> {
+        self.migration.finish()
+    }
+
+    /// Whether the pins are being migrated to this agent's layout.
+    pub fn migrating(&self) -> bool {
+        self.migration.pending()
     }
 
     /// The bpffs directory of this instance.
@@ -291,58 +185,4 @@ fn fs_type(path: &Path) -> Result<i64, DatapathError> {
         });
     }
     Ok(st.f_type)
-}
-
-/// A pinned map must have the key, value and entry counts this agent
-/// expects; otherwise the programs would run against the wrong layout.
-fn check_pin(root: &Path, spec: &Spec) -> Result<(), DatapathError> {
-    let path = root.join(spec.name);
-    if !path.exists() {
-        return Ok(());
-    }
-    let info = MapInfo::from_pin(&path).map_err(|source| DatapathError::Map {
-        name: spec.name,
-        source,
-    })?;
-    let checks = [
-        ("key size", info.key_size(), spec.key_size as u32),
-        ("value size", info.value_size(), spec.value_size as u32),
-        ("max_entries", info.max_entries(), spec.max_entries),
-    ];
-    for (what, pinned, wanted) in checks {
-        if pinned != wanted {
-            return Err(DatapathError::IncompatiblePin {
-                path,
-                what,
-                pinned,
-                wanted,
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Pins written by another ABI version are refused.
-fn check_abi(root: &Path) -> Result<(), DatapathError> {
-    let path = root.join(names::CONFIG);
-    if !path.exists() {
-        return Ok(());
-    }
-    let name = names::CONFIG;
-    let data = MapData::from_pin(&path).map_err(|source| DatapathError::Map { name, source })?;
-    let map = Map::from_map_data(data).map_err(|source| DatapathError::Map { name, source })?;
-    let config: Array<MapData, Config> =
-        Array::try_from(map).map_err(|source| DatapathError::Map { name, source })?;
-    let found = config
-        .get(&0, 0)
-        .map_err(|source| DatapathError::Map { name, source })?
-        .abi_version;
-    if found != 0 && found != ABI_VERSION {
-        return Err(DatapathError::AbiMismatch {
-            root: root.to_owned(),
-            found,
-            wanted: ABI_VERSION,
-        });
-    }
-    Ok(())
 }

@@ -2,11 +2,16 @@
 //! adopting pinned maps, attaching to devices, and the one writer of the
 //! maps.
 
+mod btf;
 mod cgroup;
+mod convert;
 mod error;
+mod layout;
 mod links;
 mod loader;
 mod maps;
+pub mod migrate;
+mod sys;
 mod writer;
 
 pub use cgroup::{cgroup2_mount, netns_cookie};

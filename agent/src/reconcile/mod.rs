@@ -139,15 +139,30 @@ impl Reconciler {
         drain_timeout: Duration,
     ) -> Result<Self, DatapathError> {
         let config = writer.maps().config()?;
-        if config.abi_version == 0 {
+        if config.abi_version != ABI_VERSION {
+            // First start (all zero), or pins another release wrote and this
+            // one migrated: the seed and the rest are kept.
+            let fresh = config.abi_version == 0;
             writer
                 .write_config(&Config {
                     abi_version: ABI_VERSION,
-                    hash_seed: random_seed(),
-                    snat_port_min: sluice_common::config::SNAT_PORT_MIN,
-                    snat_port_max: sluice_common::config::SNAT_PORT_MAX,
+                    hash_seed: if fresh {
+                        random_seed()
+                    } else {
+                        config.hash_seed
+                    },
+                    snat_port_min: if fresh {
+                        sluice_common::config::SNAT_PORT_MIN
+                    } else {
+                        config.snat_port_min
+                    },
+                    snat_port_max: if fresh {
+                        sluice_common::config::SNAT_PORT_MAX
+                    } else {
+                        config.snat_port_max
+                    },
                     _pad: 0,
-                    netns_cookie: 0,
+                    netns_cookie: config.netns_cookie,
                 })
                 .map_err(|e| DatapathError::Io {
                     path: sluice_common::maps::CONFIG.into(),

@@ -88,6 +88,7 @@ fn rank(state: BackendState) -> u8 {
     }
 }
 
+#[allow(clippy::needless_update)] // not needless in the `abi-probe` build
 pub fn backend_value(endpoint: &Endpoint, state: BackendState, svc_id: u32) -> Backend {
     let (addr, family) = match endpoint.addr {
         IpAddr::V4(a) => {
@@ -103,6 +104,7 @@ pub fn backend_value(endpoint: &Endpoint, state: BackendState, svc_id: u32) -> B
         family,
         state: state as u8,
         svc_id,
+        ..Backend::default()
     }
 }
 

@@ -10,6 +10,9 @@ use crate::{assert_size, user_pod};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Backend {
+    /// Only in the `abi-probe` test build (see `CtEntry::probe`).
+    #[cfg(feature = "abi-probe")]
+    pub probe: u32,
     /// Address, network order; IPv4 uses the first 4 bytes.
     pub addr: [u8; 16],
     /// Port, host order.
@@ -21,7 +24,10 @@ pub struct Backend {
     /// The service port that owns this backend (`SvcValue::svc_id`).
     pub svc_id: u32,
 }
+#[cfg(not(feature = "abi-probe"))]
 assert_size!(Backend, 24);
+#[cfg(feature = "abi-probe")]
+assert_size!(Backend, 28);
 
 impl Backend {
     /// The IPv4 address (first 4 bytes of `addr`).

@@ -79,6 +79,10 @@ impl Ct6Key {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CtEntry {
+    /// Only in the `abi-probe` test build: moves every field, so that the
+    /// upgrade tests prove conntrack is carried field by field.
+    #[cfg(feature = "abi-probe")]
+    pub probe: u64,
     /// `CLOCK_MONOTONIC` nanoseconds of the last packet, refreshed at most
     /// once per `CT_REFRESH_NS` or when `flags` change.
     pub last_seen_ns: u64,
@@ -104,7 +108,10 @@ pub struct CtEntry {
     pub flags: u8,
     pub _pad: [u8; 2],
 }
+#[cfg(not(feature = "abi-probe"))]
 assert_size!(CtEntry, 56);
+#[cfg(feature = "abi-probe")]
+assert_size!(CtEntry, 64);
 
 impl CtEntry {
     /// The key of the forward entry a reply entry belongs to.

@@ -14,6 +14,7 @@
 //! `docs/maps.md` describes the schema for operators.
 #![no_std]
 
+pub mod abi;
 pub mod affinity;
 pub mod backend;
 pub mod config;
@@ -46,9 +47,17 @@ pub const FAMILY_V4: u8 = 4;
 /// Address family tag for IPv6 addresses.
 pub const FAMILY_V6: u8 = 6;
 
-/// Bumped whenever a key or value layout changes. The agent refuses to adopt
-/// pinned maps written with another version (see `Config::abi_version`).
+/// Bumped whenever a key or value layout of a pinned map changes
+/// (`abi.lock` holds each map's layout and fails the build's tests when
+/// one changes without a bump). An agent migrates pins of any other
+/// version, older or newer, field by field (`agent/src/datapath/migrate.rs`);
+/// release 0.1.0 (ABI 4) adopts only ABI 4 pins.
+#[cfg(not(feature = "abi-probe"))]
 pub const ABI_VERSION: u32 = 4;
+/// The `abi-probe` test build: one extra field in `CtEntry` and `Backend`,
+/// so that the upgrade tests cross a real layout change.
+#[cfg(feature = "abi-probe")]
+pub const ABI_VERSION: u32 = 5;
 
 /// Implements `aya::Pod` for ABI types when building for userspace.
 macro_rules! user_pod {

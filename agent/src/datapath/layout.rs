@@ -1,0 +1,136 @@
+//! What a map looks like: the shape this agent's object declares for it
+//! (from the embedded object's BTF and the `--*-map-size` flags) and the
+//! shape of a pinned map (from the kernel's BTF of that map). A migration
+//! compares the two.
+
+use std::{collections::HashMap, io, os::fd::BorrowedFd};
+
+use object::{Object, ObjectSection};
+use sluice_common::abi::{Capacity, MapDecl, NO_PREALLOC_FLAG};
+
+use super::{
+    btf::{Btf, BtfError, Layout, MapDef},
+    loader::MapSizes,
+    sys,
+};
+
+/// Everything about a map that must match for a program to use it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    pub flags: u32,
+    /// `None` when the map carries no BTF (then only sizes are compared).
+    pub key: Option<Layout>,
+    pub value: Option<Layout>,
+}
+
+impl Shape {
+    /// Why `self` (pinned) cannot serve as `wanted`, if it cannot.
+    pub fn mismatch(&self, wanted: &Shape) -> Option<String> {
+        let numbers = [
+            ("map type", self.map_type, wanted.map_type),
+            ("key size", self.key_size, wanted.key_size),
+            ("value size", self.value_size, wanted.value_size),
+            ("max_entries", self.max_entries, wanted.max_entries),
+            ("flags", self.flags, wanted.flags),
+        ];
+        for (what, pinned, want) in numbers {
+            if pinned != want {
+                return Some(format!("{what} {pinned} -> {want}"));
+            }
+        }
+        for (what, pinned, want) in [
+            ("key", &self.key, &wanted.key),
+            ("value", &self.value, &wanted.value),
+        ] {
+            if let (Some(p), Some(w)) = (pinned, want) {
+                if p != w {
+                    return Some(format!("{what} layout {} -> {}", p.render(), w.render()));
+                }
+            }
+        }
+        None
+    }
+}
+
+/// The capacity `decl` gets with these flags.
+pub fn capacity(decl: &MapDecl, sizes: &MapSizes) -> u32 {
+    match decl.capacity {
+        Capacity::Services => sizes.services,
+        Capacity::Backends => sizes.backends,
+        Capacity::Conntrack => sizes.conntrack,
+        Capacity::Affinity => sizes.affinity,
+        Capacity::Fixed(n) => n,
+    }
+}
+
+/// The maps the object declares, from its `.BTF` section.
+pub fn object_maps(object: &[u8]) -> Result<HashMap<String, MapDef>, BtfError> {
+    let file = object::File::parse(object).map_err(|_| BtfError::Truncated(0))?;
+    let section = file.section_by_name(".BTF").ok_or(BtfError::Truncated(0))?;
+    let data = section.data().map_err(|_| BtfError::Truncated(0))?;
+    Btf::parse(data)?.object_maps()
+}
+
+/// The shape this agent wants for `decl`.
+pub fn wanted(decl: &MapDecl, sizes: &MapSizes, def: Option<&MapDef>) -> Shape {
+    Shape {
+        map_type: decl.kind as u32,
+        key_size: decl.key_size as u32,
+        value_size: decl.value_size as u32,
+        max_entries: capacity(decl, sizes),
+        flags: if decl.no_prealloc {
+            NO_PREALLOC_FLAG
+        } else {
+            0
+        },
+        key: def.map(|d| d.key.clone()),
+        value: def.map(|d| d.value.clone()),
+    }
+}
+
+/// Reads the kernel's BTF once per BTF object.
+#[derive(Default)]
+pub struct BtfCache {
+    by_id: HashMap<u32, Option<Btf>>,
+}
+
+impl BtfCache {
+    fn get(&mut self, id: u32) -> Option<&Btf> {
+        if id == 0 {
+            return None;
+        }
+        self.by_id
+            .entry(id)
+            .or_insert_with(|| sys::btf_by_id(id).ok().and_then(|b| Btf::parse(&b).ok()))
+            .as_ref()
+    }
+
+    /// The shape of the map behind `fd`.
+    pub fn shape(&mut self, fd: BorrowedFd<'_>) -> io::Result<Shape> {
+        let info = sys::map_info(fd)?;
+        let (key, value) = match self.get(info.btf_id) {
+            Some(btf) => (
+                (info.btf_key_type_id != 0)
+                    .then(|| btf.layout(info.btf_key_type_id).ok())
+                    .flatten(),
+                (info.btf_value_type_id != 0)
+                    .then(|| btf.layout(info.btf_value_type_id).ok())
+                    .flatten(),
+            ),
+            None => (None, None),
+        };
+        Ok(Shape {
+            map_type: info.map_type,
+            key_size: info.key_size,
+            value_size: info.value_size,
+            max_entries: info.max_entries,
+            flags: info.map_flags,
+            key,
+            value,
+        })
+    }
+}
