@@ -109,18 +109,17 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     let (mut datapath, maps) = Datapath::load(root, &sizes).context("loading the datapath")?;
     let mut reconciler = Reconciler::new(MapWriter::new(maps), &sizes, args.drain_timeout.0)
         .context("adopting the pinned maps")?;
-    if args.socket_lb {
+    let cgroup = if args.socket_lb {
         let cgroup = match &args.cgroup_root {
             Some(path) => path.clone(),
             None => crate::datapath::cgroup2_mount()
                 .context("no cgroup2 mount found for socket-level balancing (use --cgroup-root or --socket-lb=false)")?,
         };
         reconciler.set_netns_cookie(crate::datapath::netns_cookie()?)?;
-        datapath
-            .attach_cgroup(&cgroup)
-            .with_context(|| format!("attaching socket-level balancing to {}", cgroup.display()))?;
-        info!(cgroup = %cgroup.display(), "socket-level balancing for the node's own processes");
-    }
+        Some(cgroup)
+    } else {
+        None
+    };
     info!(
         node = %node_name,
         bpf_root = %root.display(),
@@ -160,7 +159,15 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         tasks.spawn(admin.serve(listener, shutdown_rx.clone()));
     }
 
-    // Attach before anything can report ready.
+    // Attach before anything can report ready. The cgroup links and the
+    // device links are swapped back to back, so that two program
+    // generations run side by side for as short a time as possible.
+    if let Some(cgroup) = &cgroup {
+        datapath
+            .attach_cgroup(cgroup)
+            .with_context(|| format!("attaching socket-level balancing to {}", cgroup.display()))?;
+        info!(cgroup = %cgroup.display(), "socket-level balancing for the node's own processes");
+    }
     let mut devices = Devices::new(datapath, args.devices.clone());
     let attached = devices.scan();
     metrics.devices.set(attached as i64);

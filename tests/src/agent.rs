@@ -68,6 +68,11 @@ impl Drop for ManifestDir {
 }
 
 pub struct Agent {
+    /// The `sluice` binary this agent runs (`binary()` unless started
+    /// with another release's).
+    bin: PathBuf,
+    /// Extra environment (`SLUICE_FAILPOINT` in crash tests).
+    env: Vec<(String, String)>,
     child: Option<Child>,
     node: PathBuf,
     log: PathBuf,
@@ -120,6 +125,11 @@ impl Agent {
     /// Starts `sluice agent --source <source>` in `topo`'s node namespace,
     /// attached to every pod device, with the topology's bpffs root.
     pub fn start(topo: &Topology, source: &str, extra: &[&str]) -> Result<Self> {
+        Self::start_bin(&binary()?, topo, source, extra)
+    }
+
+    /// `start` with another `sluice` binary (an earlier release's).
+    pub fn start_bin(bin: &Path, topo: &Topology, source: &str, extra: &[&str]) -> Result<Self> {
         let mut args: Vec<String> = vec![
             "agent".into(),
             "--source".into(),
@@ -140,6 +150,8 @@ impl Agent {
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let log = std::env::temp_dir().join(format!("{}.log", unique_name("agent")));
         let mut agent = Self {
+            bin: bin.to_owned(),
+            env: Vec::new(),
             child: None,
             node: topo.node.path(),
             log,
@@ -155,12 +167,13 @@ impl Agent {
             .append(true)
             .open(&self.log)?;
         let child = node
-            .command(binary()?)
+            .command(&self.bin)
             .args(&self.args)
             .env(
                 "RUST_LOG",
                 std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -173,6 +186,31 @@ impl Agent {
     /// The agent's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// Replaces the agent the way a DaemonSet rollout does: SIGTERM, wait,
+    /// then `bin` with the same arguments and `env`.
+    pub fn replace(&mut self, node: &Netns, bin: &Path, env: &[(&str, &str)]) -> Result<()> {
+        self.stop()?;
+        self.bin = bin.to_owned();
+        self.env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        self.spawn(node)
+    }
+
+    /// Waits for the agent to exit on its own (a failpoint) and returns its
+    /// exit code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<i32>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.exited() {
+                self.child = None;
+                return Ok(status.code());
+            }
+            if Instant::now() > deadline {
+                bail!("agent still running after {timeout:?}:\n{}", self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Restarts the agent with the same arguments (after `kill9`/`stop`).
@@ -276,7 +314,7 @@ impl Agent {
             .position(|a| a == "--bpf-root")
             .and_then(|i| self.args.get(i + 1))
             .context("no --bpf-root")?;
-        let out = Command::new(binary()?)
+        let out = Command::new(&self.bin)
             .args(args)
             .arg("--bpf-root")
             .arg(root)
@@ -443,4 +481,24 @@ impl Agent {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// The agent binary of release `version` (`sluice-<version>`) or of the
+/// `abi-probe` build (`sluice-abi-probe`), built by `cargo xtask
+/// build-releases` (which `cargo xtask test` runs) into
+/// `$SLUICE_RELEASES_BIN`, by default `target/releases/bin`.
+pub fn release_binary(name: &str) -> Result<PathBuf> {
+    let dir = std::env::var_os("SLUICE_RELEASES_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/releases/bin")
+        });
+    let bin = dir.join(format!("sluice-{name}"));
+    if !bin.exists() {
+        bail!(
+            "{} is missing: run `cargo xtask build-releases` (cargo xtask test does)",
+            bin.display()
+        );
+    }
+    Ok(bin)
 }

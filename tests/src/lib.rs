@@ -19,6 +19,7 @@ pub mod netns;
 pub mod servers;
 pub mod sweep;
 pub mod topology;
+pub mod upgrade;
 
 pub use netns::Netns;
 pub use topology::{Pod, Topology};

@@ -148,6 +148,7 @@ fn a_second_loader_swaps_programs_in_place_and_adopts_without_writing() -> Resul
 
     let sizes = MapSizes::default();
     let (mut datapath, maps) = Datapath::load(topo.bpf.path(), &sizes)?;
+    assert!(!datapath.migrating(), "same layout: nothing to migrate");
     let devices = topo.devices();
     let outcomes = topo.node.run(|| -> Result<Vec<Attached>> {
         devices.iter().map(|d| Ok(datapath.attach(d)?)).collect()

@@ -1,6 +1,9 @@
 //! Building and linting the kernel-side crate.
 
-use std::{fs, path::PathBuf};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{Context, Result};
 
@@ -17,7 +20,11 @@ pub fn object_path() -> PathBuf {
 const TARGET: &str = "bpfel-unknown-none";
 
 fn common_args(cmd: &mut std::process::Command) {
-    let target_dir = root().join("target/ebpf");
+    common_args_in(cmd, "ebpf");
+}
+
+fn common_args_in(cmd: &mut std::process::Command, dir: &str) {
+    let target_dir = root().join("target").join(dir);
     cmd.current_dir(root())
         .args([
             "-p",
@@ -41,21 +48,29 @@ fn common_args(cmd: &mut std::process::Command) {
 /// edits, and the copy is only rewritten when the bytes changed (so the
 /// agent is only re-embedded when needed).
 pub fn build(tc: &Toolchain) -> Result<()> {
+    build_variant(tc, &[], "ebpf", &object_path())
+}
+
+/// Builds the object with `features` (in `target/<dir>`) to `dest`.
+pub fn build_variant(tc: &Toolchain, features: &[&str], dir: &str, dest: &Path) -> Result<()> {
     let mut cmd = tc.cargo();
     cmd.arg("build");
-    common_args(&mut cmd);
+    common_args_in(&mut cmd, dir);
+    if !features.is_empty() {
+        cmd.arg("--features").arg(features.join(","));
+    }
     run(&mut cmd)?;
     let built = root()
-        .join("target/ebpf")
+        .join("target")
+        .join(dir)
         .join(TARGET)
         .join("release/sluice");
     let bytes = fs::read(&built).with_context(|| format!("reading {}", built.display()))?;
-    let dest = object_path();
-    if fs::read(&dest).ok().as_deref() != Some(bytes.as_slice()) {
+    if fs::read(dest).ok().as_deref() != Some(bytes.as_slice()) {
         if let Some(dir) = dest.parent() {
             fs::create_dir_all(dir)?;
         }
-        fs::write(&dest, &bytes).with_context(|| format!("writing {}", dest.display()))?;
+        fs::write(dest, &bytes).with_context(|| format!("writing {}", dest.display()))?;
     }
     eprintln!("eBPF object: {} ({} bytes)", dest.display(), bytes.len());
     Ok(())

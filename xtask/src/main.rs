@@ -10,6 +10,7 @@ mod bench;
 mod demo;
 mod ebpf;
 mod exec;
+mod releases;
 mod test;
 mod toolchain;
 
@@ -29,6 +30,10 @@ enum Command {
     Setup,
     /// Build the eBPF object to target/bpf/sluice.bpf.o.
     BuildEbpf,
+    /// Build the agents the upgrade tests run: every release in
+    /// releases.toml from its commit, and the abi-probe build (to
+    /// target/releases/bin/).
+    BuildReleases,
     /// Formatting, clippy (user and eBPF side), unit and integration tests.
     Test(test::TestArgs),
     /// sluice's main job on an embedded default: namespaces as node and pods.
@@ -41,6 +46,10 @@ enum Command {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Setup => toolchain::setup().map(|_| ()),
+        Command::BuildReleases => {
+            let tc = toolchain::build_toolchain()?;
+            releases::build_all(&tc).map(|_| ())
+        }
         Command::BuildEbpf => {
             let tc = toolchain::build_toolchain()?;
             ebpf::build(&tc)

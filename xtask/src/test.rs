@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 
 use crate::{
-    ebpf,
+    ebpf, releases,
     exec::{is_root, output, root, run},
     toolchain,
 };
@@ -35,15 +35,20 @@ pub fn run_tests(args: &TestArgs) -> Result<()> {
     run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
     ebpf::clippy(&tc)?;
     ebpf::build(&tc)?;
+    // The agents of earlier releases and the abi-probe build, for the
+    // upgrade and rollback tests.
+    let releases = releases::build_all(&tc)?;
     let nextest = output(Command::new("cargo").args(["nextest", "--version"])).is_some();
     if nextest {
         run(cargo().args(["test", "--doc", "--quiet"]))?;
         run(cargo()
+            .env("SLUICE_RELEASES_BIN", &releases)
             .args(["nextest", "run", "--no-fail-fast"])
             .args(&args.runner_args))
     } else {
         eprintln!("cargo-nextest not found: falling back to cargo test");
         run(cargo()
+            .env("SLUICE_RELEASES_BIN", &releases)
             .args(["test", "--no-fail-fast"])
             .args(&args.runner_args))
     }

@@ -134,3 +134,43 @@ impl BtfCache {
         })
     }
 }
+
+/// One line per declared map, from the embedded object: kind, flags,
+/// default capacity and the key and value layouts. `abi.lock` holds these
+/// lines for the current ABI. Fails when the kernel side disagrees with
+/// the declaration table (`sluice_common::abi::MAPS`).
+pub fn abi_lines(object: &[u8]) -> Result<Vec<String>, String> {
+    let defs = object_maps(object).map_err(|e| format!("reading the object's BTF: {e}"))?;
+    let sizes = MapSizes::default();
+    let mut lines = Vec::new();
+    for decl in &sluice_common::abi::MAPS {
+        let def = defs
+            .get(decl.name)
+            .ok_or_else(|| format!("{} is declared but the object has no such map", decl.name))?;
+        let want = wanted(decl, &sizes, Some(def));
+        let checks = [
+            ("map type", def.map_type, want.map_type),
+            ("max_entries", def.max_entries, want.max_entries),
+            ("key size", def.key.size(), want.key_size),
+            ("value size", def.value.size(), want.value_size),
+        ];
+        for (what, object, declared) in checks {
+            if object != declared {
+                return Err(format!(
+                    "{}: the kernel side has {what} {object}, the declaration {declared}",
+                    decl.name
+                ));
+            }
+        }
+        lines.push(format!(
+            "{} type={} flags={} max={} key={} value={}",
+            decl.name,
+            want.map_type,
+            want.flags,
+            want.max_entries,
+            def.key.render(),
+            def.value.render()
+        ));
+    }
+    Ok(lines)
+}

@@ -17,6 +17,7 @@ mod writer;
 pub use cgroup::{cgroup2_mount, netns_cookie};
 pub use error::{DatapathError, WriteError};
 pub use links::{attached_devices, detach_device, Attached, Hook};
+pub use layout::abi_lines;
 pub use loader::{Datapath, MapSizes};
 pub use maps::{read_map_state, Maps, ServiceKey};
 pub use writer::MapWriter;
