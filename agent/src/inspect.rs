@@ -22,7 +22,7 @@ use sluice_common::{
 use crate::{
     cli::{CtListArgs, ListArgs, StatusArgs},
     conntrack,
-    datapath::{attached_devices, read_map_state, DatapathError, Maps},
+    datapath::{attached_devices, map_fill, migration_state, read_map_state, DatapathError, Maps},
     reconcile::endpoint_of,
 };
 
@@ -406,58 +406,14 @@ fn http_get(url: &str) -> Result<(u16, String)> {
     Ok((status, body))
 }
 
-#[derive(Serialize)]
-struct MapFill {
-    map: &'static str,
-    entries: usize,
-    capacity: u32,
-}
-
 /// `sluice status`.
 pub fn status(args: &StatusArgs) -> Result<()> {
     let root = &args.bpf.bpf_root;
     let maps = open(root)?;
     let (state, _) = read_map_state(&maps)?;
-    let ct_entries = conntrack::read_all(&maps)?.len();
-    let ct6_entries = conntrack::read_all6(&maps)?.len();
-    let v6_entries: usize = state
-        .frontends
-        .iter()
-        .filter(|(k, _)| k.addr.is_ipv6())
-        .map(|(_, f)| 1 + f.slots.len())
-        .sum();
-    let capacity = |name: &str| {
-        aya::maps::MapInfo::from_pin(root.join(name))
-            .map(|i| i.max_entries())
-            .unwrap_or(0)
-    };
-    let fill = vec![
-        MapFill {
-            map: sluice_common::maps::SERVICES_V4,
-            entries: state.service_entries() - v6_entries,
-            capacity: capacity(sluice_common::maps::SERVICES_V4),
-        },
-        MapFill {
-            map: sluice_common::maps::SERVICES_V6,
-            entries: v6_entries,
-            capacity: capacity(sluice_common::maps::SERVICES_V6),
-        },
-        MapFill {
-            map: sluice_common::maps::BACKENDS,
-            entries: state.backends.len(),
-            capacity: capacity(sluice_common::maps::BACKENDS),
-        },
-        MapFill {
-            map: sluice_common::maps::CONNTRACK_V4,
-            entries: ct_entries,
-            capacity: capacity(sluice_common::maps::CONNTRACK_V4),
-        },
-        MapFill {
-            map: sluice_common::maps::CONNTRACK_V6,
-            entries: ct6_entries,
-            capacity: capacity(sluice_common::maps::CONNTRACK_V6),
-        },
-    ];
+    let fill = map_fill(root).with_context(|| format!("counting the entries of the maps under {}", root.display()))?;
+    let config = maps.config().unwrap_or_default();
+    let migration = migration_state(root);
     let counters: Vec<(&str, u64)> = Stat::ALL
         .iter()
         .map(|s| (s.name(), maps.stat(*s).unwrap_or(0)))
@@ -480,6 +436,8 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         let out = serde_json::json!({
             "agent": agent,
             "bpf_root": root,
+            "abi": config.abi_version,
+            "migration": migration,
             "maps": fill,
             "devices": devices,
             "datapath": counters,
@@ -502,6 +460,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         ),
     }
     println!("bpf root:  {}", root.display());
+    println!("abi:       {} (migration: {migration})", config.abi_version);
     println!(
         "devices:   {}",
         if devices.is_empty() {
@@ -517,7 +476,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
             100.0 * f.entries as f64 / f64::from(f.capacity)
         };
         println!(
-            "map:       {:<12} {:>8} / {:<8} ({pct:.1}%)",
+            "map:       {:<12} {:>8} / {:<8} ({pct:.2}%)",
             f.map, f.entries, f.capacity
         );
     }

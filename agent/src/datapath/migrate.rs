@@ -259,7 +259,10 @@ fn remove_migrate_dir(dir: &Path) -> Result<(), DatapathError> {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(&marker)(e)),
         _ => {}
     }
-    fs::remove_dir_all(dir).map_err(io_err(dir))
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(dir)(e)),
+        _ => Ok(()),
+    }
 }
 
 /// Finishes or undoes a migration a previous agent left. Returns the maps
