@@ -411,7 +411,8 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     let root = &args.bpf.bpf_root;
     let maps = open(root)?;
     let (state, _) = read_map_state(&maps)?;
-    let fill = map_fill(root).with_context(|| format!("counting the entries of the maps under {}", root.display()))?;
+    let fill = map_fill(root)
+        .with_context(|| format!("counting the entries of the maps under {}", root.display()))?;
     let config = maps.config().unwrap_or_default();
     let migration = migration_state(root);
     let counters: Vec<(&str, u64)> = Stat::ALL

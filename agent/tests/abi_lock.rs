@@ -56,7 +56,12 @@ fn map_layouts_match_the_lock_of_this_abi_version() {
     let changed: Vec<String> = current
         .iter()
         .filter(|(name, line)| locked.get(*name) != Some(*line))
-        .map(|(name, line)| format!("{name}: now `{line}`, locked `{}`", locked.get(name).unwrap_or(&"(absent)")))
+        .map(|(name, line)| {
+            format!(
+                "{name}: now `{line}`, locked `{}`",
+                locked.get(name).unwrap_or(&"(absent)")
+            )
+        })
         .chain(
             locked
                 .keys()

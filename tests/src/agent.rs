@@ -193,7 +193,10 @@ impl Agent {
     pub fn replace(&mut self, node: &Netns, bin: &Path, env: &[(&str, &str)]) -> Result<()> {
         self.stop()?;
         self.bin = bin.to_owned();
-        self.env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        self.env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         self.spawn(node)
     }
 
@@ -207,7 +210,10 @@ impl Agent {
                 return Ok(status.code());
             }
             if Instant::now() > deadline {
-                bail!("agent still running after {timeout:?}:\n{}", self.log_tail());
+                bail!(
+                    "agent still running after {timeout:?}:\n{}",
+                    self.log_tail()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }

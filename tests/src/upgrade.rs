@@ -47,7 +47,11 @@ spec:
     targetPort: {target}
 {node_port}---
 "#,
-        kind = if name == "edge" { "NodePort" } else { "ClusterIP" },
+        kind = if name == "edge" {
+            "NodePort"
+        } else {
+            "ClusterIP"
+        },
         target = if proto == "UDP" { 5353 } else { 8080 },
         node_port = if name == "edge" {
             format!("    nodePort: {NODE_PORT}\n")
@@ -111,13 +115,7 @@ pub fn manifests(
         "  externalTrafficPolicy: Cluster\n",
     );
     out += &slice("edge", "TCP", backends, terminating);
-    out += &service(
-        "sticky",
-        STICKY,
-        80,
-        "TCP",
-        "  sessionAffinity: ClientIP\n",
-    );
+    out += &service("sticky", STICKY, 80, "TCP", "  sessionAffinity: ClientIP\n");
     out += &slice("sticky", "TCP", backends, None);
     for n in follow {
         let name = format!("follow-{n}");
@@ -153,7 +151,10 @@ impl UdpFlow {
     fn ask(&self) -> Result<String> {
         self.socket.send(b"hello")?;
         let mut buf = [0u8; 256];
-        let n = self.socket.recv(&mut buf).context("UDP flow got no answer")?;
+        let n = self
+            .socket
+            .recv(&mut buf)
+            .context("UDP flow got no answer")?;
         Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
     }
 
@@ -234,7 +235,10 @@ impl Flows {
             let names = |s: &[Stream]| s.iter().map(|s| s.backend.clone()).collect::<Vec<_>>();
             let (a, b, c) = (
                 on(&names(&streams)),
-                on(&udp.iter().map(|u: &UdpFlow| u.backend.clone()).collect::<Vec<_>>()),
+                on(&udp
+                    .iter()
+                    .map(|u: &UdpFlow| u.backend.clone())
+                    .collect::<Vec<_>>()),
                 on(&names(&edge)),
             );
             if a >= ON_TERMINATING && b >= ON_TERMINATING && c >= ON_TERMINATING {
@@ -260,7 +264,11 @@ impl Flows {
             Ok((!seen.contains(&terminating)).then_some(()))
         })?;
 
-        let web_prober = Prober::start(client, SocketAddrV4::new(WEB, 80), Duration::from_millis(10));
+        let web_prober = Prober::start(
+            client,
+            SocketAddrV4::new(WEB, 80),
+            Duration::from_millis(10),
+        );
         let edge_prober = Prober::start(external, edge_addr, Duration::from_millis(10));
         Ok(Self {
             streams,
@@ -302,23 +310,45 @@ impl Flows {
 
     /// `check_flows`, and the running agent follows a change (a new
     /// service) and its datapath counted no drop.
-    pub fn check(&mut self, step: &str, topo: &Topology, dir: &ManifestDir, agent: &Agent) -> Result<()> {
+    pub fn check(
+        &mut self,
+        step: &str,
+        topo: &Topology,
+        dir: &ManifestDir,
+        agent: &Agent,
+    ) -> Result<()> {
         self.check_flows(step, topo)?;
         let client = &topo.clients[0].ns;
         let n = self.follow.len() as u8 + 1;
         self.follow.push(n);
         dir.write(
             "all.yaml",
-            &manifests(topo.node_address(0), &backend_ips(topo), Some(0), &self.follow),
+            &manifests(
+                topo.node_address(0),
+                &backend_ips(topo),
+                Some(0),
+                &self.follow,
+            ),
         )?;
         let addr = SocketAddr::from(SocketAddrV4::new(Ipv4Addr::new(10, 96, 8, n), 80));
-        until(&format!("{step}: new service follow-{n} served"), Duration::from_secs(15), || {
-            Ok(clients::tcp_hello(client, addr).ok())
-        })?;
+        until(
+            &format!("{step}: new service follow-{n} served"),
+            Duration::from_secs(15),
+            || Ok(clients::tcp_hello(client, addr).ok()),
+        )?;
         let status: serde_json::Value = serde_json::from_str(&agent.cli(&["status", "--json"])?)?;
-        for counter in ["tail_call_failed", "stale_reset", "ct_insert_failed", "dangling", "no_backend_drop"] {
+        for counter in [
+            "tail_call_failed",
+            "stale_reset",
+            "ct_insert_failed",
+            "dangling",
+            "no_backend_drop",
+        ] {
             let v = status["datapath"][counter].as_u64();
-            ensure!(v == Some(0), "{step}: datapath counter {counter} = {v:?}\n{status:#}");
+            ensure!(
+                v == Some(0),
+                "{step}: datapath counter {counter} = {v:?}\n{status:#}"
+            );
         }
         Ok(())
     }
@@ -335,7 +365,10 @@ impl Flows {
     pub fn finish_counting(self) -> Result<(u64, Vec<String>)> {
         let (web_ok, mut web_failed) = self.web_prober.finish()?;
         let (edge_ok, edge_failed) = self.edge_prober.finish()?;
-        ensure!(web_ok > 0 && edge_ok > 0, "the connect loops made no connection");
+        ensure!(
+            web_ok > 0 && edge_ok > 0,
+            "the connect loops made no connection"
+        );
         web_failed.extend(edge_failed.into_iter().map(|f| format!("NodePort: {f}")));
         Ok((web_ok + edge_ok, web_failed))
     }

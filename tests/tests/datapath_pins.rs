@@ -14,6 +14,7 @@ use sluice::{
     model::{BackendState, Proto},
     reconcile::{Reconciler, Refusal},
 };
+use sluice_common::{Ct4Key, CtEntry};
 use sluice_tests::{
     clients::{self, Stream},
     lb::{cluster_ip, cluster_ip6, vip, vip6, Lb},
@@ -201,14 +202,38 @@ fn a_resized_conntrack_map_is_migrated_with_its_flows() -> Result<()> {
         s.ping()?;
     }
     let programmed = lb.reconciler.programmed().clone();
+    // A node with many flows: synthetic entries beside the real ones
+    // (fresh, so that nothing expires them meanwhile).
+    const SYNTHETIC: u32 = 100_000;
+    {
+        let mut maps = lb.maps()?;
+        let now = sluice::conntrack::monotonic_ns();
+        for i in 0..SYNTHETIC {
+            let [_, a, b, c] = i.to_be_bytes();
+            let key = Ct4Key::new([172, a, b, c], [10, 96, 9, 9], 40000, 80, 6);
+            let entry = CtEntry {
+                last_seen_ns: now,
+                backend_id: 1,
+                svc_id: 1,
+                ..CtEntry::default()
+            };
+            maps.conntrack_v4.insert(key, entry, 0)?;
+        }
+    }
     let flows_before = lb.maps()?.conntrack_v4.iter().count();
+    assert!(flows_before >= SYNTHETIC as usize + 16);
     drop(lb);
 
     let bigger = MapSizes {
         conntrack: MapSizes::default().conntrack * 2,
         ..MapSizes::default()
     };
+    let started = std::time::Instant::now();
     let lb = Lb::load_with(&topo, bigger, Duration::from_secs(60))?;
+    eprintln!(
+        "resize of sl_ct4 with {flows_before} entries: load, copy, swap and finish in {:?}",
+        started.elapsed()
+    );
     for (i, s) in streams.iter_mut().enumerate() {
         s.ping()
             .with_context(|| format!("stream {i} survives the resize"))?;

@@ -25,7 +25,10 @@ fn upgrade_and_rollback_across_an_abi_change_keep_every_flow() -> Result<()> {
     let (topo, servers) = topology()?;
     let dir = ManifestDir::create()?;
     let backends: Vec<_> = topo.backends.iter().map(|b| b.ip).collect();
-    dir.write("all.yaml", &manifests(topo.node_address(0), &backends, None, &[]))?;
+    dir.write(
+        "all.yaml",
+        &manifests(topo.node_address(0), &backends, None, &[]),
+    )?;
     let source = format!("dir:{}", dir.path().display());
 
     let v010 = release_binary("0.1.0")?;
@@ -46,7 +49,9 @@ fn upgrade_and_rollback_across_an_abi_change_keep_every_flow() -> Result<()> {
     for (step, bin, migrates) in steps {
         let migrations = agent.log().matches("migration finished").count();
         agent.replace(&topo.node, bin, &[])?;
-        agent.wait_ready(READY).with_context(|| format!("{step}: agent ready"))?;
+        agent
+            .wait_ready(READY)
+            .with_context(|| format!("{step}: agent ready"))?;
         flows.check(step, &topo, &dir, &agent)?;
         let now = agent.log().matches("migration finished").count();
         if migrates {
@@ -57,7 +62,10 @@ fn upgrade_and_rollback_across_an_abi_change_keep_every_flow() -> Result<()> {
             );
         }
         if !migrates {
-            ensure!(now == migrations, "{step}: migrated although the layout is the same");
+            ensure!(
+                now == migrations,
+                "{step}: migrated although the layout is the same"
+            );
         }
         ensure!(
             !topo.bpf.path().join("migrate").exists(),

@@ -32,7 +32,10 @@ fn crash_at(point: &str, then: Then) -> Result<()> {
     let (topo, servers) = topology()?;
     let dir = ManifestDir::create()?;
     let backends: Vec<_> = topo.backends.iter().map(|b| b.ip).collect();
-    dir.write("all.yaml", &manifests(topo.node_address(0), &backends, None, &[]))?;
+    dir.write(
+        "all.yaml",
+        &manifests(topo.node_address(0), &backends, None, &[]),
+    )?;
     let source = format!("dir:{}", dir.path().display());
     let main = binary()?;
     let probe = release_binary("abi-probe")?;
@@ -61,7 +64,12 @@ fn crash_at(point: &str, then: Then) -> Result<()> {
     agent
         .wait_ready(READY)
         .with_context(|| format!("{step} after a crash at {point}"))?;
-    flows.check(&format!("{step} after a crash at {point}"), &topo, &dir, &agent)?;
+    flows.check(
+        &format!("{step} after a crash at {point}"),
+        &topo,
+        &dir,
+        &agent,
+    )?;
     ensure!(
         !topo.bpf.path().join("migrate").exists(),
         "migration staging left behind"
@@ -76,7 +84,10 @@ fn crash_at(point: &str, then: Then) -> Result<()> {
             failed.len()
         );
     } else {
-        ensure!(failed.is_empty(), "failed connects after a crash at {point}: {failed:?}");
+        ensure!(
+            failed.is_empty(),
+            "failed connects after a crash at {point}: {failed:?}"
+        );
     }
     Ok(())
 }

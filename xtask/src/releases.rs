@@ -96,14 +96,29 @@ fn build_release(release: &Release) -> Result<()> {
     let bin = bin_dir().join(format!("sluice-{}", release.version));
     let stamp = bin_dir().join(format!("sluice-{}.commit", release.version));
     if bin.exists() && fs::read_to_string(&stamp).ok().as_deref() == Some(release.commit.as_str()) {
-        eprintln!("release {}: {} is up to date", release.version, bin.display());
+        eprintln!(
+            "release {}: {} is up to date",
+            release.version,
+            bin.display()
+        );
         return Ok(());
     }
-    let have = output(&mut git(&["cat-file", "-e", &format!("{}^{{commit}}", release.commit)])).is_some();
+    let have = output(&mut git(&[
+        "cat-file",
+        "-e",
+        &format!("{}^{{commit}}", release.commit),
+    ]))
+    .is_some();
     if !have {
         // A shallow clone: fetch the history the release needs.
         let _ = run(&mut git(&["fetch", "--quiet", "--unshallow"]));
-        if output(&mut git(&["cat-file", "-e", &format!("{}^{{commit}}", release.commit)])).is_none() {
+        if output(&mut git(&[
+            "cat-file",
+            "-e",
+            &format!("{}^{{commit}}", release.commit),
+        ]))
+        .is_none()
+        {
             bail!(
                 "commit {} of release {} is not in this clone: fetch the full history",
                 release.commit,
@@ -117,11 +132,17 @@ fn build_release(release: &Release) -> Result<()> {
     }
     fs::create_dir_all(&src)?;
     // The release's own tree, as it was (not a worktree: nothing to prune).
-    let archive = root().join("target/releases/src").join(format!("{}.tar", release.version));
-    run(&mut git(&["archive", "--format=tar", "-o"])
+    let archive = root()
+        .join("target/releases/src")
+        .join(format!("{}.tar", release.version));
+    run(git(&["archive", "--format=tar", "-o"])
         .arg(&archive)
         .arg(&release.commit))?;
-    run(Command::new("tar").arg("-xf").arg(&archive).arg("-C").arg(&src))?;
+    run(Command::new("tar")
+        .arg("-xf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&src))?;
     fs::remove_file(&archive)?;
     // Its own eBPF object with its own xtask, then its agent embedding it.
     run(Command::new("cargo")
@@ -136,7 +157,12 @@ fn build_release(release: &Release) -> Result<()> {
 fn build_probe(tc: &Toolchain) -> Result<()> {
     let object = root().join("target/bpf-probe/sluice.bpf.o");
     ebpf::build_variant(tc, &["abi-probe"], "ebpf-probe", &object)?;
-    build_agent(&root(), &["abi-probe"], &object, &bin_dir().join("sluice-abi-probe"))
+    build_agent(
+        &root(),
+        &["abi-probe"],
+        &object,
+        &bin_dir().join("sluice-abi-probe"),
+    )
 }
 
 fn build_agent(src: &Path, features: &[&str], object: &Path, dest: &Path) -> Result<()> {
@@ -150,7 +176,8 @@ fn build_agent(src: &Path, features: &[&str], object: &Path, dest: &Path) -> Res
     }
     run(&mut cmd)?;
     let built = target_dir().join("debug/sluice");
-    fs::copy(&built, dest).with_context(|| format!("copying {} to {}", built.display(), dest.display()))?;
+    fs::copy(&built, dest)
+        .with_context(|| format!("copying {} to {}", built.display(), dest.display()))?;
     eprintln!("built {}", dest.display());
     Ok(())
 }
@@ -166,8 +193,14 @@ mod tests {
         assert_eq!(
             releases,
             vec![
-                Release { version: "0.1.0".into(), commit: "abc".into() },
-                Release { version: "0.2.0".into(), commit: "def".into() },
+                Release {
+                    version: "0.1.0".into(),
+                    commit: "abc".into()
+                },
+                Release {
+                    version: "0.2.0".into(),
+                    commit: "def".into()
+                },
             ]
         );
         assert!(parse("[[release]]\nversion = \"1\"\n").is_err());

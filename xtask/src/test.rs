@@ -6,9 +6,9 @@ use anyhow::{bail, Result};
 use clap::Args;
 
 use crate::{
-    ebpf, releases,
+    ebpf,
     exec::{is_root, output, root, run},
-    toolchain,
+    releases, toolchain,
 };
 
 #[derive(Args)]

@@ -17,9 +17,9 @@ mod writer;
 
 pub use cgroup::{cgroup2_mount, netns_cookie};
 pub use error::{DatapathError, WriteError};
-pub use links::{attached_devices, detach_device, Attached, Hook};
 pub use fill::{map_fill, migration_state, MapFill};
 pub use layout::abi_lines;
+pub use links::{attached_devices, detach_device, Attached, Hook};
 pub use loader::{Datapath, MapSizes};
 pub use maps::{read_map_state, Maps, ServiceKey};
 pub use writer::MapWriter;
