@@ -89,3 +89,48 @@ fn map_layouts_match_the_lock_of_this_abi_version() {
         );
     }
 }
+
+/// docs/maps.md's table lists exactly the declared maps, each with its
+/// kind and default capacity.
+#[test]
+fn the_map_table_in_the_docs_follows_the_declaration() {
+    use sluice::datapath::MapSizes;
+    use sluice_common::abi::{Capacity, MapKind, MAPS};
+    let doc = fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/maps.md"))
+        .unwrap();
+    let rows: Vec<Vec<String>> = doc
+        .lines()
+        .filter(|l| l.starts_with("| `sl_"))
+        .map(|l| l.split('|').map(|c| c.trim().to_owned()).collect())
+        .collect();
+    assert_eq!(rows.len(), MAPS.len(), "one row per declared map");
+    let sizes = MapSizes::default();
+    for decl in &MAPS {
+        let row = rows
+            .iter()
+            .find(|r| r[1] == format!("`{}`", decl.name))
+            .unwrap_or_else(|| panic!("{} is not in docs/maps.md", decl.name));
+        let kind = match decl.kind {
+            MapKind::Hash => "hash",
+            MapKind::LruHash => "LRU hash",
+            MapKind::Array => "array",
+            MapKind::PerCpuArray => "per-CPU array",
+            MapKind::LpmTrie => "LPM trie",
+            MapKind::ProgArray => "program array",
+        };
+        assert!(row[2].starts_with(kind), "{}: type `{}`", decl.name, row[2]);
+        let capacity = match decl.capacity {
+            Capacity::Services => sizes.services,
+            Capacity::Backends => sizes.backends,
+            Capacity::Conntrack => sizes.conntrack,
+            Capacity::Affinity => sizes.affinity,
+            Capacity::Fixed(n) => n,
+        };
+        let shown: String = row[4]
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == ',')
+            .filter(|c| *c != ',')
+            .collect();
+        assert_eq!(shown, capacity.to_string(), "{}: default size", decl.name);
+    }
+}

@@ -42,25 +42,8 @@ pub const SOCKETS: &str = "sl_sock";
 /// `SockRevValue` (LRU).
 pub const SOCK_REV: &str = "sl_sockrev";
 
-/// Every map the agent pins, in the order it creates them.
-pub const ALL: [&str; 16] = [
-    CONFIG,
-    STATS,
-    BACKENDS,
-    SERVICES_V4,
-    CONNTRACK_V4,
-    SERVICES_V6,
-    CONNTRACK_V6,
-    AFFINITY_V4,
-    SOURCE_RANGES_V4,
-    SOCKETS,
-    SOCK_REV,
-    AFFINITY_V6,
-    SOURCE_RANGES_V6,
-    PROGS,
-    MAGLEV_V4,
-    MAGLEV_V6,
-];
+// Every pinned map, with its layout and capacity, is declared once in
+// `crate::abi::MAPS`.
 
 /// `sl_progs` index of the IPv6 half of `sl_ingress`.
 pub const PROG_INGRESS6: u32 = 0;

@@ -166,6 +166,25 @@ const _: () = assert!(same("sl_progs", names::PROGS));
 const _: () = assert!(same("sl_maglev4", names::MAGLEV_V4));
 const _: () = assert!(same("sl_maglev6", names::MAGLEV_V6));
 
+// Every pinned map above is in the declaration table (its layout is
+// checked against it by agent/tests/abi_lock.rs).
+const _: () = assert!(sluice_common::abi::declared(names::SERVICES_V4));
+const _: () = assert!(sluice_common::abi::declared(names::SERVICES_V6));
+const _: () = assert!(sluice_common::abi::declared(names::BACKENDS));
+const _: () = assert!(sluice_common::abi::declared(names::CONNTRACK_V4));
+const _: () = assert!(sluice_common::abi::declared(names::CONNTRACK_V6));
+const _: () = assert!(sluice_common::abi::declared(names::STATS));
+const _: () = assert!(sluice_common::abi::declared(names::CONFIG));
+const _: () = assert!(sluice_common::abi::declared(names::AFFINITY_V4));
+const _: () = assert!(sluice_common::abi::declared(names::AFFINITY_V6));
+const _: () = assert!(sluice_common::abi::declared(names::SOURCE_RANGES_V4));
+const _: () = assert!(sluice_common::abi::declared(names::SOURCE_RANGES_V6));
+const _: () = assert!(sluice_common::abi::declared(names::SOCKETS));
+const _: () = assert!(sluice_common::abi::declared(names::SOCK_REV));
+const _: () = assert!(sluice_common::abi::declared(names::PROGS));
+const _: () = assert!(sluice_common::abi::declared(names::MAGLEV_V4));
+const _: () = assert!(sluice_common::abi::declared(names::MAGLEV_V6));
+
 /// Adds one to a per-CPU counter.
 #[inline(always)]
 pub fn count(stat: Stat) {
