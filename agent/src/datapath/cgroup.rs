@@ -5,7 +5,7 @@
 
 use std::{
     fs, io,
-    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd},
     path::{Path, PathBuf},
 };
 
@@ -77,27 +77,10 @@ pub fn netns_cookie() -> io::Result<u64> {
     Ok(cookie)
 }
 
-/// `BPF_OBJ_GET`: opens the object pinned at `path`.
-fn obj_get(path: &Path) -> io::Result<OwnedFd> {
-    const BPF_OBJ_GET: libc::c_long = 7;
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let mut attr = [0u64; 16];
-    attr[0] = c.as_ptr() as u64;
-    // SAFETY: the bpf syscall reads `attr` (pathname, bpf_fd 0, flags 0)
-    // for BPF_OBJ_GET and returns a new fd we own.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, attr.as_mut_ptr(), 128u32) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd returned by the kernel.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
 /// `BPF_LINK_UPDATE`: swaps the program of the link pinned at `pin`.
 fn link_update(pin: &Path, program_fd: i32) -> io::Result<()> {
     const BPF_LINK_UPDATE: libc::c_long = 29;
-    let link = obj_get(pin)?;
+    let link = super::bpf::obj_get(pin)?;
     let mut attr = [0u32; 32];
     attr[0] = link.as_raw_fd() as u32; // link_fd
     attr[1] = program_fd as u32; // new_prog_fd

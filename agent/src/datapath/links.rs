@@ -9,6 +9,7 @@
 use std::{
     ffi::CString,
     fs, io,
+    os::fd::AsFd,
     path::{Path, PathBuf},
 };
 
@@ -186,10 +187,25 @@ pub fn attached_devices(root: &Path) -> Vec<String> {
     devices
 }
 
-/// Detaches `device` by removing its link pins (the pins hold the links).
+/// Detaches `device`: each of its pinned links is taken off its hook
+/// (`BPF_LINK_DETACH`, so that it goes even if another process holds the
+/// link open) and its pin removed. Only sluice's own links are touched:
+/// other programs on the device stay attached.
 pub fn detach_device(root: &Path, device: &str) -> Result<(), DatapathError> {
     for hook in Hook::ALL {
         let pin = pin_path(root, device, hook);
+        match super::bpf::obj_get(&pin) {
+            Ok(link) => {
+                if let Err(e) = super::bpf::link_detach(link.as_fd()) {
+                    // A link whose device is gone is already off its hook.
+                    warn!(device, pin = %pin.display(), error = %e, "cannot detach link, removing its pin");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                warn!(device, pin = %pin.display(), error = %e, "cannot open link pin, removing it")
+            }
+        }
         match fs::remove_file(&pin) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
                 return Err(DatapathError::Io {

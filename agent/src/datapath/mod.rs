@@ -2,6 +2,7 @@
 //! adopting pinned maps, attaching to devices, and the one writer of the
 //! maps.
 
+pub(crate) mod bpf;
 mod cgroup;
 mod error;
 mod links;
@@ -9,9 +10,10 @@ mod loader;
 mod maps;
 mod writer;
 
-pub use cgroup::{cgroup2_mount, netns_cookie};
+pub use cgroup::{cgroup2_mount, netns_cookie, PROGRAMS as CGROUP_PROGRAMS};
 pub use error::{DatapathError, WriteError};
 pub use links::{attached_devices, detach_device, Attached, Hook};
+pub(crate) use loader::{fs_type, BPF_FS_MAGIC};
 pub use loader::{Datapath, MapSizes};
 pub use maps::{read_map_state, Maps, ServiceKey};
 pub use writer::MapWriter;
