@@ -120,12 +120,17 @@ impl Agent {
     /// Starts `sluice agent --source <source>` in `topo`'s node namespace,
     /// attached to every pod device, with the topology's bpffs root.
     pub fn start(topo: &Topology, source: &str, extra: &[&str]) -> Result<Self> {
+        Self::start_on(topo, source, "c*,b*,e*,u*", extra)
+    }
+
+    /// Like `start`, attached to the devices matching `devices` only.
+    pub fn start_on(topo: &Topology, source: &str, devices: &str, extra: &[&str]) -> Result<Self> {
         let mut args: Vec<String> = vec![
             "agent".into(),
             "--source".into(),
             source.into(),
             "--devices".into(),
-            "c*,b*,e*,u*".into(),
+            devices.into(),
             "--bpf-root".into(),
             topo.bpf.path().display().to_string(),
             "--hostname-override".into(),
