@@ -124,3 +124,35 @@ fn a_deleted_device_is_detached_and_other_programs_stay() -> Result<()> {
     assert!(agent.log().contains("device gone, detaching"));
     Ok(())
 }
+
+#[test]
+fn a_device_renamed_while_the_agent_was_down_gets_its_own_links() -> Result<()> {
+    let topo = Topology::new(1, 2)?;
+    let (_servers, dir) = setup(&topo)?;
+    let mut agent = Agent::start(&topo, &format!("dir:{}", dir.path().display()), &[])?;
+    agent.wait_ready(READY)?;
+    agent.stop()?;
+
+    // b1 leaves the managed names, b0 takes its name: the pins named b1
+    // now hold links on zz1.
+    for (from, to) in [("b1", "zz1"), ("b0", "b1")] {
+        topo.node.ip(&["link", "set", from, "down"])?;
+        topo.node.ip(&["link", "set", from, "name", to])?;
+        topo.node.ip(&["link", "set", to, "up"])?;
+    }
+    assert_eq!(sluice_links(&topo, "zz1")?.len(), 2);
+
+    agent.restart(&topo.node)?;
+    agent.wait_ready(READY)?;
+    assert_eq!(
+        sluice_links(&topo, "zz1")?,
+        Vec::<u32>::new(),
+        "no sluice left on the device that is no longer managed"
+    );
+    wait_for("exactly sluice's two links on the new b1", || {
+        Ok(sluice_links(&topo, "b1")?.len() == 2)
+    })?;
+    let links = topo.bpf.path().join("links");
+    assert!(!links.join("b0_ingress").exists());
+    Ok(())
+}
