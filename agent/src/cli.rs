@@ -31,6 +31,18 @@ pub enum Command {
     Ct(CtCommand),
     /// Agent health, last sync, map fill and datapath counters.
     Status(StatusArgs),
+    /// Remove every trace of sluice from this node, for an uninstall.
+    ///
+    /// Detaches sluice's programs from the devices of this network namespace
+    /// and from the cgroup (`sl_ingress`, `sl_egress`, the socket programs),
+    /// pinned or not, and removes everything under --bpf-root (map and link
+    /// pins), which frees the maps and programs. Programs of other tools,
+    /// other network namespaces and other cgroups are left alone. Run as root
+    /// in the node's network namespace, after the agent has stopped (it
+    /// refuses while a process holds the datapath's maps, unless --force).
+    /// Idempotent: with nothing left it says so and exits 0. Without it, an
+    /// uninstalled node keeps forwarding on the last state it was given.
+    Cleanup(CleanupArgs),
 }
 
 /// Where Services and EndpointSlices come from.
@@ -246,6 +258,24 @@ pub struct StatusArgs {
         default_value = "http://127.0.0.1:10256/healthz"
     )]
     pub healthz_url: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CleanupArgs {
+    #[command(flatten)]
+    pub bpf: BpfRootArg,
+    /// The cgroup (v2) the agent attached socket-level balancing to, as its
+    /// --cgroup-root (default: the cgroup2 mount's root).
+    #[arg(long, env = "SLUICE_CGROUP_ROOT")]
+    pub cgroup_root: Option<PathBuf>,
+    /// Clean up even while a process (a running agent) holds the
+    /// datapath's maps; its programs are detached at once, and freed when
+    /// it exits.
+    #[arg(long)]
+    pub force: bool,
+    /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
 }

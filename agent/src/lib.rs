@@ -2,6 +2,7 @@
 //! out. See `docs/architecture.md`.
 
 pub mod admin;
+pub mod cleanup;
 pub mod cli;
 pub mod conntrack;
 pub mod datapath;

@@ -2,10 +2,26 @@ use std::{io::IsTerminal, process::ExitCode};
 
 use clap::Parser;
 use sluice::{
-    cli::{Cli, Command, CtCommand, LbCommand},
+    cleanup,
+    cli::{CleanupArgs, Cli, Command, CtCommand, LbCommand},
     inspect, run,
 };
 use tracing_subscriber::EnvFilter;
+
+/// `sluice cleanup`: prints what it removed.
+fn clean(args: &CleanupArgs) -> anyhow::Result<()> {
+    let report = cleanup::run(&cleanup::Options {
+        bpf_root: args.bpf.bpf_root.clone(),
+        cgroup_root: args.cgroup_root.clone(),
+        force: args.force,
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(())
+}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -22,6 +38,7 @@ async fn main() -> ExitCode {
         Command::Lb(LbCommand::List(args)) => inspect::lb_list(&args),
         Command::Ct(CtCommand::List(args)) => inspect::ct_list(&args),
         Command::Status(args) => inspect::status(&args),
+        Command::Cleanup(args) => clean(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -18,6 +18,8 @@ use crate::{netns::unique_name, topology::Topology, Netns};
 /// The node name agents in tests use.
 pub const NODE_NAME: &str = "node-1";
 const HEALTHZ: &str = "127.0.0.1:10256";
+/// The devices agents attach to unless a test says otherwise.
+const DEVICES: &str = "c*,b*,e*,u*";
 const METRICS: &str = "127.0.0.1:10249";
 
 /// Path of the `sluice` binary: `$SLUICE_AGENT_BIN` when set (`cargo xtask
@@ -125,17 +127,32 @@ impl Agent {
     /// Starts `sluice agent --source <source>` in `topo`'s node namespace,
     /// attached to every pod device, with the topology's bpffs root.
     pub fn start(topo: &Topology, source: &str, extra: &[&str]) -> Result<Self> {
-        Self::start_bin(&binary()?, topo, source, extra)
+        Self::start_on(topo, source, DEVICES, extra)
+    }
+
+    /// Like `start`, attached to the devices matching `devices` only.
+    pub fn start_on(topo: &Topology, source: &str, devices: &str, extra: &[&str]) -> Result<Self> {
+        Self::start_bin_on(&binary()?, topo, source, devices, extra)
     }
 
     /// `start` with another `sluice` binary (an earlier release's).
     pub fn start_bin(bin: &Path, topo: &Topology, source: &str, extra: &[&str]) -> Result<Self> {
+        Self::start_bin_on(bin, topo, source, DEVICES, extra)
+    }
+
+    fn start_bin_on(
+        bin: &Path,
+        topo: &Topology,
+        source: &str,
+        devices: &str,
+        extra: &[&str],
+    ) -> Result<Self> {
         let mut args: Vec<String> = vec![
             "agent".into(),
             "--source".into(),
             source.into(),
             "--devices".into(),
-            "c*,b*,e*,u*".into(),
+            devices.into(),
             "--bpf-root".into(),
             topo.bpf.path().display().to_string(),
             "--hostname-override".into(),

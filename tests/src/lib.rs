@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod apiserver;
 pub mod bench;
+pub mod bpf;
 pub mod build;
 pub mod clients;
 pub mod host;

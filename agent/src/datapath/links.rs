@@ -9,6 +9,7 @@
 use std::{
     ffi::CString,
     fs, io,
+    os::fd::AsFd,
     path::{Path, PathBuf},
 };
 
@@ -63,12 +64,29 @@ pub enum Attached {
     Replaced,
 }
 
-fn device_exists(device: &str) -> bool {
+fn ifindex(device: &str) -> u32 {
     let Ok(name) = CString::new(device) else {
-        return false;
+        return 0;
     };
     // SAFETY: valid NUL-terminated string.
-    unsafe { libc::if_nametoindex(name.as_ptr()) != 0 }
+    unsafe { libc::if_nametoindex(name.as_ptr()) }
+}
+
+fn device_exists(device: &str) -> bool {
+    ifindex(device) != 0
+}
+
+/// The ifindex of the device the link pinned at `pin` is attached to, when
+/// that is not `device` (a pin names a device, a link holds an ifindex:
+/// they disagree after a rename).
+fn pinned_elsewhere(pin: &Path, device: &str) -> Option<u32> {
+    let link = super::bpf::obj_get(pin).ok()?;
+    match super::bpf::link_info(link.as_fd()).ok()?.target {
+        super::bpf::LinkTarget::Tcx { ifindex: on, .. } if on != 0 && on != ifindex(device) => {
+            Some(on)
+        }
+        _ => None,
+    }
 }
 
 impl Datapath {
@@ -128,6 +146,11 @@ fn replace(program: &mut SchedClassifier, pin: &Path, device: &str) -> Result<bo
         device: device.to_owned(),
         source,
     };
+    if let Some(ifindex) = pinned_elsewhere(pin, device) {
+        warn!(device, pin = %pin.display(), ifindex, "pinned link is on another device (renamed?), detaching it and attaching afresh");
+        detach_pin(pin, device)?;
+        return Ok(false);
+    }
     let old = match PinnedLink::from_pin(pin) {
         Ok(old) => old,
         Err(LinkError::SyscallError(SyscallError { io_error, .. }))
@@ -189,19 +212,36 @@ pub fn attached_devices(root: &Path) -> Vec<String> {
     devices
 }
 
-/// Detaches `device` by removing its link pins (the pins hold the links).
+/// Detaches `device`: each of its pinned links is taken off its hook
+/// (`BPF_LINK_DETACH`, so that it goes even if another process holds the
+/// link open) and its pin removed. Only sluice's own links are touched:
+/// other programs on the device stay attached.
 pub fn detach_device(root: &Path, device: &str) -> Result<(), DatapathError> {
     for hook in Hook::ALL {
-        let pin = pin_path(root, device, hook);
-        match fs::remove_file(&pin) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                return Err(DatapathError::Io {
-                    path: pin,
-                    source: e,
-                })
-            }
-            _ => {}
-        }
+        detach_pin(&pin_path(root, device, hook), device)?;
     }
     Ok(())
+}
+
+/// Detaches the link pinned at `pin` and removes the pin.
+fn detach_pin(pin: &Path, device: &str) -> Result<(), DatapathError> {
+    match super::bpf::obj_get(pin) {
+        Ok(link) => {
+            if let Err(e) = super::bpf::link_detach(link.as_fd()) {
+                // A link whose device is gone is already off its hook.
+                warn!(device, pin = %pin.display(), error = %e, "cannot detach link, removing its pin");
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            warn!(device, pin = %pin.display(), error = %e, "cannot open link pin, removing it")
+        }
+    }
+    match fs::remove_file(pin) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(DatapathError::Io {
+            path: pin.to_owned(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
 }

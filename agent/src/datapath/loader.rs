@@ -44,7 +44,8 @@ pub struct Datapath {
     pub(super) migration: Migration,
 }
 
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// `statfs` magic of bpffs.
+pub(crate) const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 impl Datapath {
     /// Loads the programs, reusing the maps pinned under `root` (creating
@@ -170,7 +171,8 @@ fn prepare_root(root: &Path) -> Result<(), DatapathError> {
     })
 }
 
-fn fs_type(path: &Path) -> Result<i64, DatapathError> {
+/// The `statfs` filesystem magic of `path`.
+pub(crate) fn fs_type(path: &Path) -> Result<i64, DatapathError> {
     let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| DatapathError::Io {
         path: path.to_owned(),
         source: io::Error::from(io::ErrorKind::InvalidInput),

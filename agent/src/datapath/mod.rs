@@ -2,6 +2,7 @@
 //! adopting pinned maps, attaching to devices, and the one writer of the
 //! maps.
 
+pub(crate) mod bpf;
 mod btf;
 mod cgroup;
 mod convert;
@@ -15,11 +16,12 @@ pub mod migrate;
 mod sys;
 mod writer;
 
-pub use cgroup::{cgroup2_mount, netns_cookie};
+pub use cgroup::{cgroup2_mount, netns_cookie, PROGRAMS as CGROUP_PROGRAMS};
 pub use error::{DatapathError, WriteError};
 pub use fill::{map_fill, migration_state, MapFill};
 pub use layout::abi_lines;
 pub use links::{attached_devices, detach_device, Attached, Hook};
+pub(crate) use loader::{fs_type, BPF_FS_MAGIC};
 pub use loader::{Datapath, MapSizes};
 pub use maps::{read_map_state, Maps, ServiceKey};
 pub use writer::MapWriter;

@@ -1,18 +1,16 @@
-//! The raw `bpf(2)` commands aya 0.14 does not expose: byte-level map
+//! The raw `bpf(2)` map commands aya 0.14 does not expose: byte-level map
 //! access (a migration copies maps whose types it only knows from BTF),
-//! map and BTF info, pinning an fd, and swapping the program of a link.
+//! map and BTF info, and swapping the program of a link. Link and program
+//! queries (for `sluice cleanup`) are in `bpf.rs`.
 
 use std::{
-    ffi::CString,
     io,
     os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
-    path::Path,
 };
 
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
-const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_UPDATE: libc::c_long = 29;
@@ -34,23 +32,13 @@ fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> io::Result<i64> {
     }
 }
 
-fn path_cstring(path: &Path) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-}
-
 fn owned(fd: i64) -> OwnedFd {
     // SAFETY: a fresh fd the kernel just returned to us.
     unsafe { OwnedFd::from_raw_fd(fd as i32) }
 }
 
-/// `BPF_OBJ_GET`: opens the object pinned at `path`.
-pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
-    let c = path_cstring(path)?;
-    let mut attr = [0u64; 16];
-    attr[0] = c.as_ptr() as u64;
-    bpf(BPF_OBJ_GET, &mut attr).map(owned)
-}
+/// `BPF_OBJ_GET` (links and programs are in `bpf.rs`, which has it too).
+pub use super::bpf::obj_get;
 
 /// `BPF_LINK_UPDATE`: swaps the program of `link` (TCX, XDP and cgroup
 /// links alike) in one step.
