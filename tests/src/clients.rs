@@ -168,13 +168,18 @@ impl Prober {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop2 = stop.clone();
         let handle = ns.spawn(move || {
+            let begun = std::time::Instant::now();
             let (mut ok, mut failures) = (0u64, Vec::new());
             while !stop2.load(Ordering::Relaxed) {
                 let started = std::time::Instant::now();
                 match TcpStream::connect_timeout(&addr, TIMEOUT).and_then(hello) {
                     Ok(_) => ok += 1,
                     Err(e) => {
-                        failures.push(format!("after {ok} ok: {e} ({:?})", started.elapsed()))
+                        failures.push(format!(
+                            "after {ok} ok, {:?} into the loop: {e} ({:?})",
+                            started.duration_since(begun),
+                            started.elapsed()
+                        ))
                     }
                 }
                 std::thread::sleep(every);

@@ -38,6 +38,7 @@ fn upgrade_and_rollback_across_an_abi_change_keep_every_flow() -> Result<()> {
     let mut agent = Agent::start_bin(&v010, &topo, &source, &[])?;
     agent.wait_ready(READY).context("0.1.0 starts")?;
     let mut flows = Flows::open(&topo, &dir, servers)?;
+    let begun = std::time::Instant::now();
     flows.check("0.1.0", &topo, &dir, &agent)?;
 
     let steps = [
@@ -48,6 +49,7 @@ fn upgrade_and_rollback_across_an_abi_change_keep_every_flow() -> Result<()> {
     ];
     for (step, bin, migrates) in steps {
         let migrations = agent.log().matches("migration finished").count();
+        eprintln!("{:?} into the connect loops: {step}", begun.elapsed());
         agent.replace(&topo.node, bin, &[])?;
         agent
             .wait_ready(READY)

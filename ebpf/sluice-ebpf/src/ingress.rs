@@ -32,7 +32,7 @@ use crate::{
     maps::{self, count, AFFINITY_V4, CONNTRACK_V4},
     nat::{self, Side},
     reject,
-    select::{candidates, judge, Pick, Tracked},
+    select::{candidates, judge, orphan_snat_segment, Pick, Tracked},
     snat,
 };
 
@@ -106,6 +106,10 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
                 Tracked::Reselect => reselected = true,
             }
         }
+    }
+    if !reselected && orphan_snat_segment(flow.proto, flow.tcp_flags, master) {
+        count(Stat::SnatFailed);
+        return Ok(Verdict::Drop);
     }
     new_flow(ctx, &flow, master, now, reselected, &config)
 }

@@ -35,7 +35,7 @@ use crate::{
     maps::{self, count, Scratch6, AFFINITY_V6, CONNTRACK_V6},
     nat::Side,
     nat6, reject6,
-    select::{candidates, judge, Pick, Tracked},
+    select::{candidates, judge, orphan_snat_segment, Pick, Tracked},
     snat6,
 };
 
@@ -124,6 +124,10 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
                 Tracked::Reselect => reselected = true,
             }
         }
+    }
+    if !reselected && orphan_snat_segment(s.flow.proto, s.flow.tcp_flags, master) {
+        count(Stat::SnatFailed);
+        return Ok(Verdict::Drop);
     }
     Ok(new_flow(skb, s, master, reselected))
 }

@@ -3,9 +3,17 @@
 //! `ingress.rs` (IPv4) and `ingress6.rs` (IPv6) share these so that
 //! graceful termination follows one set of rules.
 
-use sluice_common::{service::SVC_F_DROP_EMPTY, Backend, BackendState, SvcValue, IPPROTO_UDP};
+use sluice_common::{
+    service::{SVC_F_DROP_EMPTY, SVC_F_SNAT},
+    Backend, BackendState, SvcValue, IPPROTO_TCP, IPPROTO_UDP,
+};
 
-use crate::{flow::Flow4, flow6::Flow6, maps};
+use crate::{
+    flow::Flow4,
+    flow6::Flow6,
+    headers::{TCP_ACK, TCP_SYN},
+    maps,
+};
 
 pub enum Tracked {
     /// Keep sending the flow to this backend.
@@ -98,4 +106,18 @@ pub fn candidates(master: &SvcValue) -> Pick {
     } else {
         Pick::Reject
     }
+}
+
+/// A TCP segment other than an opening SYN, with no conntrack entry, to a
+/// frontend that SNATs. Picking it up as a new flow would give it a fresh
+/// SNAT port: a connection its backend never opened, which the backend
+/// resets, and an entry that would shadow the real one. So it is dropped
+/// (counted as `snat_failed`): if the flow's entry is being carried over
+/// by an upgrade, the retransmission finds it; if it was lost, the
+/// connection could not have survived anyway.
+#[inline(always)]
+pub fn orphan_snat_segment(proto: u8, tcp_flags: u8, master: &SvcValue) -> bool {
+    proto == IPPROTO_TCP
+        && !(tcp_flags & TCP_SYN != 0 && tcp_flags & TCP_ACK == 0)
+        && master.flags & SVC_F_SNAT != 0
 }
