@@ -174,13 +174,11 @@ impl Prober {
                 let started = std::time::Instant::now();
                 match TcpStream::connect_timeout(&addr, TIMEOUT).and_then(hello) {
                     Ok(_) => ok += 1,
-                    Err(e) => {
-                        failures.push(format!(
-                            "after {ok} ok, {:?} into the loop: {e} ({:?})",
-                            started.duration_since(begun),
-                            started.elapsed()
-                        ))
-                    }
+                    Err(e) => failures.push(format!(
+                        "after {ok} ok, {:?} into the loop: {e} ({:?})",
+                        started.duration_since(begun),
+                        started.elapsed()
+                    )),
                 }
                 std::thread::sleep(every);
             }

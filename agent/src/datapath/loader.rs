@@ -3,6 +3,7 @@
 use std::{
     ffi::CString,
     fs, io, mem,
+    os::fd::AsFd,
     os::unix::ffi::OsStrExt,
     path::{Path, PathBuf},
 };
@@ -80,6 +81,15 @@ impl Datapath {
         load_ipv6_halves(&mut ebpf)?;
         super::cgroup::load(&mut ebpf)?;
         migration.copy()?;
+        if migration.pending() {
+            let name = names::HANDOVER;
+            match ebpf.map(name) {
+                Some(aya::maps::Map::ProgramArray(data)) => {
+                    migration.hand_over(data.fd().as_fd())?;
+                }
+                _ => return Err(DatapathError::MissingMap(name)),
+            }
+        }
         let maps = Maps::take(&mut ebpf)?;
         Ok((
             Self {

@@ -28,7 +28,7 @@
 
 use std::{
     fs, io,
-    os::fd::{AsFd, BorrowedFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
 };
 
@@ -68,6 +68,9 @@ pub struct Migration {
     /// Maps replaced when an interrupted migration was finished at start:
     /// links not swapped yet may still write to them.
     leftovers: Vec<(&'static str, OwnedFd)>,
+    /// This generation's `sl_handover`, while it holds the previous
+    /// generation's programs.
+    handover: Option<OwnedFd>,
     cache: BtfCache,
 }
 
@@ -121,6 +124,7 @@ impl Migration {
             root: root.to_owned(),
             staged,
             leftovers,
+            handover: None,
             cache,
         })
     }
@@ -176,12 +180,89 @@ impl Migration {
         Ok(())
     }
 
+    /// Before the swap, when conntrack moves to a new map: puts the
+    /// previous generation's TC programs (found through the pinned device
+    /// links) into this generation's `sl_handover`, so that while both run
+    /// and until the late entries are copied, a packet whose flow only the
+    /// old conntrack knows is handed to the old program instead of being
+    /// taken for a new flow.
+    pub fn hand_over(&mut self, handover: BorrowedFd<'_>) -> Result<(), DatapathError> {
+        let conntrack = [names::CONNTRACK_V4, names::CONNTRACK_V6];
+        if !self.staged.iter().any(|(d, _)| conntrack.contains(&d.name)) {
+            return Ok(());
+        }
+        let links = self.root.join(super::LINKS_DIR);
+        let pins: Vec<PathBuf> = fs::read_dir(&links)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        let mut installed = 0;
+        for (suffix, index) in [
+            ("_ingress", names::HANDOVER_INGRESS),
+            ("_egress", names::HANDOVER_EGRESS),
+        ] {
+            let old = pins.iter().find_map(|pin| {
+                let name = pin.file_name()?.to_str()?;
+                if !name.ends_with(suffix) {
+                    return None;
+                }
+                let link = super::bpf::obj_get(pin).ok()?;
+                let info = super::bpf::link_info(link.as_fd()).ok()?;
+                sys::prog_by_id(info.prog_id).ok()
+            });
+            let Some(old) = old else { continue };
+            let fd = old.as_raw_fd() as u32;
+            sys::map_update(handover, &index.to_ne_bytes(), &fd.to_ne_bytes(), sys::ANY)
+                .map_err(io_err(&links))?;
+            installed += 1;
+        }
+        if installed > 0 {
+            self.handover = Some(handover.try_clone_to_owned().map_err(io_err(&links))?);
+            info!(
+                programs = installed,
+                "previous generation standing by for flows only its conntrack knows"
+            );
+        }
+        Ok(())
+    }
+
     /// Step 5, once every link runs this agent's programs.
     pub fn finish(&mut self) -> Result<(), DatapathError> {
         if !self.pending() {
             return Ok(());
         }
         failpoint("migrate-swapped");
+        self.copy_late()?;
+        if let Some(handover) = self.handover.take() {
+            // From now on this generation decides alone; what the old one
+            // created meanwhile is copied by a second pass.
+            for index in [names::HANDOVER_INGRESS, names::HANDOVER_EGRESS] {
+                sys::map_delete(handover.as_fd(), &index.to_ne_bytes())
+                    .map_err(io_err(&self.root))?;
+            }
+            self.copy_late()?;
+        }
+        self.leftovers.clear();
+        let dir = self.root.join(MIGRATE_DIR);
+        for (i, (decl, _)) in self.staged.iter().enumerate() {
+            let staged = dir.join(decl.name);
+            let pin = self.root.join(decl.name);
+            fs::rename(&staged, &pin).map_err(io_err(&staged))?;
+            if i == 0 {
+                failpoint("migrate-promoted-one");
+            }
+        }
+        remove_migrate_dir(&dir)?;
+        info!(maps = ?self.staged().collect::<Vec<_>>(), abi = ABI_VERSION, "migration finished");
+        self.staged.clear();
+        Ok(())
+    }
+
+    /// Copies the entries the previous generation created since the bulk
+    /// copy (insert-only: never over what this generation wrote).
+    fn copy_late(&mut self) -> Result<(), DatapathError> {
         for (decl, _) in self.staged.clone() {
             if decl.carry == Carry::Fresh || !insertable(decl) {
                 continue;
@@ -228,19 +309,8 @@ impl Migration {
                 entries = late.entries,
                 "copied entries of an interrupted migration's old generation"
             );
+            self.leftovers.push((name, old));
         }
-        let dir = self.root.join(MIGRATE_DIR);
-        for (i, (decl, _)) in self.staged.iter().enumerate() {
-            let staged = dir.join(decl.name);
-            let pin = self.root.join(decl.name);
-            fs::rename(&staged, &pin).map_err(io_err(&staged))?;
-            if i == 0 {
-                failpoint("migrate-promoted-one");
-            }
-        }
-        remove_migrate_dir(&dir)?;
-        info!(maps = ?self.staged().collect::<Vec<_>>(), abi = ABI_VERSION, "migration finished");
-        self.staged.clear();
         Ok(())
     }
 }

@@ -9,6 +9,8 @@ use std::{
 };
 
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
@@ -154,6 +156,24 @@ pub fn map_update(fd: BorrowedFd<'_>, key: &[u8], value: &[u8], flags: u64) -> i
     attr[2] = value.as_ptr() as u64;
     attr[3] = flags;
     bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
+}
+
+/// `BPF_MAP_DELETE_ELEM`; absent keys are fine.
+pub fn map_delete(fd: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
+    let mut attr = [0u64; 16];
+    attr[0] = fd.as_raw_fd() as u32 as u64;
+    attr[1] = key.as_ptr() as u64;
+    match bpf(BPF_MAP_DELETE_ELEM, &mut attr) {
+        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// `BPF_PROG_GET_FD_BY_ID`.
+pub fn prog_by_id(id: u32) -> io::Result<OwnedFd> {
+    let mut attr = [0u64; 16];
+    attr[0] = id as u64;
+    bpf(BPF_PROG_GET_FD_BY_ID, &mut attr).map(owned)
 }
 
 /// CPUs the kernel may run on: per-CPU map values hold one slot each.

@@ -45,6 +45,18 @@ pub const SOCK_REV: &str = "sl_sockrev";
 // Every pinned map, with its layout and capacity, is declared once in
 // `crate::abi::MAPS`.
 
+/// The previous program generation during an upgrade that migrates
+/// conntrack (`HANDOVER_*` index -> program), not pinned: an IPv4 packet
+/// whose flow the new generation's conntrack does not know (yet) is handed
+/// to the old generation's program, which does. Empty otherwise.
+pub const HANDOVER: &str = "sl_handover";
+/// `sl_handover` index of the previous generation's `sl_ingress`.
+pub const HANDOVER_INGRESS: u32 = 0;
+/// `sl_handover` index of the previous generation's `sl_egress`.
+pub const HANDOVER_EGRESS: u32 = 1;
+/// Entries of `sl_handover`.
+pub const HANDOVER_MAX: u32 = 2;
+
 /// `sl_progs` index of the IPv6 half of `sl_ingress`.
 pub const PROG_INGRESS6: u32 = 0;
 /// `sl_progs` index of the IPv6 half of `sl_egress`.

@@ -26,7 +26,8 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         Parsed::Fragment | Parsed::Other => return Ok(Verdict::Next),
     };
     let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) else {
-        return Ok(Verdict::Next);
+        // During an upgrade's handover the old generation may know it.
+        return Ok(Verdict::HandOver);
     };
     // SAFETY: pointer from a successful lookup; fields copied at once.
     let (kind, flags, frontend, port) = unsafe {

@@ -15,6 +15,10 @@ pub enum Verdict {
     Drop,
     /// The packet was redirected with `bpf_redirect`.
     Redirect,
+    /// No conntrack entry knows the packet's flow: during an upgrade's
+    /// handover, the entry point hands it to the previous program
+    /// generation (`maps::hand_over`); otherwise it carries on (`Next`).
+    HandOver,
 }
 
 impl Verdict {
@@ -24,6 +28,7 @@ impl Verdict {
             Verdict::Next => TC_ACT_UNSPEC,
             Verdict::Drop => TC_ACT_SHOT,
             Verdict::Redirect => TC_ACT_REDIRECT,
+            Verdict::HandOver => TC_ACT_UNSPEC,
         }
     }
 }

@@ -63,6 +63,14 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         }
     }
     let Some(master) = maps::service(&Svc4Key::new(flow.dst, flow.dport, flow.proto, 0)) else {
+        if flow.dport >= config.snat_port_min
+            && flow.dport <= config.snat_port_max
+            && config.snat_port_min != 0
+        {
+            // Maybe the reply of an SNATed flow that only the previous
+            // generation knows, during an upgrade's handover.
+            return Ok(Verdict::HandOver);
+        }
         return Ok(Verdict::Next);
     };
     // SAFETY: plain helper call.

@@ -52,7 +52,7 @@ use aya_ebpf::{
 };
 
 use sluice_common::{
-    maps::{PROG_EGRESS6, PROG_INGRESS6},
+    maps::{HANDOVER_EGRESS, HANDOVER_INGRESS, PROG_EGRESS6, PROG_INGRESS6},
     Stat,
 };
 
@@ -70,7 +70,10 @@ pub fn sl_ingress(ctx: TcContext) -> i32 {
     if flow::ether_type(&ctx) == Some(ETH_P_IPV6) {
         return jump(&ctx, PROG_INGRESS6);
     }
-    settle(ingress::handle(&ctx)).code()
+    match ingress::handle(&ctx) {
+        Ok(Verdict::HandOver) => hand_over(&ctx, HANDOVER_INGRESS),
+        other => settle(other).code(),
+    }
 }
 
 #[classifier]
@@ -78,7 +81,10 @@ pub fn sl_egress(ctx: TcContext) -> i32 {
     if flow::ether_type(&ctx) == Some(ETH_P_IPV6) {
         return jump(&ctx, PROG_EGRESS6);
     }
-    settle(egress::handle(&ctx)).code()
+    match egress::handle(&ctx) {
+        Ok(Verdict::HandOver) => hand_over(&ctx, HANDOVER_EGRESS),
+        other => settle(other).code(),
+    }
 }
 
 /// Entered only by tail call from `sl_ingress` (never attached).
@@ -96,6 +102,14 @@ pub fn sl_egress6(ctx: TcContext) -> i32 {
 /// Tail-calls the IPv6 half at `index`. Returns only if the slot is empty
 /// (the agent fills it before attaching anything): the packet then passes
 /// untouched, counted.
+/// During an upgrade's handover, to the previous generation's program;
+/// otherwise (no program there) the packet carries on.
+#[inline(always)]
+fn hand_over(ctx: &TcContext, index: u32) -> i32 {
+    crate::maps::hand_over(ctx, index);
+    Verdict::Next.code()
+}
+
 #[inline(always)]
 fn jump(ctx: &TcContext, index: u32) -> i32 {
     // SAFETY: the target is a TC program over the same context; on

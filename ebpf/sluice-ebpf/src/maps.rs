@@ -11,7 +11,7 @@ use sluice_common::{
     maps as names,
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX,
-        MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX, SOURCE_RANGES_MAX,
+        HANDOVER_MAX, MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX, SOURCE_RANGES_MAX,
     },
     stats::STAT_COUNT,
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry,
@@ -64,6 +64,21 @@ pub static SOURCE_RANGES_V6: LpmTrie<SrcRange6, u8, { SOURCE_RANGES_MAX as usize
 /// the kernel empties a program array when its last user reference goes.
 #[btf_map(name = "sl_progs")]
 pub static PROGS: ProgramArray<{ PROGS_MAX as usize }> = ProgramArray::new();
+
+/// The previous program generation while an upgrade hands over
+/// (`sluice_common::maps::HANDOVER_*`); empty otherwise.
+#[btf_map(name = "sl_handover")]
+pub static HANDOVER: ProgramArray<{ HANDOVER_MAX as usize }> = ProgramArray::new();
+
+/// Hands the packet to the previous program generation, which may know
+/// its flow, while an upgrade that migrates conntrack is finishing. Returns
+/// (and the caller carries on) when no handover is in progress.
+#[inline(always)]
+pub fn hand_over(ctx: &aya_ebpf::programs::TcContext, index: u32) {
+    // SAFETY: the target is a TC program over the same context; on
+    // success control never comes back here.
+    let _ = unsafe { HANDOVER.tail_call(ctx, index) };
+}
 
 #[btf_map(name = "sl_maglev4")]
 pub static MAGLEV_V4: HashMap<Svc4Key, MaglevTable, { MAGLEV_MAX as usize }, NO_PREALLOC> =
