@@ -360,7 +360,7 @@ impl Sync {
                 self.metrics
                     .map_fill
                     .get_or_create(&MapLabel {
-                        map: "sl_ct4".into(),
+                        map: sluice_common::maps::CONNTRACK_V4.into(),
                     })
                     .set(scan.entries as f64 / f64::from(self.config.sizes.conntrack.max(1)));
                 for e in &scan.errors {
@@ -382,11 +382,11 @@ impl Sync {
         self.metrics.draining.set(self.reconciler.draining() as i64);
         let fill = [
             (
-                "sl_svc4",
+                sluice_common::maps::SERVICES_V4,
                 programmed.service_entries() as f64 / f64::from(self.config.sizes.services.max(1)),
             ),
             (
-                "sl_backends",
+                sluice_common::maps::BACKENDS,
                 programmed.backends.len() as f64 / f64::from(self.config.sizes.backends.max(1)),
             ),
         ];

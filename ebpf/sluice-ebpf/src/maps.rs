@@ -77,7 +77,7 @@ pub static HANDOVER: ProgramArray<{ HANDOVER_MAX as usize }> = ProgramArray::new
 pub fn hand_over(ctx: &aya_ebpf::programs::TcContext, index: u32) {
     // SAFETY: the target is a TC program over the same context; on
     // success control never comes back here.
-    let _ = unsafe { HANDOVER.tail_call(ctx, index) };
+    unsafe { HANDOVER.tail_call(ctx, index) };
 }
 
 #[btf_map(name = "sl_maglev4")]
