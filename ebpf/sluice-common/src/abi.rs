@@ -232,7 +232,8 @@ pub fn find(name: &str) -> Option<&'static MapDecl> {
     None
 }
 
-const fn same(a: &str, b: &str) -> bool {
+/// String equality usable in `const` assertions.
+pub const fn same(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
     if a.len() != b.len() {
         return false;

@@ -150,20 +150,7 @@ pub fn scratch() -> Option<&'static mut Scratch> {
 }
 
 // The literal names above must be the ABI's names.
-const fn same(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
+use sluice_common::abi::same;
 const _: () = assert!(same("sl_svc4", names::SERVICES_V4));
 const _: () = assert!(same("sl_backends", names::BACKENDS));
 const _: () = assert!(same("sl_ct4", names::CONNTRACK_V4));
