@@ -299,3 +299,87 @@ fn dual_stack_load_balancer_with_cluster_policy_serves_ipv6_end_to_end() -> Resu
     );
     Ok(())
 }
+
+/// Issue 13, class 7, on the wire: an IPv4-only NodePort service on a
+/// dual-stack node leaves the node's IPv6 port alone, so an IPv6 client of
+/// that port reaches whatever listens there on the node (here a process of
+/// the node's own), not a RST from a frontend without backends; the IPv4
+/// node port is served.
+#[test]
+fn an_ipv4_only_node_port_leaves_the_nodes_ipv6_port_alone() -> Result<()> {
+    let mut topo = Topology::new(0, 1)?;
+    topo.add_external()?;
+    topo.wait_ipv6_ready()?;
+    let b = &topo.backends[0];
+    let _server = servers::tcp_whoami(&b.ns, 8080, &b.name)?;
+    let _node_listener = servers::tcp_whoami6(&topo.node, 30082, "node-process")?;
+    let (node4, node6) = (topo.node_address(0), topo.node_address6(0));
+    let dir = ManifestDir::create()?;
+    dir.write(
+        "np.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Node
+metadata:
+  name: node-1
+status:
+  addresses:
+  - type: InternalIP
+    address: {node4}
+  - type: InternalIP
+    address: {node6}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: v4only
+  namespace: default
+spec:
+  type: NodePort
+  clusterIP: 10.96.5.9
+  clusterIPs: [10.96.5.9]
+  ipFamilies: [IPv4]
+  ports:
+  - name: http
+    protocol: TCP
+    port: 80
+    targetPort: 8080
+    nodePort: 30082
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: v4only-1
+  namespace: default
+  labels:
+    kubernetes.io/service-name: v4only
+addressType: IPv4
+ports:
+- name: http
+  protocol: TCP
+  port: 8080
+endpoints:
+- addresses: ["{ip}"]
+  nodeName: node-1
+  conditions: {{ready: true}}
+"#,
+            ip = b.ip
+        ),
+    )?;
+    let mut agent = Agent::start(&topo, &format!("dir:{}", dir.path().display()), &[])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    let list = agent.cli(&["lb", "list"])?;
+    ensure!(
+        !list.contains(&format!("[{node6}]:30082")),
+        "no IPv6 frontend for an IPv4-only service:\n{list}"
+    );
+    let e0 = &topo.externals[0];
+    let v4 = whoami(&e0.ns, SocketAddrV4::new(node4, 30082))?;
+    ensure!(v4.starts_with("backend-0"), "IPv4 node port served: {v4}");
+    let v6 = whoami6(&e0.ns, SocketAddrV6::new(node6, 30082, 0, 0))?;
+    ensure!(
+        v6.starts_with("node-process"),
+        "the node's own IPv6 listener answers, not sluice: {v6}"
+    );
+    Ok(())
+}

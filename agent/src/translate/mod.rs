@@ -190,11 +190,50 @@ pub fn translate_service(
         }
     }
     let slice_refs: Vec<&SliceInfo> = own_slices.iter().map(|(_, s)| *s).collect();
+    // Frontends exist only in the families the Service has (its cluster
+    // IPs carry them; the API server fills `spec.ipFamilies` to match), as
+    // kube-proxy programs each family's proxier only for services of that
+    // family: an IPv4-only NodePort leaves the node's IPv6 port alone.
+    let families: std::collections::BTreeSet<AddressFamily> = svc
+        .cluster_ips
+        .iter()
+        .map(|a| AddressFamily::of(*a))
+        .collect();
+    let of_service_family = |list: &[IpAddr]| -> Vec<IpAddr> {
+        list.iter()
+            .filter(|a| families.contains(&AddressFamily::of(**a)))
+            .copied()
+            .collect()
+    };
+    let (external, load_balancer) = {
+        let (e, l) = (
+            of_service_family(&external),
+            of_service_family(&load_balancer),
+        );
+        let foreign: Vec<IpAddr> = external
+            .iter()
+            .chain(&load_balancer)
+            .filter(|a| !families.contains(&AddressFamily::of(**a)))
+            .copied()
+            .collect();
+        if !foreign.is_empty() {
+            out.problems.push(Problem::new(
+                object.clone(),
+                ProblemReason::InvalidAddress,
+                format!(
+                    "address(es) of a family the service does not have get no frontend: {}",
+                    join(&foreign)
+                ),
+            ));
+        }
+        (e, l)
+    };
+    let node = of_service_family(&ctx.node_addrs);
     let addrs = Addresses {
         cluster: &cluster,
         external: &external,
         load_balancer: &load_balancer,
-        node: &ctx.node_addrs,
+        node: &node,
     };
     let zone = ctx.zone.as_deref();
     let mut seen: std::collections::BTreeSet<ServicePortName> = std::collections::BTreeSet::new();

@@ -1049,3 +1049,77 @@ fn trimmed_objects_are_small() {
         + slice_heap;
     assert!(total < 1024, "{total} bytes");
 }
+
+/// Issue 13, class 7: frontends only in the families the Service has.
+fn family_case(cluster_ips: &[&str], node_addrs: &[(&str, &str)]) -> Vec<(String, FrontendKind)> {
+    let mut svc = mk_service(
+        "default",
+        "np",
+        cluster_ips[0],
+        &[node_port("http", "TCP", 80, 30080)],
+    );
+    let spec = spec_mut(&mut svc);
+    spec.type_ = Some("NodePort".into());
+    spec.cluster_ips = Some(cluster_ips.iter().map(|s| (*s).to_owned()).collect());
+    let node = mk_node(NODE, None, node_addrs);
+    let t = run_with(
+        &[svc],
+        &[],
+        Some(&node),
+        &TranslateConfig {
+            ipv6: true,
+            ..cfg()
+        },
+    );
+    keys(&t, &tcp("np", "http"))
+}
+
+#[test]
+fn an_ipv4_only_node_port_gets_no_ipv6_frontend() {
+    let dual_node = [("InternalIP", "192.168.1.10"), ("InternalIP", "fd00:1::10")];
+    assert_eq!(
+        family_case(&["10.96.0.7"], &dual_node),
+        vec![
+            ("10.96.0.7:80/TCP".into(), FrontendKind::ClusterIp),
+            ("192.168.1.10:30080/TCP".into(), FrontendKind::NodePort),
+        ]
+    );
+    assert_eq!(
+        family_case(&["fd00:96::7"], &dual_node),
+        vec![
+            ("[fd00:1::10]:30080/TCP".into(), FrontendKind::NodePort),
+            ("[fd00:96::7]:80/TCP".into(), FrontendKind::ClusterIp),
+        ]
+    );
+    assert_eq!(
+        family_case(&["10.96.0.7", "fd00:96::7"], &dual_node).len(),
+        4,
+        "a dual-stack service gets both families"
+    );
+}
+
+#[test]
+fn external_addresses_of_a_family_the_service_lacks_get_no_frontend() {
+    let mut svc = mk_service("default", "ext", "10.96.0.8", &[port("http", "TCP", 80)]);
+    spec_mut(&mut svc).external_ips = Some(vec!["198.51.100.8".into(), "2001:db8::8".into()]);
+    let t = run_with(
+        &[svc],
+        &[],
+        None,
+        &TranslateConfig {
+            ipv6: true,
+            ..cfg()
+        },
+    );
+    assert_eq!(
+        keys(&t, &tcp("ext", "http")),
+        vec![
+            ("10.96.0.8:80/TCP".into(), FrontendKind::ClusterIp),
+            ("198.51.100.8:80/TCP".into(), FrontendKind::ExternalIp),
+        ]
+    );
+    assert_eq!(
+        reasons(&t),
+        vec![("Service default/ext".into(), ProblemReason::InvalidAddress)]
+    );
+}
