@@ -71,6 +71,8 @@ pub struct Migration {
     /// This generation's `sl_handover`, while it holds the previous
     /// generation's programs.
     handover: Option<OwnedFd>,
+    /// The handover of an interrupted migration (see `Recovered`).
+    inherited: Option<(OwnedFd, Vec<(u32, u32)>)>,
     cache: BtfCache,
 }
 
@@ -93,7 +95,10 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> DatapathError + '_ {
 impl Migration {
     /// Recovers from an interrupted migration, then plans this one.
     pub fn begin(root: &Path, sizes: &MapSizes, object: &[u8]) -> Result<Self, DatapathError> {
-        let leftovers = recover(root)?;
+        let Recovered {
+            replaced: leftovers,
+            handover: inherited,
+        } = recover(root)?;
         let defs = layout::object_maps(object).map_err(DatapathError::Btf)?;
         let mut cache = BtfCache::default();
         let mut staged = Vec::new();
@@ -125,13 +130,14 @@ impl Migration {
             staged,
             leftovers,
             handover: None,
+            inherited,
             cache,
         })
     }
 
     /// Whether `finish` has work to do.
     pub fn pending(&self) -> bool {
-        !self.staged.is_empty() || !self.leftovers.is_empty()
+        !self.staged.is_empty() || !self.leftovers.is_empty() || self.inherited.is_some()
     }
 
     /// The maps being migrated.
@@ -187,44 +193,71 @@ impl Migration {
     /// old conntrack knows is handed to the old program instead of being
     /// taken for a new flow.
     pub fn hand_over(&mut self, handover: BorrowedFd<'_>) -> Result<(), DatapathError> {
+        let links = self.root.join(super::LINKS_DIR);
+        let mut old: Vec<(u32, OwnedFd)> = Vec::new();
         let conntrack = [names::CONNTRACK_V4, names::CONNTRACK_V6];
-        if !self.staged.iter().any(|(d, _)| conntrack.contains(&d.name)) {
+        let inherited = self
+            .inherited
+            .as_ref()
+            .is_some_and(|(_, progs)| !progs.is_empty());
+        let moves_now = self.staged.iter().any(|(d, _)| conntrack.contains(&d.name));
+        let left_over = self.leftovers.iter().any(|(n, _)| conntrack.contains(n));
+        if moves_now || (left_over && !inherited) {
+            // Conntrack moves now, or an interrupted migration moved it
+            // before any handover: the flows the new map lacks belong to
+            // the programs in the links.
+            let pins: Vec<PathBuf> = fs::read_dir(&links)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .collect();
+            for (suffix, index) in [
+                ("_ingress", names::HANDOVER_INGRESS),
+                ("_egress", names::HANDOVER_EGRESS),
+            ] {
+                let prog = pins.iter().find_map(|pin| {
+                    let name = pin.file_name()?.to_str()?;
+                    if !name.ends_with(suffix) {
+                        return None;
+                    }
+                    let link = super::bpf::obj_get(pin).ok()?;
+                    let info = super::bpf::link_info(link.as_fd()).ok()?;
+                    sys::prog_by_id(info.prog_id).ok()
+                });
+                if let Some(prog) = prog {
+                    old.push((index, prog));
+                }
+            }
+        } else if let Some((_, progs)) = &self.inherited {
+            // Finishing an interrupted migration: the flows only the old
+            // conntrack knows belong to the generation its handover held.
+            for (index, id) in progs {
+                if let Ok(fd) = sys::prog_by_id(*id) {
+                    old.push((*index, fd));
+                }
+            }
+        }
+        if old.is_empty() {
             return Ok(());
         }
-        let links = self.root.join(super::LINKS_DIR);
-        let pins: Vec<PathBuf> = fs::read_dir(&links)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .collect();
-        let mut installed = 0;
-        for (suffix, index) in [
-            ("_ingress", names::HANDOVER_INGRESS),
-            ("_egress", names::HANDOVER_EGRESS),
-        ] {
-            let old = pins.iter().find_map(|pin| {
-                let name = pin.file_name()?.to_str()?;
-                if !name.ends_with(suffix) {
-                    return None;
-                }
-                let link = super::bpf::obj_get(pin).ok()?;
-                let info = super::bpf::link_info(link.as_fd()).ok()?;
-                sys::prog_by_id(info.prog_id).ok()
-            });
-            let Some(old) = old else { continue };
-            let fd = old.as_raw_fd() as u32;
+        for (index, prog) in &old {
+            let fd = prog.as_raw_fd() as u32;
             sys::map_update(handover, &index.to_ne_bytes(), &fd.to_ne_bytes(), sys::ANY)
                 .map_err(io_err(&links))?;
-            installed += 1;
         }
-        if installed > 0 {
-            self.handover = Some(handover.try_clone_to_owned().map_err(io_err(&links))?);
-            info!(
-                programs = installed,
-                "previous generation standing by for flows only its conntrack knows"
-            );
-        }
+        // Pinned with the staging, so that it outlives a crash of this
+        // agent: the kernel empties a program array nobody holds.
+        let dir = self.root.join(MIGRATE_DIR);
+        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let pin = dir.join(names::HANDOVER);
+        let _ = fs::remove_file(&pin);
+        sys::obj_pin(handover, &pin).map_err(io_err(&pin))?;
+        self.handover = Some(handover.try_clone_to_owned().map_err(io_err(&links))?);
+        info!(
+            programs = old.len(),
+            "previous generation standing by for flows only its conntrack knows"
+        );
         Ok(())
     }
 
@@ -245,6 +278,7 @@ impl Migration {
             self.copy_late()?;
         }
         self.leftovers.clear();
+        self.inherited = None;
         let dir = self.root.join(MIGRATE_DIR);
         for (i, (decl, _)) in self.staged.iter().enumerate() {
             let staged = dir.join(decl.name);
@@ -337,17 +371,40 @@ fn remove_migrate_dir(dir: &Path) -> Result<(), DatapathError> {
 
 /// Finishes or undoes a migration a previous agent left. Returns the maps
 /// it replaced, still open.
-fn recover(root: &Path) -> Result<Vec<(&'static str, OwnedFd)>, DatapathError> {
+/// What an interrupted migration leaves to finish.
+#[derive(Default)]
+struct Recovered {
+    /// Maps its staged maps replaced, still open.
+    replaced: Vec<(&'static str, OwnedFd)>,
+    /// Its handover array, kept open so that the programs it holds stay
+    /// reachable, and the ids of those programs (the generation whose
+    /// conntrack is in `replaced`).
+    handover: Option<(OwnedFd, Vec<(u32, u32)>)>,
+}
+
+fn recover(root: &Path) -> Result<Recovered, DatapathError> {
     let dir = root.join(MIGRATE_DIR);
     if !dir.exists() {
-        return Ok(Vec::new());
+        return Ok(Recovered::default());
     }
     if !dir.join(COMMITTED).exists() {
         warn!(dir = %dir.display(), "discarding a migration interrupted before its commit point (no link used it)");
         fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
-        return Ok(Vec::new());
+        return Ok(Recovered::default());
     }
     warn!(dir = %dir.display(), "finishing a migration interrupted after its commit point");
+    let mut recovered = Recovered::default();
+    let handover = dir.join(names::HANDOVER);
+    if let Ok(fd) = sys::obj_get(&handover) {
+        let mut progs = Vec::new();
+        for index in [names::HANDOVER_INGRESS, names::HANDOVER_EGRESS] {
+            let mut id = [0u8; 4];
+            if sys::map_lookup(fd.as_fd(), &index.to_ne_bytes(), &mut id).unwrap_or(false) {
+                progs.push((index, u32::from_ne_bytes(id)));
+            }
+        }
+        recovered.handover = Some((fd, progs));
+    }
     let mut replaced = Vec::new();
     for decl in &MAPS {
         let staged = dir.join(decl.name);
@@ -361,7 +418,8 @@ fn recover(root: &Path) -> Result<Vec<(&'static str, OwnedFd)>, DatapathError> {
         fs::rename(&staged, &pin).map_err(io_err(&staged))?;
     }
     remove_migrate_dir(&dir)?;
-    Ok(replaced)
+    recovered.replaced = replaced;
+    Ok(recovered)
 }
 
 /// Sets `abi_version` in a converted `sl_config` value.

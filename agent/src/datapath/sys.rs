@@ -13,6 +13,7 @@ const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_UPDATE: libc::c_long = 29;
@@ -41,6 +42,16 @@ fn owned(fd: i64) -> OwnedFd {
 
 /// `BPF_OBJ_GET` (links and programs are in `bpf.rs`, which has it too).
 pub use super::bpf::obj_get;
+
+/// `BPF_OBJ_PIN`: pins `fd` at `path`.
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &std::path::Path) -> io::Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut attr = [0u64; 16];
+    attr[0] = c.as_ptr() as u64;
+    attr[1] = fd.as_raw_fd() as u32 as u64;
+    bpf(BPF_OBJ_PIN, &mut attr).map(drop)
+}
 
 /// `BPF_LINK_UPDATE`: swaps the program of `link` (TCX, XDP and cgroup
 /// links alike) in one step.
