@@ -3,7 +3,8 @@
 //! following kube-proxy's rules (see `endpoints` for where they differ).
 //!
 //! - `objects`: the trimmed types and their validation.
-//! - `endpoints`: merging slices, traffic policies, topology hints.
+//! - `endpoints`: merging slices, traffic policies.
+//! - `topology`: node and zone hints (topology-aware routing).
 //! - `frontends`: the frontends of a service port.
 //! - `problems`: what is reported instead of failing.
 
@@ -11,6 +12,7 @@ mod endpoints;
 mod frontends;
 mod objects;
 mod problems;
+mod topology;
 
 #[cfg(test)]
 mod builders;
@@ -22,8 +24,8 @@ use std::{collections::BTreeMap, net::IpAddr};
 use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
 
 pub use objects::{
-    AddressFamily, Conditions, IpNet, NodeInfo, ObjectKey, PortInfo, ServiceInfo, ServiceType,
-    SliceEndpoint, SliceInfo, SlicePort, DEFAULT_AFFINITY_TIMEOUT, DEFAULT_NAMESPACE,
+    AddressFamily, Conditions, IpFamilies, IpNet, NodeInfo, ObjectKey, PortInfo, ServiceInfo,
+    ServiceType, SliceEndpoint, SliceInfo, SlicePort, DEFAULT_AFFINITY_TIMEOUT, DEFAULT_NAMESPACE,
     LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, LABEL_TOPOLOGY_ZONE,
     MAX_AFFINITY_TIMEOUT,
 };
@@ -196,7 +198,10 @@ pub fn translate_service(
         load_balancer: &load_balancer,
         node: &ctx.node_addrs,
     };
-    let zone = ctx.zone.as_deref();
+    let here = topology::Locality {
+        node_name: &config.node_name,
+        zone: ctx.zone.as_deref(),
+    };
     let mut seen: std::collections::BTreeSet<ServicePortName> = std::collections::BTreeSet::new();
     let mut local_ready: std::collections::BTreeSet<IpAddr> = std::collections::BTreeSet::new();
     for port in &svc.ports {
@@ -214,7 +219,7 @@ pub fn translate_service(
                 .filter(|c| c.local && c.conditions.state() == crate::model::BackendState::Active)
                 .map(|c| c.endpoint.addr),
         );
-        let list = frontends::frontends(svc, port, &addrs, &candidates, zone);
+        let list = frontends::frontends(svc, port, &addrs, &candidates, here);
         if list.is_empty() {
             continue;
         }
