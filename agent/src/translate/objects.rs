@@ -272,7 +272,9 @@ pub struct ServiceInfo {
     pub ports: Vec<PortInfo>,
     /// `internalTrafficPolicy: Local`.
     pub internal_traffic_local: bool,
-    /// `externalTrafficPolicy: Local`.
+    /// `externalTrafficPolicy: Local` on a NodePort or LoadBalancer
+    /// service. Like kube-proxy (ExternalPolicyLocal), other types ignore
+    /// the field: their external IPs use policy Cluster.
     pub external_traffic_local: bool,
     /// `sessionAffinity: ClientIP` with its timeout in seconds.
     pub session_affinity_timeout: Option<u32>,
@@ -359,7 +361,7 @@ impl ServiceInfo {
             spec.external_traffic_policy.as_deref(),
             "externalTrafficPolicy",
             &mut problems,
-        );
+        ) && service_type.has_node_ports();
         let session_affinity_timeout = session_affinity(spec, &mut problems);
         let maglev = lb_algorithm(meta, &mut problems);
 
@@ -1335,6 +1337,12 @@ mod tests {
             });
         let info = ServiceInfo::from_service(&aff).unwrap().unwrap();
         assert_eq!(info.session_affinity_timeout, Some(60));
+
+        // externalTrafficPolicy means nothing on a ClusterIP service.
+        let mut cip = mk_service("default", "cip", "10.96.0.7", &[port("", "TCP", 80)]);
+        spec_mut(&mut cip).external_traffic_policy = Some("Local".into());
+        let info = ServiceInfo::from_service(&cip).unwrap().unwrap();
+        assert!(!info.external_traffic_local);
     }
 
     #[test]
