@@ -17,6 +17,8 @@ mod topology;
 #[cfg(test)]
 mod builders;
 #[cfg(test)]
+mod kube_proxy_cases;
+#[cfg(test)]
 mod tests;
 
 use std::{collections::BTreeMap, net::IpAddr};
