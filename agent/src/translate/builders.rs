@@ -9,7 +9,8 @@ use k8s_openapi::{
             ServicePort, ServiceSpec, ServiceStatus,
         },
         discovery::v1::{
-            Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForZone,
+            Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForNode,
+            ForZone,
         },
     },
     apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
@@ -164,16 +165,44 @@ pub fn with_conditions(
     e
 }
 
+/// Sets `hints.forZones`, keeping node hints.
 pub fn set_zone_hints(e: &mut Endpoint, zones: &[&str]) {
-    e.hints = Some(EndpointHints {
-        for_zones: Some(
-            zones
-                .iter()
-                .map(|z| ForZone { name: (*z).into() })
-                .collect(),
-        ),
-        ..Default::default()
-    });
+    e.hints.get_or_insert_with(EndpointHints::default).for_zones = Some(
+        zones
+            .iter()
+            .map(|z| ForZone { name: (*z).into() })
+            .collect(),
+    );
+}
+
+/// Sets `hints.forNodes`, keeping zone hints.
+pub fn set_node_hints(e: &mut Endpoint, nodes: &[&str]) {
+    e.hints.get_or_insert_with(EndpointHints::default).for_nodes = Some(
+        nodes
+            .iter()
+            .map(|n| ForNode { name: (*n).into() })
+            .collect(),
+    );
+}
+
+pub fn node_hinted(mut e: Endpoint, nodes: &[&str]) -> Endpoint {
+    set_node_hints(&mut e, nodes);
+    e
+}
+
+/// Sets `spec.ipFamilies` (and, when several, `ipFamilyPolicy`
+/// RequireDualStack).
+pub fn set_ip_families(svc: &mut Service, families: &[&str]) {
+    let spec = spec_mut(svc);
+    spec.ip_families = Some(families.iter().map(|f| (*f).into()).collect());
+    spec.ip_family_policy = Some(
+        if families.len() > 1 {
+            "RequireDualStack"
+        } else {
+            "SingleStack"
+        }
+        .into(),
+    );
 }
 
 pub fn hinted(mut e: Endpoint, zones: &[&str]) -> Endpoint {

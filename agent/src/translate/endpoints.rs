@@ -11,7 +11,10 @@
 
 use std::collections::BTreeMap;
 
-use super::objects::{AddressFamily, Conditions, SliceInfo};
+use super::{
+    objects::{AddressFamily, Conditions, SliceInfo},
+    topology::{available, topology_mode, Locality},
+};
 use crate::model::{DesiredBackend, Endpoint, Proto, WhenEmpty};
 
 /// One endpoint of one service port, merged across slices.
@@ -22,6 +25,7 @@ pub(super) struct Candidate<'a> {
     /// On this node.
     pub local: bool,
     pub zone_hints: &'a [String],
+    pub node_hints: &'a [String],
 }
 
 impl Candidate<'_> {
@@ -69,6 +73,7 @@ pub(super) fn collect<'a>(
                 conditions: e.conditions,
                 local: !node_name.is_empty() && e.node_name.as_deref() == Some(node_name),
                 zone_hints: &e.zone_hints,
+                node_hints: &e.node_hints,
             };
             match merged.get_mut(&cand.endpoint) {
                 None => {
@@ -84,33 +89,11 @@ pub(super) fn collect<'a>(
     merged.into_values().collect()
 }
 
-/// Whether cluster-policy traffic on this node keeps to endpoints hinted
-/// for its zone: when every ready endpoint has zone hints and at least one
-/// is hinted for this node's zone (kube-proxy's topologyModeFromHints; the
-/// hints themselves are the switch: the EndpointSlice controller sets them
-/// only for services that ask, by `trafficDistribution: PreferClose` or
-/// the topology-mode annotations).
-pub(super) fn use_zone_hints(cands: &[&Candidate<'_>], zone: Option<&str>) -> bool {
-    let Some(zone) = zone.filter(|z| !z.is_empty()) else {
-        return false;
-    };
-    let mut any_ready = false;
-    let mut for_zone = false;
-    for c in cands.iter().filter(|c| c.conditions.ready) {
-        any_ready = true;
-        if c.zone_hints.is_empty() {
-            return false;
-        }
-        for_zone |= c.zone_hints.iter().any(|z| z == zone);
-    }
-    any_ready && for_zone
-}
-
 /// The backend lists of one service port for one address family.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Selection {
     /// For cluster traffic policy: every endpoint, except ready ones not
-    /// hinted for this zone when zone hints apply.
+    /// hinted for this node (or its zone) when topology hints apply.
     pub cluster: Vec<DesiredBackend>,
     /// For local traffic policy: the endpoints on this node.
     pub local: Vec<DesiredBackend>,
@@ -121,21 +104,20 @@ pub(super) struct Selection {
 }
 
 impl Selection {
-    pub fn new(all: &[Candidate<'_>], family: AddressFamily, zone: Option<&str>) -> Self {
+    pub fn new(all: &[Candidate<'_>], family: AddressFamily, here: Locality<'_>) -> Self {
         let cands: Vec<&Candidate<'_>> = all
             .iter()
             .filter(|c| AddressFamily::of(c.endpoint.addr) == family)
             .collect();
-        let zone_hints = use_zone_hints(&cands, zone);
-        let in_zone = |c: &Candidate<'_>| {
-            !zone_hints
-                || !c.conditions.ready
-                || c.zone_hints.iter().any(|z| Some(z.as_str()) == zone)
-        };
+        let mode = topology_mode(&cands, here);
+        // Endpoints that are not ready are kept whatever their hints: they
+        // are picked only when nothing is ready, and kube-proxy ignores
+        // topology then.
+        let for_cluster = |c: &Candidate<'_>| !c.conditions.ready || available(c, mode, here);
         Self {
             cluster: cands
                 .iter()
-                .filter(|c| in_zone(c))
+                .filter(|c| for_cluster(c))
                 .map(|c| c.backend())
                 .collect(),
             local: cands
@@ -172,9 +154,13 @@ mod tests {
     use super::*;
     use crate::{
         model::BackendState,
-        translate::{builders::*, objects::SliceInfo},
+        translate::{builders::*, objects::SliceInfo, topology::TopologyMode},
     };
     use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+    fn nowhere() -> Locality<'static> {
+        Locality::default()
+    }
 
     fn info(s: &EndpointSlice) -> SliceInfo {
         SliceInfo::from_slice(s).unwrap().unwrap()
@@ -329,11 +315,16 @@ mod tests {
         ));
         let all = collect(&[&s], "", Proto::Tcp, "", false);
         let refs: Vec<&Candidate<'_>> = all.iter().collect();
-        assert!(use_zone_hints(&refs, Some("a")));
-        assert!(!use_zone_hints(&refs, Some("c")));
-        assert!(!use_zone_hints(&refs, None));
-        assert!(!use_zone_hints(&refs, Some("")));
-        let sel = Selection::new(&all, AddressFamily::V4, Some("a"));
+        let in_zone = |zone| Locality {
+            node_name: "n1",
+            zone,
+        };
+        let mode = |zone| topology_mode(&refs, in_zone(zone));
+        assert_eq!(mode(Some("a")), TopologyMode::SameZone);
+        assert_eq!(mode(Some("c")), TopologyMode::Everywhere);
+        assert_eq!(mode(None), TopologyMode::Everywhere);
+        assert_eq!(mode(Some("")), TopologyMode::Everywhere);
+        let sel = Selection::new(&all, AddressFamily::V4, in_zone(Some("a")));
         let got: Vec<(String, BackendState)> = sel
             .cluster
             .iter()
@@ -358,7 +349,7 @@ mod tests {
             vec![ep_on("10.0.0.1", "n2")],
         ));
         let all = collect(&[&remote], "", Proto::Tcp, "n1", false);
-        let sel = Selection::new(&all, AddressFamily::V4, None);
+        let sel = Selection::new(&all, AddressFamily::V4, nowhere());
         assert_eq!(sel.for_policy(true), (vec![], WhenEmpty::Drop));
         assert_eq!(sel.for_policy(false).1, WhenEmpty::Reject);
         assert_eq!(sel.for_policy(false).0.len(), 1);
@@ -377,7 +368,7 @@ mod tests {
             )],
         ));
         let all = collect(&[&nr], "", Proto::Tcp, "n1", false);
-        let sel = Selection::new(&all, AddressFamily::V4, None);
+        let sel = Selection::new(&all, AddressFamily::V4, nowhere());
         assert_eq!(sel.for_policy(true), (vec![], WhenEmpty::Reject));
 
         // A local terminating-serving endpoint is usable.
@@ -392,7 +383,7 @@ mod tests {
             ],
         ));
         let all = collect(&[&ts], "", Proto::Tcp, "n1", false);
-        let sel = Selection::new(&all, AddressFamily::V4, None);
+        let sel = Selection::new(&all, AddressFamily::V4, nowhere());
         let (backends, when_empty) = sel.for_policy(true);
         assert_eq!(when_empty, WhenEmpty::Reject);
         assert_eq!(backends.len(), 1);

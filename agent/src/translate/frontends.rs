@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use super::{
     endpoints::{Candidate, Selection},
     objects::{AddressFamily, PortInfo, ServiceInfo},
+    topology::Locality,
 };
 use crate::model::{Frontend, FrontendKey, FrontendKind};
 
@@ -15,7 +16,8 @@ pub(super) struct Addresses<'a> {
     pub cluster: &'a [IpAddr],
     pub external: &'a [IpAddr],
     pub load_balancer: &'a [IpAddr],
-    /// This node's addresses, for node ports.
+    /// This node's addresses, for node ports (every family: each service
+    /// uses those of its own families).
     pub node: &'a [IpAddr],
 }
 
@@ -32,7 +34,7 @@ pub(super) fn frontends(
     port: &PortInfo,
     addrs: &Addresses<'_>,
     candidates: &[Candidate<'_>],
-    zone: Option<&str>,
+    here: Locality<'_>,
 ) -> Vec<Frontend> {
     let mut wanted: Vec<(IpAddr, u16, FrontendKind)> = Vec::new();
     let mut add = |list: &[IpAddr], port: u16, kind: FrontendKind| {
@@ -42,7 +44,15 @@ pub(super) fn frontends(
     add(addrs.external, port.port, FrontendKind::ExternalIp);
     add(addrs.load_balancer, port.port, FrontendKind::LoadBalancer);
     if let (true, Some(np)) = (wants_node_ports(svc, port), port.node_port) {
-        add(addrs.node, np, FrontendKind::NodePort);
+        // Only the service's own families: kube-proxy leaves a node port
+        // of another family alone (no rule, the packet is not a service's).
+        let own: Vec<IpAddr> = addrs
+            .node
+            .iter()
+            .copied()
+            .filter(|a| svc.ip_families.contains(AddressFamily::of(*a)))
+            .collect();
+        add(&own, np, FrontendKind::NodePort);
     }
 
     let mut v4: Option<Selection> = None;
@@ -55,7 +65,7 @@ pub(super) fn frontends(
                 AddressFamily::V4 => &mut v4,
                 AddressFamily::V6 => &mut v6,
             };
-            let selection = slot.get_or_insert_with(|| Selection::new(candidates, family, zone));
+            let selection = slot.get_or_insert_with(|| Selection::new(candidates, family, here));
             let local = match kind {
                 FrontendKind::ClusterIp => svc.internal_traffic_local,
                 FrontendKind::NodePort | FrontendKind::LoadBalancer | FrontendKind::ExternalIp => {

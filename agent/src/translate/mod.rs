@@ -3,7 +3,8 @@
 //! following kube-proxy's rules (see `endpoints` for where they differ).
 //!
 //! - `objects`: the trimmed types and their validation.
-//! - `endpoints`: merging slices, traffic policies, topology hints.
+//! - `endpoints`: merging slices, traffic policies.
+//! - `topology`: node and zone hints (topology-aware routing).
 //! - `frontends`: the frontends of a service port.
 //! - `problems`: what is reported instead of failing.
 
@@ -11,9 +12,12 @@ mod endpoints;
 mod frontends;
 mod objects;
 mod problems;
+mod topology;
 
 #[cfg(test)]
 mod builders;
+#[cfg(test)]
+mod kube_proxy_cases;
 #[cfg(test)]
 mod tests;
 
@@ -22,8 +26,8 @@ use std::{collections::BTreeMap, net::IpAddr};
 use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
 
 pub use objects::{
-    AddressFamily, Conditions, IpNet, NodeInfo, ObjectKey, PortInfo, ServiceInfo, ServiceType,
-    SliceEndpoint, SliceInfo, SlicePort, DEFAULT_AFFINITY_TIMEOUT, DEFAULT_NAMESPACE,
+    AddressFamily, Conditions, IpFamilies, IpNet, NodeInfo, ObjectKey, PortInfo, ServiceInfo,
+    ServiceType, SliceEndpoint, SliceInfo, SlicePort, DEFAULT_AFFINITY_TIMEOUT, DEFAULT_NAMESPACE,
     LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, LABEL_TOPOLOGY_ZONE,
     MAX_AFFINITY_TIMEOUT,
 };
@@ -190,52 +194,16 @@ pub fn translate_service(
         }
     }
     let slice_refs: Vec<&SliceInfo> = own_slices.iter().map(|(_, s)| *s).collect();
-    // Frontends exist only in the families the Service has (its cluster
-    // IPs carry them; the API server fills `spec.ipFamilies` to match), as
-    // kube-proxy programs each family's proxier only for services of that
-    // family: an IPv4-only NodePort leaves the node's IPv6 port alone.
-    let families: std::collections::BTreeSet<AddressFamily> = svc
-        .cluster_ips
-        .iter()
-        .map(|a| AddressFamily::of(*a))
-        .collect();
-    let of_service_family = |list: &[IpAddr]| -> Vec<IpAddr> {
-        list.iter()
-            .filter(|a| families.contains(&AddressFamily::of(**a)))
-            .copied()
-            .collect()
-    };
-    let (external, load_balancer) = {
-        let (e, l) = (
-            of_service_family(&external),
-            of_service_family(&load_balancer),
-        );
-        let foreign: Vec<IpAddr> = external
-            .iter()
-            .chain(&load_balancer)
-            .filter(|a| !families.contains(&AddressFamily::of(**a)))
-            .copied()
-            .collect();
-        if !foreign.is_empty() {
-            out.problems.push(Problem::new(
-                object.clone(),
-                ProblemReason::InvalidAddress,
-                format!(
-                    "address(es) of a family the service does not have get no frontend: {}",
-                    join(&foreign)
-                ),
-            ));
-        }
-        (e, l)
-    };
-    let node = of_service_family(&ctx.node_addrs);
     let addrs = Addresses {
         cluster: &cluster,
         external: &external,
         load_balancer: &load_balancer,
-        node: &node,
+        node: &ctx.node_addrs,
     };
-    let zone = ctx.zone.as_deref();
+    let here = topology::Locality {
+        node_name: &config.node_name,
+        zone: ctx.zone.as_deref(),
+    };
     let mut seen: std::collections::BTreeSet<ServicePortName> = std::collections::BTreeSet::new();
     let mut local_ready: std::collections::BTreeSet<IpAddr> = std::collections::BTreeSet::new();
     for port in &svc.ports {
@@ -253,7 +221,7 @@ pub fn translate_service(
                 .filter(|c| c.local && c.conditions.state() == crate::model::BackendState::Active)
                 .map(|c| c.endpoint.addr),
         );
-        let list = frontends::frontends(svc, port, &addrs, &candidates, zone);
+        let list = frontends::frontends(svc, port, &addrs, &candidates, here);
         if list.is_empty() {
             continue;
         }

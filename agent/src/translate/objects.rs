@@ -259,15 +259,22 @@ impl PortInfo {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceInfo {
     pub service_type: ServiceType,
-    /// `spec.clusterIPs` (or `spec.clusterIP`), every family.
+    /// `spec.clusterIPs` (or `spec.clusterIP`) of the service's families.
     pub cluster_ips: Vec<IpAddr>,
+    /// The families the service is served in: no frontend of another
+    /// family exists (see `IpFamilies`).
+    pub ip_families: IpFamilies,
+    /// `spec.externalIPs` of the service's families.
     pub external_ips: Vec<IpAddr>,
-    /// `status.loadBalancer.ingress[].ip` of VIP-mode ingresses.
+    /// `status.loadBalancer.ingress[].ip` of VIP-mode ingresses, of the
+    /// service's families.
     pub load_balancer_ips: Vec<IpAddr>,
     pub ports: Vec<PortInfo>,
     /// `internalTrafficPolicy: Local`.
     pub internal_traffic_local: bool,
-    /// `externalTrafficPolicy: Local`.
+    /// `externalTrafficPolicy: Local` on a NodePort or LoadBalancer
+    /// service. Like kube-proxy (ExternalPolicyLocal), other types ignore
+    /// the field: their external IPs use policy Cluster.
     pub external_traffic_local: bool,
     /// `sessionAffinity: ClientIP` with its timeout in seconds.
     pub session_affinity_timeout: Option<u32>,
@@ -326,14 +333,23 @@ impl ServiceInfo {
             Some(_) => {}
         }
         let cluster_ips = parse_ips(&raw_cluster_ips, "cluster IP(s)", &mut problems);
+        let (ip_families, cluster_ips) = service_families(spec, cluster_ips, &mut problems);
         let raw_external: Vec<&str> = spec
             .external_ips
             .iter()
             .flatten()
             .map(String::as_str)
             .collect();
-        let external_ips = parse_ips(&raw_external, "external IP(s)", &mut problems);
-        let load_balancer_ips = load_balancer_ips(svc, &mut problems);
+        let external_ips = ip_families.keep(
+            parse_ips(&raw_external, "external IP(s)", &mut problems),
+            "external IP(s)",
+            &mut problems,
+        );
+        let load_balancer_ips = ip_families.keep(
+            load_balancer_ips(svc, &mut problems),
+            "load balancer ingress IP(s)",
+            &mut problems,
+        );
         let ports = parse_ports(spec, &mut problems);
 
         let internal_traffic_local = traffic_policy(
@@ -345,7 +361,7 @@ impl ServiceInfo {
             spec.external_traffic_policy.as_deref(),
             "externalTrafficPolicy",
             &mut problems,
-        );
+        ) && service_type.has_node_ports();
         let session_affinity_timeout = session_affinity(spec, &mut problems);
         let maglev = lb_algorithm(meta, &mut problems);
 
@@ -380,6 +396,7 @@ impl ServiceInfo {
         Ok(Some(Self {
             service_type,
             cluster_ips,
+            ip_families,
             external_ips,
             load_balancer_ips,
             ports,
@@ -395,6 +412,47 @@ impl ServiceInfo {
             problems: problems.into_vec(),
         }))
     }
+}
+
+/// The service's families and its cluster IPs of those families.
+/// `spec.ipFamilies` names them; a family listed without a cluster IP of
+/// it is not served (kube-proxy's GetClusterIPByFamily finds no cluster
+/// IP), a cluster IP of an unlisted family is reported and left out.
+/// Without `ipFamilies` (or with no value sluice knows), the families of
+/// the cluster IPs, as the API server would default the field. With no
+/// usable cluster IP at all (reported already), the declared families,
+/// or both: the rest of the service is kept.
+fn service_families(
+    spec: &ServiceSpec,
+    cluster_ips: Vec<IpAddr>,
+    problems: &mut Problems,
+) -> (IpFamilies, Vec<IpAddr>) {
+    let mut declared = IpFamilies::default();
+    let mut unknown = Vec::new();
+    for f in spec.ip_families.iter().flatten() {
+        match f.as_str() {
+            "IPv4" => declared.v4 = true,
+            "IPv6" => declared.v6 = true,
+            other => unknown.push(other.to_owned()),
+        }
+    }
+    problems.push_many(
+        ProblemReason::InvalidValue,
+        "ipFamilies entr(y/ies)",
+        &unknown,
+    );
+    let (kept, fallback) = if declared.is_empty() {
+        (cluster_ips, IpFamilies::BOTH)
+    } else {
+        (
+            declared.keep(cluster_ips, "cluster IP(s)", problems),
+            declared,
+        )
+    };
+    let families = Some(IpFamilies::of(&kept))
+        .filter(|f| !f.is_empty())
+        .unwrap_or(fallback);
+    (families, kept)
 }
 
 /// Parses addresses, reporting the bad ones together; order kept,
@@ -600,6 +658,55 @@ impl AddressFamily {
     }
 }
 
+/// The address families a service is served in. kube-proxy runs one
+/// proxier per family and proxies a service in a family only when the
+/// service has a cluster IP of it: an IPv4-only service gets no IPv6 node
+/// port, external IP or load-balancer rule, and IPv6 packets to its node
+/// port are left alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct IpFamilies {
+    pub v4: bool,
+    pub v6: bool,
+}
+
+impl IpFamilies {
+    pub const BOTH: Self = Self { v4: true, v6: true };
+
+    /// The families of `addrs`.
+    pub fn of(addrs: &[IpAddr]) -> Self {
+        Self {
+            v4: addrs.iter().any(IpAddr::is_ipv4),
+            v6: addrs.iter().any(IpAddr::is_ipv6),
+        }
+    }
+
+    pub fn contains(self, family: AddressFamily) -> bool {
+        match family {
+            AddressFamily::V4 => self.v4,
+            AddressFamily::V6 => self.v6,
+        }
+    }
+
+    pub fn is_empty(self) -> bool {
+        !self.v4 && !self.v6
+    }
+
+    /// The addresses of these families, in order; the others reported
+    /// together as `what`.
+    fn keep(self, addrs: Vec<IpAddr>, what: &str, problems: &mut Problems) -> Vec<IpAddr> {
+        let (kept, stray): (Vec<IpAddr>, Vec<IpAddr>) = addrs
+            .into_iter()
+            .partition(|a| self.contains(AddressFamily::of(*a)));
+        let stray: Vec<String> = stray.iter().map(ToString::to_string).collect();
+        problems.push_many(
+            ProblemReason::InvalidAddress,
+            &format!("{what} of a family the service does not have (ipFamilies)"),
+            &stray,
+        );
+        kept
+    }
+}
+
 /// An endpoint's conditions as kube-proxy reads them (nil `ready` and
 /// `serving` mean true, nil `terminating` means false, as the API
 /// documents).
@@ -659,6 +766,9 @@ pub struct SliceEndpoint {
     pub node_name: Option<String>,
     /// `hints.forZones[].name`, sorted.
     pub zone_hints: Vec<String>,
+    /// `hints.forNodes[].name`, sorted (written for services with
+    /// `trafficDistribution: PreferSameNode`).
+    pub node_hints: Vec<String>,
 }
 
 /// What sluice needs of an EndpointSlice.
@@ -797,21 +907,34 @@ fn endpoint(ep: &K8sEndpoint, family: AddressFamily) -> Result<SliceEndpoint, En
     if AddressFamily::of(addr) != family {
         return Err(EndpointError::WrongFamily(raw.clone()));
     }
-    let mut zone_hints: Vec<String> = ep
-        .hints
-        .iter()
-        .flat_map(|h| h.for_zones.iter().flatten())
-        .map(|z| z.name.clone())
-        .filter(|z| !z.is_empty())
-        .collect();
-    zone_hints.sort();
-    zone_hints.dedup();
+    let hints = ep.hints.as_ref();
+    let zone_hints = sorted_names(
+        hints
+            .into_iter()
+            .flat_map(|h| h.for_zones.iter().flatten())
+            .map(|z| &z.name),
+    );
+    let node_hints = sorted_names(
+        hints
+            .into_iter()
+            .flat_map(|h| h.for_nodes.iter().flatten())
+            .map(|n| &n.name),
+    );
     Ok(SliceEndpoint {
         addr,
         conditions: Conditions::from_k8s(ep.conditions.as_ref()),
         node_name: ep.node_name.clone().filter(|n| !n.is_empty()),
         zone_hints,
+        node_hints,
     })
+}
+
+/// Hint names, sorted, without duplicates and empty names.
+fn sorted_names<'a>(names: impl Iterator<Item = &'a String>) -> Vec<String> {
+    let mut out: Vec<String> = names.filter(|n| !n.is_empty()).cloned().collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// What sluice needs of its own Node.
@@ -956,6 +1079,54 @@ mod tests {
         assert!(info.problems.is_empty());
         assert!(info.allocate_load_balancer_node_ports);
         assert_eq!(info.session_affinity_timeout, None);
+    }
+
+    #[test]
+    fn service_ip_families() {
+        let trim = |families: Option<&[&str]>, cluster_ips: &[&str]| {
+            let mut svc = mk_service("default", "web", cluster_ips[0], &[port("", "TCP", 80)]);
+            spec_mut(&mut svc).cluster_ips =
+                Some(cluster_ips.iter().map(|s| (*s).into()).collect());
+            if let Some(f) = families {
+                set_ip_families(&mut svc, f);
+            }
+            ServiceInfo::from_service(&svc).unwrap().unwrap()
+        };
+        let v4 = IpFamilies {
+            v4: true,
+            v6: false,
+        };
+        let v6 = IpFamilies {
+            v4: false,
+            v6: true,
+        };
+        assert_eq!(trim(Some(&["IPv4"]), &["10.96.0.1"]).ip_families, v4);
+        assert_eq!(trim(Some(&["IPv6"]), &["fd00::1"]).ip_families, v6);
+        assert_eq!(
+            trim(Some(&["IPv6", "IPv4"]), &["fd00::1", "10.96.0.1"]).ip_families,
+            IpFamilies::BOTH
+        );
+        // No ipFamilies: what the cluster IPs say.
+        assert_eq!(trim(None, &["10.96.0.1"]).ip_families, v4);
+        assert_eq!(trim(None, &["fd00::1"]).ip_families, v6);
+        assert_eq!(
+            trim(None, &["10.96.0.1", "fd00::1"]).ip_families,
+            IpFamilies::BOTH
+        );
+        // A family listed without its cluster IP is not served.
+        let info = trim(Some(&["IPv4", "IPv6"]), &["10.96.0.1"]);
+        assert_eq!(info.ip_families, v4);
+        assert!(info.problems.is_empty());
+        // A cluster IP of an unlisted family is reported and left out.
+        let info = trim(Some(&["IPv4"]), &["10.96.0.1", "fd00::1"]);
+        assert_eq!(info.ip_families, v4);
+        assert_eq!(info.cluster_ips, vec![ip("10.96.0.1")]);
+        assert_eq!(info.problems.len(), 1);
+        assert_eq!(info.problems[0].reason, ProblemReason::InvalidAddress);
+        // An unknown family is reported; the cluster IPs decide.
+        let info = trim(Some(&["IPv5"]), &["10.96.0.1"]);
+        assert_eq!(info.ip_families, v4);
+        assert_eq!(info.problems[0].reason, ProblemReason::InvalidValue);
     }
 
     #[test]
@@ -1166,6 +1337,12 @@ mod tests {
             });
         let info = ServiceInfo::from_service(&aff).unwrap().unwrap();
         assert_eq!(info.session_affinity_timeout, Some(60));
+
+        // externalTrafficPolicy means nothing on a ClusterIP service.
+        let mut cip = mk_service("default", "cip", "10.96.0.7", &[port("", "TCP", 80)]);
+        spec_mut(&mut cip).external_traffic_policy = Some("Local".into());
+        let info = ServiceInfo::from_service(&cip).unwrap().unwrap();
+        assert!(!info.external_traffic_local);
     }
 
     #[test]
@@ -1269,6 +1446,15 @@ mod tests {
         assert_eq!(info.ports[0].name, "");
         assert_eq!(info.endpoints[0].zone_hints, vec!["a", "b"]);
         assert_eq!(info.endpoints[0].node_name.as_deref(), Some("n1"));
+        assert!(info.endpoints[0].node_hints.is_empty());
+
+        let mut e = ep("10.0.0.2");
+        set_node_hints(&mut e, &["n2", "", "n1", "n2"]);
+        set_zone_hints(&mut e, &["a"]);
+        let s = mk_slice("default", "s", "svc", &[slice_port("", "TCP", 80)], vec![e]);
+        let info = SliceInfo::from_slice(&s).unwrap().unwrap();
+        assert_eq!(info.endpoints[0].node_hints, vec!["n1", "n2"]);
+        assert_eq!(info.endpoints[0].zone_hints, vec!["a"]);
     }
 
     #[test]

@@ -1050,76 +1050,181 @@ fn trimmed_objects_are_small() {
     assert!(total < 1024, "{total} bytes");
 }
 
-/// Issue 13, class 7: frontends only in the families the Service has.
-fn family_case(cluster_ips: &[&str], node_addrs: &[(&str, &str)]) -> Vec<(String, FrontendKind)> {
+/// A NodePort service on a dual-stack node, IPv6 on.
+fn family_world(families: Option<&[&str]>, cluster_ips: &[&str]) -> Translation {
     let mut svc = mk_service(
         "default",
-        "np",
+        "web",
         cluster_ips[0],
         &[node_port("http", "TCP", 80, 30080)],
     );
-    let spec = spec_mut(&mut svc);
-    spec.type_ = Some("NodePort".into());
-    spec.cluster_ips = Some(cluster_ips.iter().map(|s| (*s).to_owned()).collect());
-    let node = mk_node(NODE, None, node_addrs);
-    let t = run_with(
-        &[svc],
-        &[],
-        Some(&node),
-        &TranslateConfig {
-            ipv6: true,
-            ..cfg()
-        },
-    );
-    keys(&t, &tcp("np", "http"))
-}
-
-#[test]
-fn an_ipv4_only_node_port_gets_no_ipv6_frontend() {
-    let dual_node = [("InternalIP", "192.168.1.10"), ("InternalIP", "fd00:1::10")];
-    assert_eq!(
-        family_case(&["10.96.0.7"], &dual_node),
-        vec![
-            ("10.96.0.7:80/TCP".into(), FrontendKind::ClusterIp),
-            ("192.168.1.10:30080/TCP".into(), FrontendKind::NodePort),
-        ]
-    );
-    assert_eq!(
-        family_case(&["fd00:96::7"], &dual_node),
-        vec![
-            ("[fd00:1::10]:30080/TCP".into(), FrontendKind::NodePort),
-            ("[fd00:96::7]:80/TCP".into(), FrontendKind::ClusterIp),
-        ]
-    );
-    assert_eq!(
-        family_case(&["10.96.0.7", "fd00:96::7"], &dual_node).len(),
-        4,
-        "a dual-stack service gets both families"
-    );
-}
-
-#[test]
-fn external_addresses_of_a_family_the_service_lacks_get_no_frontend() {
-    let mut svc = mk_service("default", "ext", "10.96.0.8", &[port("http", "TCP", 80)]);
-    spec_mut(&mut svc).external_ips = Some(vec!["198.51.100.8".into(), "2001:db8::8".into()]);
-    let t = run_with(
-        &[svc],
-        &[],
+    spec_mut(&mut svc).type_ = Some("NodePort".into());
+    spec_mut(&mut svc).cluster_ips = Some(cluster_ips.iter().map(|s| (*s).into()).collect());
+    if let Some(f) = families {
+        set_ip_families(&mut svc, f);
+    }
+    let node = mk_node(
+        NODE,
         None,
-        &TranslateConfig {
-            ipv6: true,
-            ..cfg()
-        },
+        &[("InternalIP", "192.168.1.10"), ("InternalIP", "fd00::10")],
+    );
+    let config = TranslateConfig {
+        ipv6: true,
+        ..cfg()
+    };
+    run_with(
+        &[svc],
+        &[
+            web_slice("web-v4", vec![ep("10.0.0.1")]),
+            web_slice("web-v6", vec![ep("fd00::a")]),
+        ],
+        Some(&node),
+        &config,
+    )
+}
+
+fn frontend_keys(t: &Translation) -> Vec<String> {
+    keys(t, &tcp("web", "http"))
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect()
+}
+
+#[test]
+fn single_stack_ipv4_gets_no_ipv6_node_port() {
+    let t = family_world(Some(&["IPv4"]), &["10.96.0.10"]);
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    assert_eq!(
+        frontend_keys(&t),
+        vec!["10.96.0.10:80/TCP", "192.168.1.10:30080/TCP"]
+    );
+}
+
+#[test]
+fn single_stack_ipv6_gets_no_ipv4_node_port() {
+    let t = family_world(Some(&["IPv6"]), &["fd00:96::10"]);
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    assert_eq!(
+        frontend_keys(&t),
+        vec!["[fd00::10]:30080/TCP", "[fd00:96::10]:80/TCP"]
+    );
+    let np = frontend(&t, &tcp("web", "http"), "[fd00::10]:30080/TCP");
+    assert_eq!(backends(np), vec!["[fd00::a]:8080=active"]);
+}
+
+#[test]
+fn dual_stack_gets_node_ports_of_both_families() {
+    let t = family_world(Some(&["IPv6", "IPv4"]), &["fd00:96::10", "10.96.0.10"]);
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    assert_eq!(
+        frontend_keys(&t),
+        vec![
+            "10.96.0.10:80/TCP",
+            "192.168.1.10:30080/TCP",
+            "[fd00::10]:30080/TCP",
+            "[fd00:96::10]:80/TCP"
+        ]
+    );
+    for f in frontends(&t, &tcp("web", "http")) {
+        let want = if f.key.addr.is_ipv4() {
+            "10.0.0.1:8080=active"
+        } else {
+            "[fd00::a]:8080=active"
+        };
+        assert_eq!(backends(f), vec![want], "{}", f.key);
+    }
+}
+
+#[test]
+fn without_ip_families_the_cluster_ips_decide() {
+    let t = family_world(None, &["10.96.0.10"]);
+    assert_eq!(
+        frontend_keys(&t),
+        vec!["10.96.0.10:80/TCP", "192.168.1.10:30080/TCP"]
+    );
+    let t = family_world(None, &["fd00:96::10"]);
+    assert_eq!(
+        frontend_keys(&t),
+        vec!["[fd00::10]:30080/TCP", "[fd00:96::10]:80/TCP"]
+    );
+    let t = family_world(None, &["10.96.0.10", "fd00:96::10"]);
+    assert_eq!(frontend_keys(&t).len(), 4);
+}
+
+#[test]
+fn addresses_of_a_family_the_service_lacks_get_no_frontend() {
+    let mut svc = mk_service(
+        "default",
+        "web",
+        "10.96.0.10",
+        &[node_port("http", "TCP", 80, 30080)],
+    );
+    spec_mut(&mut svc).type_ = Some("LoadBalancer".into());
+    spec_mut(&mut svc).external_ips = Some(vec!["198.51.100.1".into(), "2001:db8::1".into()]);
+    set_ip_families(&mut svc, &["IPv4"]);
+    set_lb_ingress(&mut svc, &[("203.0.113.10", None), ("2001:db8::10", None)]);
+    let config = TranslateConfig {
+        ipv6: true,
+        node_addresses: vec![ip("192.168.1.10"), ip("fd00::10")],
+        ..cfg()
+    };
+    let t = run_with(
+        &[svc],
+        &[web_slice("web-v4", vec![ep("10.0.0.1")])],
+        None,
+        &config,
     );
     assert_eq!(
-        keys(&t, &tcp("ext", "http")),
+        frontend_keys(&t),
         vec![
-            ("10.96.0.8:80/TCP".into(), FrontendKind::ClusterIp),
-            ("198.51.100.8:80/TCP".into(), FrontendKind::ExternalIp),
+            "10.96.0.10:80/TCP",
+            "192.168.1.10:30080/TCP",
+            "198.51.100.1:80/TCP",
+            "203.0.113.10:80/TCP"
         ]
     );
     assert_eq!(
         reasons(&t),
-        vec![("Service default/ext".into(), ProblemReason::InvalidAddress)]
+        vec![
+            ("Service default/web".into(), ProblemReason::InvalidAddress),
+            ("Service default/web".into(), ProblemReason::InvalidAddress),
+        ]
+    );
+    assert!(t.problems.iter().any(|p| p.detail.contains("2001:db8::1")));
+    assert!(t.problems.iter().any(|p| p.detail.contains("2001:db8::10")));
+}
+
+#[test]
+fn node_hints_keep_cluster_traffic_on_this_node() {
+    let slice = web_slice(
+        "web-1",
+        vec![
+            hinted(node_hinted(ep_on("10.0.0.1", NODE), &[NODE]), &["zone-a"]),
+            hinted(node_hinted(ep_on("10.0.0.2", "n2"), &["n2"]), &["zone-a"]),
+            hinted(node_hinted(ep_on("10.0.0.3", "n3"), &["n3"]), &["zone-b"]),
+        ],
+    );
+    let mut svc = web();
+    spec_mut(&mut svc).traffic_distribution = Some("PreferSameNode".into());
+    let t = run_with(
+        &[svc.clone()],
+        std::slice::from_ref(&slice),
+        Some(&zoned_node(Some("zone-a"))),
+        &cfg(),
+    );
+    let f = frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP");
+    assert_eq!(backends(f), vec!["10.0.0.1:8080=active"]);
+
+    // Another node with no endpoint hinted for it: the zone hints decide.
+    let elsewhere = TranslateConfig {
+        node_name: "n9".into(),
+        ..cfg()
+    };
+    let node = mk_node("n9", Some("zone-a"), &[("InternalIP", "192.168.1.19")]);
+    let t = run_with(&[svc], &[slice], Some(&node), &elsewhere);
+    let f = frontend(&t, &tcp("web", "http"), "10.96.0.10:80/TCP");
+    assert_eq!(
+        backends(f),
+        vec!["10.0.0.1:8080=active", "10.0.0.2:8080=active"]
     );
 }
