@@ -210,6 +210,68 @@ pub struct AgentArgs {
     /// How often a `dir:` source checks its directory.
     #[arg(long, env = "SLUICE_DIR_POLL_INTERVAL", default_value = "200ms")]
     pub dir_poll_interval: HumanDuration,
+
+    /// kube-proxy's `--cluster-cidr`: the networks of the cluster's pods
+    /// (comma separated, one per family), for `--detect-local-mode
+    /// ClusterCIDR`.
+    #[arg(long, env = "SLUICE_CLUSTER_CIDR", value_delimiter = ',')]
+    pub cluster_cidr: Vec<String>,
+
+    /// kube-proxy's `--detect-local-mode`: how pods are told from other
+    /// sources. Traffic to a cluster IP from a source that is not a pod is
+    /// masqueraded, and pods reach every endpoint of an
+    /// externalTrafficPolicy Local service's node port, load-balancer IP
+    /// or external IP. `ClusterCIDR` without `--cluster-cidr` detects
+    /// nothing (as kube-proxy).
+    #[arg(
+        long,
+        env = "SLUICE_DETECT_LOCAL_MODE",
+        value_enum,
+        default_value = "ClusterCIDR"
+    )]
+    pub detect_local_mode: DetectLocalMode,
+
+    /// kube-proxy's `--pod-bridge-interface`: the bridge the pods are
+    /// behind, for `--detect-local-mode BridgeInterface`.
+    #[arg(long, env = "SLUICE_POD_BRIDGE_INTERFACE")]
+    pub pod_bridge_interface: Option<String>,
+
+    /// kube-proxy's `--pod-interface-name-prefix`: the name prefix of the
+    /// pods' host-side interfaces, for `--detect-local-mode
+    /// InterfaceNamePrefix`.
+    #[arg(long, env = "SLUICE_POD_INTERFACE_NAME_PREFIX")]
+    pub pod_interface_name_prefix: Option<String>,
+
+    /// kube-proxy's `--masquerade-all`: SNAT every new flow to a cluster IP
+    /// to the node, pods' included (external kinds are masqueraded by
+    /// their traffic policy either way).
+    #[arg(
+        long,
+        env = "SLUICE_MASQUERADE_ALL",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub masquerade_all: bool,
+}
+
+/// kube-proxy's `--detect-local-mode` values, spelled as kube-proxy does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DetectLocalMode {
+    /// Sources in `--cluster-cidr`.
+    #[value(name = "ClusterCIDR")]
+    ClusterCidr,
+    /// Sources in this node's `spec.podCIDRs`.
+    #[value(name = "NodeCIDR")]
+    NodeCidr,
+    /// Packets that enter through `--pod-bridge-interface`.
+    #[value(name = "BridgeInterface")]
+    BridgeInterface,
+    /// Packets that enter through an interface named
+    /// `--pod-interface-name-prefix`*.
+    #[value(name = "InterfaceNamePrefix")]
+    InterfaceNamePrefix,
 }
 
 #[derive(Debug, Subcommand)]

@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use sluice_common::{
     conntrack::{CT_F_RST, CT_F_RX_CLOSING, CT_F_SEEN_REPLY, CT_F_SYN, CT_F_TX_CLOSING},
-    service::{SVC_F_DRAINING, SVC_F_DROP_EMPTY, SVC_F_MAGLEV},
+    service::{SVC_F_DRAINING, SVC_F_DROP_EMPTY, SVC_F_INTERNAL, SVC_F_MAGLEV, SVC_F_MASQ_OUTSIDE},
     BackendState, Ct4Key, Ct6Key, CtEntry, CtKind, FrontendKind, Stat,
 };
 
@@ -23,6 +23,7 @@ use crate::{
     cli::{CtListArgs, ListArgs, StatusArgs},
     conntrack,
     datapath::{attached_devices, map_fill, migration_state, read_map_state, DatapathError, Maps},
+    model::Scope,
     reconcile::endpoint_of,
 };
 
@@ -76,6 +77,14 @@ struct FrontendRow {
     drop_when_empty: bool,
     /// New flows by the frontend's Maglev table (`sl_maglev4`/`6`).
     maglev: bool,
+    /// `external` (every frontend) or `internal`: the entries that sources
+    /// inside the cluster take at an externalTrafficPolicy Local frontend.
+    scope: &'static str,
+    /// An external frontend whose sources inside the cluster take its
+    /// internal scope.
+    has_internal_scope: bool,
+    /// Flows from sources outside the cluster are SNATed to the node.
+    masquerade_outside: bool,
     backends: Vec<BackendRow>,
 }
 
@@ -115,6 +124,12 @@ fn frontends(maps: &Maps) -> Result<Vec<FrontendRow>> {
                 draining_service: fe.flags & SVC_F_DRAINING != 0,
                 drop_when_empty: fe.flags & SVC_F_DROP_EMPTY != 0,
                 maglev: fe.flags & SVC_F_MAGLEV != 0,
+                scope: match key.scope {
+                    Scope::External => "external",
+                    Scope::Internal => "internal",
+                },
+                has_internal_scope: fe.flags & SVC_F_INTERNAL != 0,
+                masquerade_outside: fe.flags & SVC_F_MASQ_OUTSIDE != 0,
                 backends,
             })
         })
@@ -168,6 +183,14 @@ fn render_lb(rows: &[FrontendRow]) -> String {
         }
         if r.maglev {
             notes.push_str(" [maglev]");
+        }
+        if r.scope == "internal" {
+            notes.push_str(" [pods and the node]");
+        } else if r.has_internal_scope {
+            notes.push_str(" [clients outside the cluster]");
+        }
+        if r.masquerade_outside {
+            notes.push_str(" [masquerades outside clients]");
         }
         let _ = writeln!(
             out,

@@ -1,7 +1,11 @@
 //! The desired datapath state, as the translation from Kubernetes objects
 //! produces it. Plain data, independent of both Kubernetes and BPF types.
 
-use std::{collections::BTreeMap, fmt, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::IpAddr,
+};
 
 pub use sluice_common::{BackendState, FrontendKind};
 
@@ -44,19 +48,72 @@ impl fmt::Display for Proto {
     }
 }
 
-/// A service frontend: the address, port and protocol clients connect to.
+/// Which sources a frontend's backend list serves. Every frontend has the
+/// external scope; an externalTrafficPolicy Local frontend of an external
+/// kind also has an internal one: kube-proxy restricts only traffic from
+/// outside the cluster to node-local endpoints and sends pods (by
+/// local-traffic detection) and the node itself to every endpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    #[default]
+    External,
+    Internal,
+}
+
+impl Scope {
+    /// The `scope` byte of the service-map keys.
+    pub const fn number(self) -> u8 {
+        match self {
+            Scope::External => sluice_common::service::SCOPE_EXTERNAL,
+            Scope::Internal => sluice_common::service::SCOPE_INTERNAL,
+        }
+    }
+
+    pub const fn from_number(n: u8) -> Option<Self> {
+        match n {
+            sluice_common::service::SCOPE_EXTERNAL => Some(Scope::External),
+            sluice_common::service::SCOPE_INTERNAL => Some(Scope::Internal),
+            _ => None,
+        }
+    }
+}
+
+/// A service frontend: the address, port and protocol clients connect to,
+/// and the scope of sources its entries serve.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FrontendKey {
     pub addr: IpAddr,
     pub port: u16,
     pub proto: Proto,
+    pub scope: Scope,
+}
+
+impl FrontendKey {
+    /// The external-scope frontend `addr:port/proto`.
+    pub const fn new(addr: IpAddr, port: u16, proto: Proto) -> Self {
+        Self {
+            addr,
+            port,
+            proto,
+            scope: Scope::External,
+        }
+    }
+
+    /// The same address, port and protocol in `scope`.
+    pub const fn in_scope(self, scope: Scope) -> Self {
+        Self { scope, ..self }
+    }
 }
 
 impl fmt::Display for FrontendKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.addr {
-            IpAddr::V4(a) => write!(f, "{a}:{}/{}", self.port, self.proto),
-            IpAddr::V6(a) => write!(f, "[{a}]:{}/{}", self.port, self.proto),
+            IpAddr::V4(a) => write!(f, "{a}:{}/{}", self.port, self.proto)?,
+            IpAddr::V6(a) => write!(f, "[{a}]:{}/{}", self.port, self.proto)?,
+        }
+        match self.scope {
+            Scope::External => Ok(()),
+            Scope::Internal => f.write_str(" (internal)"),
         }
     }
 }
@@ -93,6 +150,10 @@ pub struct Frontend {
     /// New flows by Maglev consistent hashing (annotation
     /// `service.sluice.dev/lb-algorithm: maglev`).
     pub maglev: bool,
+    /// SNAT new flows from sources outside the cluster (cluster IPs with
+    /// local-traffic detection configured, as kube-proxy masquerades
+    /// off-cluster traffic to them).
+    pub masquerade_outside: bool,
 }
 
 impl Frontend {
@@ -112,6 +173,7 @@ impl Frontend {
             affinity_timeout: None,
             source_ranges: Vec::new(),
             maglev: false,
+            masquerade_outside: false,
         }
     }
 }
@@ -171,4 +233,7 @@ pub struct DesiredService {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DesiredState {
     pub services: BTreeMap<ServicePortName, DesiredService>,
+    /// The cluster's own sources as (network, prefix length): what
+    /// local-traffic detection (`--detect-local-mode`) recognises as pods.
+    pub local_sources: BTreeSet<(IpAddr, u8)>,
 }

@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use crate::{
     admin::{self, Admin},
-    cli::{AgentArgs, Source},
+    cli::{AgentArgs, DetectLocalMode, Source},
     datapath::{Datapath, MapSizes, MapWriter},
     devices::Devices,
     health::Health,
@@ -28,7 +28,7 @@ use crate::{
     reconcile::Reconciler,
     sources,
     sync::{Sync, SyncConfig},
-    translate::{IpNet, TranslateConfig},
+    translate::{IpNet, LocalDetector, TranslateConfig},
 };
 
 fn hostname() -> String {
@@ -65,6 +65,36 @@ fn nodeport_addresses(cidrs: &[String]) -> Result<Vec<std::net::IpAddr>> {
         .into_iter()
         .filter(|a| nets.iter().any(|n| n.contains(*a)))
         .collect())
+}
+
+/// Local-traffic detection from kube-proxy's flags.
+fn local_detector(args: &AgentArgs) -> Result<LocalDetector> {
+    match args.detect_local_mode {
+        DetectLocalMode::ClusterCidr => {
+            let nets: Vec<IpNet> = args
+                .cluster_cidr
+                .iter()
+                .filter(|c| !c.trim().is_empty())
+                .map(|c| {
+                    IpNet::parse(c).ok_or_else(|| anyhow!("invalid --cluster-cidr entry `{c}`"))
+                })
+                .collect::<Result<_>>()?;
+            if nets.is_empty() {
+                warn!("--detect-local-mode ClusterCIDR without --cluster-cidr: pods are not told from other sources (no masquerade for outside traffic to cluster IPs, no externalTrafficPolicy Local short-circuit for pods)");
+                return Ok(LocalDetector::Off);
+            }
+            info!(cidrs = ?args.cluster_cidr, "local traffic: sources in --cluster-cidr");
+            Ok(LocalDetector::ClusterCidr(nets))
+        }
+        DetectLocalMode::NodeCidr => {
+            info!("local traffic: sources in this node's spec.podCIDRs");
+            Ok(LocalDetector::NodeCidr)
+        }
+        DetectLocalMode::BridgeInterface | DetectLocalMode::InterfaceNamePrefix => Err(anyhow!(
+            "--detect-local-mode {:?} is not supported yet; use ClusterCIDR or NodeCIDR",
+            args.detect_local_mode
+        )),
+    }
 }
 
 /// A parent may have left SIGTERM/SIGINT blocked; the agent must see them.
@@ -190,6 +220,8 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         node_name: node_name.clone(),
         node_addresses: nodeport_addresses(&args.nodeport_addresses)?,
         ipv6: args.ipv6,
+        masquerade_all: args.masquerade_all,
+        local: local_detector(&args)?,
     };
     let (checks_tx, checks_rx) = watch::channel(Default::default());
     tasks.spawn(crate::healthcheck::run(

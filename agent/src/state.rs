@@ -41,13 +41,16 @@ impl FrontendState {
 /// ranges live in `sl_srcrng4`, IPv6 ones in `sl_srcrng6`).
 pub type SourceRange = (IpAddr, u8);
 
-/// `sl_svc4`, `sl_svc6`, `sl_backends`, `sl_srcrng4` and `sl_srcrng6`.
+/// `sl_svc4`, `sl_svc6`, `sl_backends`, `sl_srcrng4`, `sl_srcrng6`,
+/// `sl_local4` and `sl_local6`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapState {
     pub frontends: HashMap<FrontendKey, FrontendState>,
     pub backends: HashMap<u32, Backend>,
     /// Source ranges per service-port id.
     pub source_ranges: HashMap<u32, BTreeSet<SourceRange>>,
+    /// The cluster's own sources (`sl_local4`, `sl_local6`).
+    pub local_sources: BTreeSet<SourceRange>,
 }
 
 impl MapState {

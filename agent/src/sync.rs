@@ -67,6 +67,7 @@ impl Desired {
         let mut changed = BTreeSet::new();
         let keys: Vec<ObjectKey> = if dirty.all {
             self.node = NodeContext::new(stores.node(&config.node_name), config);
+            self.state.local_sources = self.node.local_sources.clone();
             stores
                 .services
                 .keys()

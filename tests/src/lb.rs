@@ -112,11 +112,7 @@ pub fn cluster_ip(
         },
         DesiredService {
             frontends: vec![Frontend::new(
-                FrontendKey {
-                    addr: IpAddr::V4(vip),
-                    port,
-                    proto,
-                },
+                FrontendKey::new(IpAddr::V4(vip), port, proto),
                 FrontendKind::ClusterIp,
                 backends
                     .iter()
@@ -169,11 +165,7 @@ pub fn cluster_ips(
                 })
                 .collect();
             Frontend::new(
-                FrontendKey {
-                    addr: *vip,
-                    port,
-                    proto,
-                },
+                FrontendKey::new(*vip, port, proto),
                 FrontendKind::ClusterIp,
                 own,
                 WhenEmpty::Reject,
@@ -248,7 +240,7 @@ pub fn frontend(
     backends: &[(IpAddr, u16, BackendState)],
 ) -> Frontend {
     Frontend::new(
-        FrontendKey { addr, port, proto },
+        FrontendKey::new(addr, port, proto),
         kind,
         backends
             .iter()

@@ -314,3 +314,128 @@ fn the_nodes_own_ipv6_and_v4_mapped_sockets_reach_services() -> Result<()> {
     host.ping()?;
     Ok(())
 }
+
+/// A ClusterIP service `name` at `vip`, port 80 -> 8080, with `extra`
+/// lines under `spec:` and `annotations` under `metadata:`, and one
+/// EndpointSlice of `endpoints` on `node`.
+fn service_with(
+    name: &str,
+    vip: Ipv4Addr,
+    annotations: &str,
+    extra: &str,
+    endpoints: &[Ipv4Addr],
+    node: &str,
+) -> String {
+    let eps: String = endpoints
+        .iter()
+        .map(|a| {
+            format!("- addresses: [\"{a}\"]\n  nodeName: {node}\n  conditions: {{ready: true}}\n")
+        })
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\n{annotations}spec:\n  clusterIP: {vip}\n  clusterIPs: [{vip}]\n{extra}  ports:\n  - name: http\n    protocol: TCP\n    port: 80\n    targetPort: 8080\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {name}\naddressType: IPv4\nports:\n- name: http\n  protocol: TCP\n  port: 8080\nendpoints:\n{eps}"
+    )
+}
+
+/// The node's own sockets go through the TC path's selection: session
+/// affinity keeps them on one backend, a Maglev frontend's table decides
+/// (proven by rewriting the table so that it names a single backend), and
+/// a frontend that drops when empty (internalTrafficPolicy Local, no local
+/// endpoint) fails the connect() at once with ETIMEDOUT, counted as a drop,
+/// instead of refusing it.
+#[test]
+fn the_nodes_own_sockets_select_as_the_tc_path_does() -> Result<()> {
+    const STICKY: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 95);
+    const LOCAL: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 96);
+    const MAGLEV: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 97);
+    let topo = Topology::new(0, 3)?;
+    let _tcp = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let ips: Vec<Ipv4Addr> = topo.backends.iter().map(|b| b.ip).collect();
+    let dir = ManifestDir::create()?;
+    dir.write(
+        "sticky.yaml",
+        &service_with(
+            "sticky",
+            STICKY,
+            "",
+            "  sessionAffinity: ClientIP\n",
+            &ips,
+            "node-1",
+        ),
+    )?;
+    dir.write(
+        "local.yaml",
+        &service_with(
+            "local",
+            LOCAL,
+            "",
+            "  internalTrafficPolicy: Local\n",
+            &ips[..1],
+            "node-2",
+        ),
+    )?;
+    dir.write(
+        "maglev.yaml",
+        &service_with(
+            "maglev",
+            MAGLEV,
+            "  annotations:\n    service.sluice.dev/lb-algorithm: maglev\n",
+            "",
+            &ips,
+            "node-1",
+        ),
+    )?;
+    let mut agent = Agent::start(&topo, &format!("dir:{}", dir.path().display()), &[])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+
+    // Affinity: the node is one client, and it sticks.
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..8 {
+        let out = HostClient::once(&topo, "tcp", &STICKY.to_string(), 80)?;
+        ensure!(out.first().map(String::as_str) == Some("ok"), "{out:?}");
+        seen.insert(out[1].clone());
+    }
+    ensure!(seen.len() == 1, "affinity not kept: {seen:?}");
+
+    // DROP: at once, as ETIMEDOUT, counted.
+    let maps = || sluice::datapath::Maps::open_pinned(topo.bpf.path());
+    let drops = maps()?.stat(sluice_common::Stat::NoBackendDrop)?;
+    let started = std::time::Instant::now();
+    let out = HostClient::once(&topo, "tcp", &LOCAL.to_string(), 80)?;
+    ensure!(out == ["error", "ETIMEDOUT"], "{out:?}");
+    ensure!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    ensure!(maps()?.stat(sluice_common::Stat::NoBackendDrop)? > drops);
+
+    // Maglev: the table decides. Point every entry at backend-2.
+    let b2 = format!("{}:8080", topo.backends[2].ip);
+    let rows: serde_json::Value = serde_json::from_str(&agent.cli(&["lb", "list", "--json"])?)?;
+    let b2_id = rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["frontend"] == format!("{MAGLEV}:80").as_str())
+        .flat_map(|r| r["backends"].as_array().cloned().unwrap_or_default())
+        .find(|b| b["address"] == b2.as_str())
+        .and_then(|b| b["id"].as_u64())
+        .ok_or_else(|| anyhow::anyhow!("backend-2 of the maglev frontend not listed: {rows}"))?;
+    let key = sluice_common::Svc4Key::new(MAGLEV.octets(), 80, sluice_common::IPPROTO_TCP, 0);
+    let mut table = Box::new(sluice_common::MaglevTable::default());
+    table.backends.fill(u32::try_from(b2_id)?);
+    maps()?.maglev_v4.insert(key, &*table, 0)?;
+    for _ in 0..8 {
+        let out = HostClient::once(&topo, "tcp", &MAGLEV.to_string(), 80)?;
+        ensure!(
+            out.get(1).map(String::as_str) == Some("backend-2"),
+            "{out:?}"
+        );
+    }
+    Ok(())
+}

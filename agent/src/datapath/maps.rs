@@ -17,7 +17,7 @@ use sluice_common::{
 
 use super::DatapathError;
 use crate::{
-    model::{Endpoint, FrontendKey, Proto},
+    model::{Endpoint, FrontendKey, Proto, Scope},
     state::{FrontendState, MapState},
 };
 
@@ -39,6 +39,8 @@ pub struct Maps {
     pub source_ranges_v6: LpmTrie<MapData, SrcRange6, u8>,
     pub maglev_v4: HashMap<MapData, Svc4Key, MaglevTable>,
     pub maglev_v6: HashMap<MapData, Svc6Key, MaglevTable>,
+    pub local_v4: LpmTrie<MapData, [u8; 4], u8>,
+    pub local_v6: LpmTrie<MapData, [u8; 16], u8>,
 }
 
 fn convert<T>(name: &'static str, map: Map) -> Result<T, DatapathError>
@@ -69,6 +71,8 @@ impl Maps {
             source_ranges_v6: convert(names::SOURCE_RANGES_V6, take(names::SOURCE_RANGES_V6)?)?,
             maglev_v4: convert(names::MAGLEV_V4, take(names::MAGLEV_V4)?)?,
             maglev_v6: convert(names::MAGLEV_V6, take(names::MAGLEV_V6)?)?,
+            local_v4: convert(names::LOCAL_V4, take(names::LOCAL_V4)?)?,
+            local_v6: convert(names::LOCAL_V6, take(names::LOCAL_V6)?)?,
         })
     }
 
@@ -95,6 +99,8 @@ impl Maps {
             source_ranges_v6: convert(names::SOURCE_RANGES_V6, open(names::SOURCE_RANGES_V6)?)?,
             maglev_v4: convert(names::MAGLEV_V4, open(names::MAGLEV_V4)?)?,
             maglev_v6: convert(names::MAGLEV_V6, open(names::MAGLEV_V6)?)?,
+            local_v4: convert(names::LOCAL_V4, open(names::LOCAL_V4)?)?,
+            local_v6: convert(names::LOCAL_V6, open(names::LOCAL_V6)?)?,
         })
     }
 
@@ -129,28 +135,38 @@ pub enum ServiceKey {
 impl ServiceKey {
     /// The key of `slot` of `frontend`, in its family's map.
     pub fn of(frontend: &FrontendKey, slot: u16) -> Self {
-        let (port, proto) = (frontend.port, frontend.proto.number());
+        let (port, proto, scope) = (
+            frontend.port,
+            frontend.proto.number(),
+            frontend.scope.number(),
+        );
         match frontend.addr {
-            IpAddr::V4(a) => Self::V4(Svc4Key::new(a.octets(), port, proto, slot)),
-            IpAddr::V6(a) => Self::V6(Svc6Key::new(a.octets(), port, proto, slot)),
+            IpAddr::V4(a) => Self::V4(Svc4Key::scoped(a.octets(), port, proto, slot, scope)),
+            IpAddr::V6(a) => Self::V6(Svc6Key::scoped(a.octets(), port, proto, slot, scope)),
         }
     }
 
     /// The frontend this key belongs to and its slot; `None` for a
-    /// protocol the agent does not know.
+    /// protocol or scope the agent does not know.
     pub fn frontend(&self) -> Option<(FrontendKey, u16)> {
-        let (addr, port, proto, slot) = match self {
-            Self::V4(k) => (IpAddr::V4(Ipv4Addr::from(k.addr)), k.port, k.proto, k.slot),
-            Self::V6(k) => (IpAddr::V6(Ipv6Addr::from(k.addr)), k.port, k.proto, k.slot),
+        let (addr, port, proto, slot, scope) = match self {
+            Self::V4(k) => (
+                IpAddr::V4(Ipv4Addr::from(k.addr)),
+                k.port,
+                k.proto,
+                k.slot,
+                k.scope,
+            ),
+            Self::V6(k) => (
+                IpAddr::V6(Ipv6Addr::from(k.addr)),
+                k.port,
+                k.proto,
+                k.slot,
+                k.scope,
+            ),
         };
-        Some((
-            FrontendKey {
-                addr,
-                port,
-                proto: Proto::from_number(proto)?,
-            },
-            slot,
-        ))
+        let key = FrontendKey::new(addr, port, Proto::from_number(proto)?);
+        Some((key.in_scope(Scope::from_number(scope)?), slot))
     }
 }
 
@@ -235,6 +251,26 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
             .entry(u32::from_be_bytes(data.svc_id))
             .or_default()
             .insert((IpAddr::V6(Ipv6Addr::from(data.addr)), prefix));
+    }
+    for item in maps.local_v4.iter() {
+        let (key, _) = item.map_err(|source| DatapathError::Map {
+            name: names::LOCAL_V4,
+            source,
+        })?;
+        let prefix = key.prefix_len().min(32) as u8;
+        state
+            .local_sources
+            .insert((IpAddr::V4(Ipv4Addr::from(key.data())), prefix));
+    }
+    for item in maps.local_v6.iter() {
+        let (key, _) = item.map_err(|source| DatapathError::Map {
+            name: names::LOCAL_V6,
+            source,
+        })?;
+        let prefix = key.prefix_len().min(128) as u8;
+        state
+            .local_sources
+            .insert((IpAddr::V6(Ipv6Addr::from(key.data())), prefix));
     }
     for (key, table) in read_maglev(maps)? {
         let Some((frontend, _)) = key.frontend() else {

@@ -309,6 +309,46 @@ impl MapWriter {
         }
     }
 
+    /// Adds a network of the cluster's own sources (local-traffic
+    /// detection).
+    pub fn put_local_source(&mut self, net: SourceRange) -> Result<(), WriteError> {
+        match net.0 {
+            IpAddr::V4(a) => self
+                .maps
+                .local_v4
+                .insert(&Key::new(u32::from(net.1), a.octets()), 1, 0)
+                .map_err(|e| WriteError::from_map(names::LOCAL_V4, e))?,
+            IpAddr::V6(a) => self
+                .maps
+                .local_v6
+                .insert(&Key::new(u32::from(net.1), a.octets()), 1, 0)
+                .map_err(|e| WriteError::from_map(names::LOCAL_V6, e))?,
+        }
+        self.writes += 1;
+        Ok(())
+    }
+
+    /// Removes a network of the cluster's own sources; a missing one counts
+    /// as removed.
+    pub fn delete_local_source(&mut self, net: SourceRange) -> Result<(), WriteError> {
+        match net.0 {
+            IpAddr::V4(a) => {
+                let result = self
+                    .maps
+                    .local_v4
+                    .remove(&Key::new(u32::from(net.1), a.octets()));
+                self.settle(names::LOCAL_V4, result)
+            }
+            IpAddr::V6(a) => {
+                let result = self
+                    .maps
+                    .local_v6
+                    .remove(&Key::new(u32::from(net.1), a.octets()));
+                self.settle(names::LOCAL_V6, result)
+            }
+        }
+    }
+
     /// Removes a session affinity entry; a missing one counts as removed.
     pub fn delete_affinity(&mut self, key: &Affinity4Key) -> Result<(), WriteError> {
         let result = self.maps.affinity_v4.remove(key);

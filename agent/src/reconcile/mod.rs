@@ -27,7 +27,7 @@ use crate::{
     conntrack,
     datapath::{read_map_state, DatapathError, MapSizes, MapWriter, ServiceKey, WriteError},
     model::{DesiredState, FrontendKey, ServicePortName},
-    state::{FrontendState, MapState},
+    state::{FrontendState, MapState, SourceRange},
 };
 use ids::Ids;
 use sluice_common::{
@@ -195,6 +195,7 @@ impl Reconciler {
             r.set_frontend(key, fe);
         }
         r.programmed.source_ranges = programmed.source_ranges;
+        r.programmed.local_sources = programmed.local_sources;
         Ok(r)
     }
 
@@ -317,6 +318,9 @@ impl Reconciler {
         let before = self.writer.writes();
         let mut report = Report::default();
         self.delete_foreign(&mut report);
+        // The cluster's own sources first: a frontend that masquerades
+        // outside sources must not take pods for outsiders.
+        self.sync_local_sources(&desired.local_sources, &mut report);
 
         let removable = self.drain.removable(now);
         // Units whose draining backends may go are revisited, whoever
@@ -484,6 +488,37 @@ impl Reconciler {
         v4 <= self.capacity.service_entries
             && v6 <= self.capacity.service_entries
             && backends <= self.capacity.backends
+    }
+
+    /// Brings `sl_local4`/`sl_local6` to `want`: new networks first, then
+    /// the stale ones (a source is never briefly outside the cluster when
+    /// a CIDR is replaced by a wider one).
+    fn sync_local_sources(&mut self, want: &BTreeSet<SourceRange>, report: &mut Report) {
+        if &self.programmed.local_sources == want {
+            return;
+        }
+        for net in want.difference(&self.programmed.local_sources.clone()) {
+            match self.writer.put_local_source(*net) {
+                Ok(()) => {
+                    self.programmed.local_sources.insert(*net);
+                }
+                Err(e) => report.errors.push(e),
+            }
+        }
+        let stale: Vec<SourceRange> = self
+            .programmed
+            .local_sources
+            .difference(want)
+            .copied()
+            .collect();
+        for net in stale {
+            match self.writer.delete_local_source(net) {
+                Ok(()) => {
+                    self.programmed.local_sources.remove(&net);
+                }
+                Err(e) => report.errors.push(e),
+            }
+        }
     }
 
     /// Writes one unit's difference: its backends first, then its frontends

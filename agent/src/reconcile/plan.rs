@@ -11,14 +11,16 @@ use std::{
 use sluice_common::{
     maps::MAX_SLOTS,
     service::{
-        FRONTEND_KIND_MASK, SVC_F_AFFINITY, SVC_F_DRAINING, SVC_F_DROP_EMPTY, SVC_F_MAGLEV,
-        SVC_F_SNAT, SVC_F_SOURCE_RANGES,
+        FRONTEND_KIND_MASK, SVC_F_AFFINITY, SVC_F_DRAINING, SVC_F_DROP_EMPTY, SVC_F_INTERNAL,
+        SVC_F_MAGLEV, SVC_F_MASQ_OUTSIDE, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
     },
     Backend, BackendState, FAMILY_V4, FAMILY_V6,
 };
 
 use crate::{
-    model::{DesiredBackend, DesiredService, Endpoint, FrontendKey, ServicePortName, WhenEmpty},
+    model::{
+        DesiredBackend, DesiredService, Endpoint, FrontendKey, Scope, ServicePortName, WhenEmpty,
+    },
     state::{FrontendState, SourceRange},
 };
 
@@ -256,6 +258,14 @@ pub fn plan_desired(
             draining.push((*id, endpoint, BackendState::Draining));
         }
     }
+    // An external frontend with an internal scope sends sources inside the
+    // cluster there (the internal entries are written in the same unit).
+    let internal: HashSet<FrontendKey> = svc
+        .frontends
+        .iter()
+        .filter(|f| f.key.scope == Scope::Internal)
+        .map(|f| f.key.in_scope(Scope::External))
+        .collect();
     let frontends = svc
         .frontends
         .iter()
@@ -285,6 +295,12 @@ pub fn plan_desired(
             }
             if !fe.source_ranges.is_empty() {
                 flags |= SVC_F_SOURCE_RANGES;
+            }
+            if fe.masquerade_outside {
+                flags |= SVC_F_MASQ_OUTSIDE;
+            }
+            if fe.key.scope == Scope::External && internal.contains(&fe.key) {
+                flags |= SVC_F_INTERNAL;
             }
             (
                 fe.key,
@@ -371,11 +387,7 @@ mod tests {
     fn svc(backends: &[(u8, BackendState)]) -> DesiredService {
         DesiredService {
             frontends: vec![Frontend::new(
-                FrontendKey {
-                    addr: IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)),
-                    port: 80,
-                    proto: Proto::Tcp,
-                },
+                FrontendKey::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)), 80, Proto::Tcp),
                 FrontendKind::ClusterIp,
                 backends
                     .iter()
@@ -395,6 +407,54 @@ mod tests {
             next += 1;
             next
         }
+    }
+
+    #[test]
+    fn an_internal_scope_flags_its_external_master_and_masquerade_is_a_flag() {
+        use BackendState::*;
+        let mut service = svc(&[(1, Active), (2, Active)]);
+        let cluster_ip = service.frontends[0].clone();
+        let mut external = cluster_ip.clone();
+        external.key = FrontendKey::new(
+            IpAddr::V4(Ipv4Addr::new(192, 168, 1, 10)),
+            30080,
+            Proto::Tcp,
+        );
+        external.kind = FrontendKind::NodePort;
+        external.backends.truncate(1);
+        let mut internal = external.clone();
+        internal.key = external.key.in_scope(Scope::Internal);
+        internal.backends = cluster_ip.backends.clone();
+        service.frontends[0].masquerade_outside = true;
+        service
+            .frontends
+            .extend([external.clone(), internal.clone()]);
+        let plan = plan_desired(1, &service, &[], &HashSet::new(), ids());
+        let flags = |k: &FrontendKey| {
+            plan.frontends
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, f)| (f.flags, f.active))
+                .unwrap()
+        };
+        let (f, _) = flags(&cluster_ip.key);
+        assert_eq!(
+            f & (SVC_F_MASQ_OUTSIDE | SVC_F_INTERNAL),
+            SVC_F_MASQ_OUTSIDE
+        );
+        let (f, active) = flags(&external.key);
+        assert_eq!((f & SVC_F_INTERNAL, active), (SVC_F_INTERNAL, 1));
+        let (f, active) = flags(&internal.key);
+        assert_eq!((f & SVC_F_INTERNAL, active), (0, 2));
+        // Without its internal scope, the external master is not flagged.
+        service.frontends.pop();
+        let plan = plan_desired(1, &service, &[], &HashSet::new(), ids());
+        let (_, f) = plan
+            .frontends
+            .iter()
+            .find(|(k, _)| *k == external.key)
+            .unwrap();
+        assert_eq!(f.flags & SVC_F_INTERNAL, 0);
     }
 
     #[test]
@@ -559,11 +619,7 @@ mod tests {
 
     #[test]
     fn leftover_keeps_frontends_until_its_backends_are_gone() {
-        let fe = FrontendKey {
-            addr: IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)),
-            port: 80,
-            proto: Proto::Tcp,
-        };
+        let fe = FrontendKey::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)), 80, Proto::Tcp);
         let existing = [(7, backend_value(&ep(1), BackendState::Active, 3))];
         let plan = plan_leftover(3, &[(fe, 0)], &existing, &HashSet::new());
         assert_eq!(plan.frontends.len(), 1);

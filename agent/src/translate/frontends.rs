@@ -7,7 +7,15 @@ use super::{
     objects::{AddressFamily, PortInfo, ServiceInfo},
     topology::Locality,
 };
-use crate::model::{Frontend, FrontendKey, FrontendKind};
+use crate::model::{Frontend, FrontendKey, FrontendKind, Scope};
+
+/// The proxy-wide options that change a frontend (kube-proxy's
+/// `--masquerade-all` and local-traffic detection).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Options {
+    pub masquerade_all: bool,
+    pub local_detection: bool,
+}
 
 /// The addresses a service's frontends may use, IPv6 ones already removed
 /// when IPv6 is off.
@@ -35,6 +43,7 @@ pub(super) fn frontends(
     addrs: &Addresses<'_>,
     candidates: &[Candidate<'_>],
     here: Locality<'_>,
+    opts: Options,
 ) -> Vec<Frontend> {
     let mut wanted: Vec<(IpAddr, u16, FrontendKind)> = Vec::new();
     let mut add = |list: &[IpAddr], port: u16, kind: FrontendKind| {
@@ -57,52 +66,68 @@ pub(super) fn frontends(
 
     let mut v4: Option<Selection> = None;
     let mut v6: Option<Selection> = None;
-    let mut out: Vec<Frontend> = wanted
-        .into_iter()
-        .map(|(addr, p, kind)| {
-            let family = AddressFamily::of(addr);
-            let slot = match family {
-                AddressFamily::V4 => &mut v4,
-                AddressFamily::V6 => &mut v6,
-            };
-            let selection = slot.get_or_insert_with(|| Selection::new(candidates, family, here));
-            let local = match kind {
-                FrontendKind::ClusterIp => svc.internal_traffic_local,
-                FrontendKind::NodePort | FrontendKind::LoadBalancer | FrontendKind::ExternalIp => {
-                    svc.external_traffic_local
-                }
-            };
-            let (backends, when_empty) = selection.for_policy(local);
-            let external = kind != FrontendKind::ClusterIp;
-            Frontend {
-                key: FrontendKey {
-                    addr,
-                    port: p,
-                    proto: port.proto,
-                },
-                kind,
+    let mut out: Vec<Frontend> = Vec::new();
+    for (addr, p, kind) in wanted {
+        let family = AddressFamily::of(addr);
+        let slot = match family {
+            AddressFamily::V4 => &mut v4,
+            AddressFamily::V6 => &mut v6,
+        };
+        let selection = slot.get_or_insert_with(|| Selection::new(candidates, family, here));
+        let cluster_ip = kind == FrontendKind::ClusterIp;
+        let local = if cluster_ip {
+            svc.internal_traffic_local
+        } else {
+            svc.external_traffic_local
+        };
+        let (backends, when_empty) = selection.for_policy(local);
+        let frontend = Frontend {
+            key: FrontendKey::new(addr, p, port.proto),
+            kind,
+            backends,
+            when_empty,
+            // kube-proxy masquerades external traffic unless the policy is
+            // Local (which keeps the client address), and traffic to a
+            // cluster IP only with --masquerade-all.
+            snat: if cluster_ip {
+                opts.masquerade_all
+            } else {
+                !local
+            },
+            // ... or, with local-traffic detection, the cluster-IP traffic
+            // of sources outside the cluster.
+            masquerade_outside: cluster_ip && !opts.masquerade_all && opts.local_detection,
+            affinity_timeout: svc.session_affinity_timeout,
+            maglev: svc.maglev,
+            // Source ranges guard load-balancer addresses only, each
+            // family with its own ranges: as in kube-proxy, a family
+            // without ranges is not filtered.
+            source_ranges: if kind == FrontendKind::LoadBalancer {
+                svc.load_balancer_source_ranges
+                    .iter()
+                    .filter(|n| AddressFamily::of(n.addr) == family)
+                    .map(|n| (n.addr, n.prefix_len))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+        };
+        if !cluster_ip && local {
+            // externalTrafficPolicy Local restricts only traffic from
+            // outside the cluster: pods and the node get every endpoint,
+            // unmasqueraded, from the internal scope ("short-circuit").
+            let (backends, when_empty) = selection.for_policy(false);
+            out.push(Frontend {
+                key: frontend.key.in_scope(Scope::Internal),
                 backends,
                 when_empty,
-                // kube-proxy masquerades external traffic unless the policy
-                // is Local (which keeps the client address).
-                snat: external && !local,
-                affinity_timeout: svc.session_affinity_timeout,
-                // Source ranges guard load-balancer addresses only, each
-                // family with its own ranges: as in kube-proxy, a family
-                // without ranges is not filtered.
-                maglev: svc.maglev,
-                source_ranges: if kind == FrontendKind::LoadBalancer {
-                    svc.load_balancer_source_ranges
-                        .iter()
-                        .filter(|n| AddressFamily::of(n.addr) == family)
-                        .map(|n| (n.addr, n.prefix_len))
-                        .collect()
-                } else {
-                    Vec::new()
-                },
-            }
-        })
-        .collect();
+                snat: false,
+                masquerade_outside: false,
+                ..frontend.clone()
+            });
+        }
+        out.push(frontend);
+    }
     out.sort_by_key(|f| (f.key, f.kind));
     out.dedup_by_key(|f| f.key);
     out

@@ -11,19 +11,16 @@
 //! holds every pod (so a pod on any node is "local" traffic).
 //!
 //! Every row runs through the real translation; what a connection then
-//! gets follows the datapath's two selection points: TC ingress for pods
-//! and outside clients (`select.rs`: active backends, else
-//! terminating-serving ones, else the frontend's DROP or REJECT) and the
-//! socket programs for the node's own processes (`sock.rs`: the same
-//! candidates, but refused with ECONNREFUSED whenever none is left).
+//! gets follows the datapath's one selection (`select.rs`, used by TC
+//! ingress for pods and outside clients and by the socket programs for the
+//! node's own processes): the frontend's internal scope for sources inside
+//! the cluster when it has one, then active backends, else
+//! terminating-serving ones, else the frontend's DROP or REJECT.
 //! Packets in namespaces are the integration tests' job, not this table's.
 //!
-//! A row sluice cannot honour yet carries `known_difference`: why, the
-//! heading of docs/service-features.md's "Differences from kube-proxy"
-//! that explains it, and what sluice does today, which is asserted as
-//! strictly as kube-proxy's verdict is for the other rows. Closing a
-//! difference makes its rows fail until they are moved back to plain
-//! rows.
+//! Every row gives kube-proxy's verdict. (Differences that remain are
+//! outside this table's reach, in docs/service-features.md's
+//! "Differences from kube-proxy".)
 
 use std::net::IpAddr;
 
@@ -44,10 +41,8 @@ const LB_IP: &str = "203.0.113.10";
 const EXTERNAL_IP: &str = "198.51.100.10";
 const NODE_PORT: i32 = 30080;
 
-/// The doc headings known differences point to.
-const SHORT_CIRCUIT: &str =
-    "externalTrafficPolicy Local is not short-circuited for pods and the node";
-const SOCKET_SELECTION: &str = "The node's own sockets select differently";
+/// The pods' network (`--cluster-cidr`): every endpoint and every pod.
+const CLUSTER_CIDR: &str = "10.0.0.0/16";
 
 /// An endpoint's conditions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,16 +181,6 @@ enum Verdict {
     Pass,
 }
 
-/// A case sluice decides differently today.
-#[derive(Clone, Debug)]
-struct Known {
-    /// The heading under "Differences from kube-proxy" that explains it.
-    doc: &'static str,
-    why: &'static str,
-    /// What sluice does today.
-    sluice: Verdict,
-}
-
 #[derive(Clone, Debug)]
 struct Case {
     name: &'static str,
@@ -206,7 +191,6 @@ struct Case {
     source: Source,
     dest: Dest,
     kube_proxy: Verdict,
-    known_difference: Option<Known>,
 }
 
 const fn row(
@@ -225,19 +209,12 @@ const fn row(
         source,
         dest,
         kube_proxy,
-        known_difference: None,
     }
 }
 
 impl Case {
     const fn zone(self, zone: Option<&'static str>) -> Self {
         Self { zone, ..self }
-    }
-    const fn differs(self, doc: &'static str, why: &'static str, sluice: Verdict) -> Self {
-        Self {
-            known_difference: Some(Known { doc, why, sluice }),
-            ..self
-        }
     }
 }
 
@@ -310,8 +287,7 @@ const CASES: &[Case] = &[
     row("iTP Local: from outside to the cluster IP too", CLUSTER.itp_local(), SPLIT, Outside, ClusterIp, To(&[1])),
     row("iTP Local with eTP Cluster: the node port uses every endpoint", CLUSTER.itp_local(), SPLIT, Outside, NodePort, To(&[1, 2])),
     row("iTP Local: the node itself, a local endpoint", CLUSTER.itp_local(), SPLIT, Node, ClusterIp, To(&[1])),
-    row("iTP Local: the node itself, endpoints elsewhere only", CLUSTER.itp_local(), REMOTE, Node, ClusterIp, Drop)
-        .differs(SOCKET_SELECTION, "the socket programs refuse the connect() when nothing is selectable; they do not read the frontend's drop-when-empty flag", Reject),
+    row("iTP Local: the node itself, endpoints elsewhere only", CLUSTER.itp_local(), REMOTE, Node, ClusterIp, Drop),
     // --- externalTrafficPolicy Local, traffic from outside ---
     row("eTP Local: outside to the node port: this node's endpoints", CLUSTER.etp_local(), SPLIT, Outside, NodePort, To(&[1])),
     row("eTP Local: outside to the load-balancer IP: this node's endpoints", CLUSTER.etp_local(), SPLIT, Outside, LoadBalancer, To(&[1])),
@@ -329,16 +305,11 @@ const CASES: &[Case] = &[
     row("eTP Local and iTP Local, endpoints elsewhere only: the node port drops", CLUSTER.etp_local().itp_local(), REMOTE, Outside, NodePort, Drop),
     row("eTP Local on a ClusterIP service is ignored: its external IP uses every endpoint", CLUSTER.etp_local().cluster_ip_type(), SPLIT, Outside, ExternalIp, To(&[1, 2])),
     // --- eTP Local, traffic from inside the cluster (short-circuit) ---
-    row("eTP Local: a pod of this node to the node port gets every endpoint", CLUSTER.etp_local(), SPLIT, PodHere, NodePort, To(&[1, 2]))
-        .differs(SHORT_CIRCUIT, "the frontend has one backend list for every source; sluice cannot tell a pod from an outside client (no local-traffic detection)", To(&[1])),
-    row("eTP Local: a pod of this node to the load-balancer IP, none local", CLUSTER.etp_local(), REMOTE, PodHere, LoadBalancer, To(&[1, 2]))
-        .differs(SHORT_CIRCUIT, "the frontend has only this node's endpoints and drops when there are none, whoever sends", Drop),
-    row("eTP Local: a pod on another node to this node's node port", CLUSTER.etp_local(), SPLIT, PodElsewhere, NodePort, To(&[1, 2]))
-        .differs(SHORT_CIRCUIT, "with detect-local ClusterCIDR every pod is cluster traffic; sluice treats it as outside traffic", To(&[1])),
-    row("eTP Local: the node itself to its node port", CLUSTER.etp_local(), SPLIT, Node, NodePort, To(&[1, 2]))
-        .differs(SHORT_CIRCUIT, "the socket programs use the frontend's local-only list", To(&[1])),
-    row("eTP Local: the node itself to its node port, none local", CLUSTER.etp_local(), REMOTE, Node, NodePort, To(&[1, 2]))
-        .differs(SHORT_CIRCUIT, "local-only list, empty here, and the socket programs refuse an empty frontend", Reject),
+    row("eTP Local: a pod of this node to the node port gets every endpoint", CLUSTER.etp_local(), SPLIT, PodHere, NodePort, To(&[1, 2])),
+    row("eTP Local: a pod of this node to the load-balancer IP, none local", CLUSTER.etp_local(), REMOTE, PodHere, LoadBalancer, To(&[1, 2])),
+    row("eTP Local: a pod on another node to this node's node port", CLUSTER.etp_local(), SPLIT, PodElsewhere, NodePort, To(&[1, 2])),
+    row("eTP Local: the node itself to its node port", CLUSTER.etp_local(), SPLIT, Node, NodePort, To(&[1, 2])),
+    row("eTP Local: the node itself to its node port, none local", CLUSTER.etp_local(), REMOTE, Node, NodePort, To(&[1, 2])),
     // --- The node's own processes ---
     row("the node itself to the cluster IP", CLUSTER, SPLIT, Node, ClusterIp, To(&[1, 2])),
     row("the node itself to its node port, policy Cluster", CLUSTER, SPLIT, Node, NodePort, To(&[1, 2])),
@@ -417,6 +388,8 @@ fn translate_case(c: &Case) -> Translation {
         node_name: HERE.into(),
         node_addresses: vec![],
         ipv6: true,
+        masquerade_all: false,
+        local: LocalDetector::ClusterCidr(vec![IpNet::parse(CLUSTER_CIDR).unwrap()]),
     };
     let stores = Stores::from_objects(&[k8s_service(&c.svc)], &[slice], &[node], HERE);
     let mut t = translate(
@@ -429,8 +402,24 @@ fn translate_case(c: &Case) -> Translation {
     t
 }
 
-/// What sluice's datapath gives a new connection from `source` to `f`.
-fn pick(f: Option<&Frontend>, source: Source) -> Result<Vec<u8>, Verdict> {
+/// The frontend entry a new connection from `source` to `key` uses: the
+/// internal scope (when the frontend has one) for sources inside the
+/// cluster, which the TC path recognises by `sl_local4` (`--cluster-cidr`
+/// here) and the socket programs by being the node's.
+fn frontend<'a>(frontends: &'a [Frontend], key: &str, source: Source) -> Option<&'a Frontend> {
+    let find = |k: &str| frontends.iter().find(|f| f.key.to_string() == k);
+    let internal = format!("{key} (internal)");
+    match source {
+        PodHere | PodElsewhere | Node => find(&internal).or_else(|| find(key)),
+        Outside => find(key),
+    }
+}
+
+/// What sluice's datapath gives a new connection to `f` (`select.rs`,
+/// shared by the TC path and the socket programs: active backends, else
+/// terminating-serving ones, else the frontend's DROP or REJECT; a node
+/// process sees DROP as a connect() that fails with ETIMEDOUT at once).
+fn pick(f: Option<&Frontend>) -> Result<Vec<u8>, Verdict> {
     let Some(f) = f else { return Err(Pass) };
     let with = |state: BackendState| -> Vec<u8> {
         let mut out: Vec<u8> = f
@@ -453,11 +442,9 @@ fn pick(f: Option<&Frontend>, source: Source) -> Result<Vec<u8>, Verdict> {
     if !fallback.is_empty() {
         return Ok(fallback);
     }
-    Err(match (source, f.when_empty) {
-        // sock.rs: ECONNREFUSED whenever nothing is selectable.
-        (Node, _) => Reject,
-        (_, WhenEmpty::Drop) => Drop,
-        (_, WhenEmpty::Reject) => Reject,
+    Err(match f.when_empty {
+        WhenEmpty::Drop => Drop,
+        WhenEmpty::Reject => Reject,
     })
 }
 
@@ -495,13 +482,9 @@ fn every_case_gives_its_verdict() {
             .desired
             .services
             .get(&name)
-            .and_then(|s| s.frontends.iter().find(|f| f.key.to_string() == key));
-        let got = pick(f, c.source);
-        let want = c
-            .known_difference
-            .as_ref()
-            .map_or(&c.kube_proxy, |k| &k.sluice);
-        if let Err(e) = check(&got, want) {
+            .and_then(|s| frontend(&s.frontends, &key, c.source));
+        let got = pick(f);
+        if let Err(e) = check(&got, &c.kube_proxy) {
             failures.push(format!("{}: {e}", c.name));
         }
     }
@@ -528,46 +511,8 @@ fn cases_are_well_formed() {
             "{}: not this node's decision",
             c.name
         );
-        if let Some(k) = &c.known_difference {
-            assert_ne!(k.sluice, c.kube_proxy, "{}: no difference", c.name);
-            assert!(!k.why.is_empty(), "{}: say why", c.name);
-        }
         if let To(eps) = c.kube_proxy {
             assert!(eps.windows(2).all(|w| w[0] < w[1]), "{}: sort", c.name);
-        }
-    }
-}
-
-/// The headings of one `## ` section of a markdown document.
-fn section_headings<'a>(doc: &'a str, section: &str) -> Vec<&'a str> {
-    let mut inside = false;
-    let mut out = Vec::new();
-    for line in doc.lines() {
-        if let Some(title) = line.strip_prefix("## ") {
-            inside = title.trim() == section;
-        } else if let Some(heading) = line.strip_prefix("### ").filter(|_| inside) {
-            out.push(heading.trim());
-        }
-    }
-    out
-}
-
-#[test]
-fn every_known_difference_is_documented() {
-    let doc = include_str!("../../../docs/service-features.md");
-    let headings = section_headings(doc, "Differences from kube-proxy");
-    assert!(
-        !headings.is_empty(),
-        "no Differences from kube-proxy section"
-    );
-    for c in CASES {
-        if let Some(k) = &c.known_difference {
-            assert!(
-                headings.contains(&k.doc),
-                "{}: docs/service-features.md has no heading {:?} under Differences from kube-proxy (has {headings:?})",
-                c.name,
-                k.doc
-            );
         }
     }
 }

@@ -10,6 +10,7 @@
 
 mod endpoints;
 mod frontends;
+mod local_traffic;
 mod objects;
 mod problems;
 mod topology;
@@ -21,10 +22,14 @@ mod kube_proxy_cases;
 #[cfg(test)]
 mod tests;
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
 
+pub use local_traffic::LocalDetector;
 pub use objects::{
     AddressFamily, Conditions, IpFamilies, IpNet, NodeInfo, ObjectKey, PortInfo, ServiceInfo,
     ServiceType, SliceEndpoint, SliceInfo, SlicePort, DEFAULT_AFFINITY_TIMEOUT, DEFAULT_NAMESPACE,
@@ -48,6 +53,13 @@ pub struct TranslateConfig {
     /// skipped and reported (`ipv6_unsupported`); the IPv4 side of a
     /// dual-stack service still works.
     pub ipv6: bool,
+    /// kube-proxy's `--masquerade-all`: every new flow to a cluster IP is
+    /// SNATed to the node.
+    pub masquerade_all: bool,
+    /// Local-traffic detection (`--detect-local-mode` with its input).
+    /// When it is on, flows to a cluster IP from sources outside the
+    /// cluster are SNATed, as kube-proxy masquerades them.
+    pub local: LocalDetector,
 }
 
 /// The result of one translation.
@@ -70,6 +82,8 @@ pub struct NodeContext {
     pub node_v6: Vec<IpAddr>,
     /// Problems of the Node object itself.
     pub problems: Vec<Problem>,
+    /// The networks local-traffic detection takes for pods.
+    pub local_sources: BTreeSet<(IpAddr, u8)>,
 }
 
 impl NodeContext {
@@ -104,6 +118,7 @@ impl NodeContext {
             node_addrs,
             node_v6,
             problems,
+            local_sources: config.local.sources(node),
         }
     }
 
@@ -221,7 +236,11 @@ pub fn translate_service(
                 .filter(|c| c.local && c.conditions.state() == crate::model::BackendState::Active)
                 .map(|c| c.endpoint.addr),
         );
-        let list = frontends::frontends(svc, port, &addrs, &candidates, here);
+        let opts = frontends::Options {
+            masquerade_all: config.masquerade_all,
+            local_detection: config.local.implemented(),
+        };
+        let list = frontends::frontends(svc, port, &addrs, &candidates, here, opts);
         if list.is_empty() {
             continue;
         }
@@ -276,7 +295,10 @@ pub fn translate(
             .push((key, slice));
     }
 
-    let mut desired = DesiredState::default();
+    let mut desired = DesiredState {
+        local_sources: ctx.local_sources.clone(),
+        ..DesiredState::default()
+    };
     let mut node_ports_wanted = false;
     for (key, svc) in services {
         let own_slices = by_service.get(key).map(Vec::as_slice).unwrap_or_default();

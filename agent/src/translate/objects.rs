@@ -945,6 +945,9 @@ pub struct NodeInfo {
     pub zone: Option<String>,
     /// InternalIP and ExternalIP addresses, sorted, every family.
     pub addresses: Vec<IpAddr>,
+    /// `spec.podCIDRs` (or the older `spec.podCIDR`): the pods of this
+    /// node, for local-traffic detection in NodeCIDR mode.
+    pub pod_cidrs: Vec<IpNet>,
     /// What of the object was left out, and why.
     pub problems: Vec<Problem>,
 }
@@ -973,10 +976,31 @@ impl NodeInfo {
             .collect();
         let mut addresses = parse_ips(&raw, "node address(es)", &mut problems);
         addresses.sort();
+        let spec = node.spec.as_ref();
+        let raw_cidrs: Vec<&str> = match spec.and_then(|s| s.pod_cidrs.as_ref()) {
+            Some(list) if !list.is_empty() => list.iter().map(String::as_str).collect(),
+            _ => spec
+                .and_then(|s| s.pod_cidr.as_deref())
+                .into_iter()
+                .collect(),
+        };
+        let mut pod_cidrs = Vec::new();
+        for raw in raw_cidrs {
+            match IpNet::parse(raw) {
+                Some(net) => pod_cidrs.push(net),
+                None => problems.push(
+                    ProblemReason::InvalidAddress,
+                    format!("spec.podCIDRs entry `{raw}` is not a CIDR; ignored"),
+                ),
+            }
+        }
+        pod_cidrs.sort();
+        pod_cidrs.dedup();
         Ok(Self {
             name,
             zone,
             addresses,
+            pod_cidrs,
             problems: problems.into_vec(),
         })
     }

@@ -9,7 +9,7 @@ use k8s_openapi::{
 };
 
 use super::{builders::*, *};
-use crate::model::{Frontend, FrontendKind, Proto, ServicePortName, WhenEmpty};
+use crate::model::{Frontend, FrontendKind, Proto, Scope, ServicePortName, WhenEmpty};
 
 const NODE: &str = "n1";
 
@@ -18,6 +18,7 @@ fn cfg() -> TranslateConfig {
         node_name: NODE.into(),
         node_addresses: vec![],
         ipv6: false,
+        ..TranslateConfig::default()
     }
 }
 
@@ -685,14 +686,32 @@ fn external_traffic_policy_local() {
     let https = tcp("shop", "https");
 
     let t = run_with(&[svc.clone()], &[shop_slice()], Some(&node), &cfg());
+    let (mut internal, mut external) = (0, 0);
     for f in frontends(&t, &https) {
-        let want: &[&str] = match f.kind {
-            FrontendKind::ClusterIp => &["10.0.0.1:8443=active", "10.0.0.2:8443=active"],
-            _ => &["10.0.0.1:8443=active"],
+        // Outside clients get this node's endpoints; sources inside the
+        // cluster get every endpoint from the internal scope, which only
+        // external kinds have ("short-circuit").
+        let all = f.kind == FrontendKind::ClusterIp || f.key.scope == Scope::Internal;
+        let want: &[&str] = if all {
+            &["10.0.0.1:8443=active", "10.0.0.2:8443=active"]
+        } else {
+            &["10.0.0.1:8443=active"]
         };
         assert_eq!(backends(f), want, "{}", f.key);
         assert_eq!(f.when_empty, WhenEmpty::Reject);
+        assert!(!f.snat, "{}: policy Local keeps the client address", f.key);
+        if f.key.scope == Scope::Internal {
+            assert_ne!(f.kind, FrontendKind::ClusterIp);
+            internal += 1;
+        } else if f.kind != FrontendKind::ClusterIp {
+            external += 1;
+        }
     }
+    assert!(external > 0);
+    assert_eq!(
+        internal, external,
+        "every external frontend has an internal scope"
+    );
 
     // No local endpoint: external frontends drop, the cluster IP still works.
     let remote_only = mk_slice(
@@ -704,7 +723,7 @@ fn external_traffic_policy_local() {
     );
     let t = run_with(&[svc.clone()], &[remote_only], Some(&node), &cfg());
     for f in frontends(&t, &https) {
-        if f.kind == FrontendKind::ClusterIp {
+        if f.kind == FrontendKind::ClusterIp || f.key.scope == Scope::Internal {
             assert_eq!(backends(f), vec!["10.0.0.2:8443=active"]);
             assert_eq!(f.when_empty, WhenEmpty::Reject);
         } else {
@@ -1227,4 +1246,72 @@ fn node_hints_keep_cluster_traffic_on_this_node() {
         backends(f),
         vec!["10.0.0.1:8080=active", "10.0.0.2:8080=active"]
     );
+}
+
+#[test]
+fn masquerade_follows_kube_proxy_flags() {
+    let node = mk_node(NODE, None, &[("InternalIP", "192.168.1.10")]);
+    let https = tcp("shop", "https");
+    let mut local_svc = lb_service();
+    spec_mut(&mut local_svc).external_traffic_policy = Some("Local".into());
+    let detection = LocalDetector::ClusterCidr(vec![IpNet::parse("10.0.0.0/16").unwrap()]);
+    // (masquerade_all, local detection) -> (cluster IP: snat,
+    // masquerade_outside) and external kinds by their traffic policy.
+    let cases = [
+        (false, LocalDetector::Off, false, false),
+        (false, detection.clone(), false, true),
+        (true, LocalDetector::Off, true, false),
+        (true, detection.clone(), true, false),
+    ];
+    for (masquerade_all, local, cluster_snat, cluster_outside) in cases {
+        let config = TranslateConfig {
+            masquerade_all,
+            local: local.clone(),
+            ..cfg()
+        };
+        for (svc, external_snat) in [(lb_service(), true), (local_svc.clone(), false)] {
+            let t = run_with(&[svc], &[shop_slice()], Some(&node), &config);
+            for f in frontends(&t, &https) {
+                let ctx = format!("{} with --masquerade-all={masquerade_all} {local:?}", f.key);
+                if f.kind == FrontendKind::ClusterIp {
+                    assert_eq!(f.snat, cluster_snat, "{ctx}");
+                    assert_eq!(f.masquerade_outside, cluster_outside, "{ctx}");
+                } else {
+                    // kube-proxy masquerades external traffic with policy
+                    // Cluster whatever the flags, never with Local, and
+                    // short-circuited pods not at all.
+                    let want = external_snat && f.key.scope == Scope::External;
+                    assert_eq!(f.snat, want, "{ctx}");
+                    assert!(!f.masquerade_outside, "{ctx}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn node_cidr_detection_takes_the_nodes_pod_cidrs() {
+    let mut node = mk_node(NODE, None, &[("InternalIP", "192.168.1.10")]);
+    node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+        pod_cidrs: Some(vec!["10.244.1.0/24".into(), "bogus".into()]),
+        ..Default::default()
+    });
+    let config = TranslateConfig {
+        local: LocalDetector::NodeCidr,
+        ..cfg()
+    };
+    let t = run_with(&[web()], &[], Some(&node), &config);
+    let want: std::collections::BTreeSet<(std::net::IpAddr, u8)> =
+        [("10.244.1.0".parse().unwrap(), 24)].into();
+    assert_eq!(t.desired.local_sources, want);
+    assert!(
+        t.problems
+            .iter()
+            .any(|p| p.reason == ProblemReason::InvalidAddress && p.detail.contains("bogus")),
+        "{:?}",
+        t.problems
+    );
+    // Without detection the set is empty, whatever the node says.
+    let t = run_with(&[web()], &[], Some(&node), &cfg());
+    assert!(t.desired.local_sources.is_empty());
 }

@@ -86,7 +86,7 @@ pub const NO_PREALLOC_FLAG: u32 = 1;
 
 /// Every map the agent pins, in the order it creates them. (The per-CPU
 /// scratch maps are per program generation and never pinned.)
-pub const MAPS: [MapDecl; 16] = [
+pub const MAPS: [MapDecl; 18] = [
     decl(
         names::CONFIG,
         MapKind::Array,
@@ -216,6 +216,22 @@ pub const MAPS: [MapDecl; 16] = [
         size_of::<Svc6Key>(),
         size_of::<MaglevTable>(),
         Capacity::Fixed(names::MAGLEV_MAX),
+        true,
+    ),
+    decl(
+        names::LOCAL_V4,
+        MapKind::LpmTrie,
+        4 + 4,
+        1,
+        Capacity::Fixed(names::LOCAL_MAX),
+        true,
+    ),
+    decl(
+        names::LOCAL_V6,
+        MapKind::LpmTrie,
+        4 + 16,
+        1,
+        Capacity::Fixed(names::LOCAL_MAX),
         true,
     ),
 ];

@@ -41,6 +41,14 @@ pub const SOCKETS: &str = "sl_sock";
 /// Socket-level reverse translation, both families: `SockRevKey` ->
 /// `SockRevValue` (LRU).
 pub const SOCK_REV: &str = "sl_sockrev";
+/// The cluster's own sources (local-traffic detection: `--cluster-cidr`,
+/// or this node's pod CIDRs): LPM trie of an IPv4 network (`[u8; 4]`) ->
+/// `u8` (1).
+pub const LOCAL_V4: &str = "sl_local4";
+/// The cluster's own IPv6 sources: LPM trie of `[u8; 16]` -> `u8` (1).
+pub const LOCAL_V6: &str = "sl_local6";
+/// Capacity of `sl_local4` and of `sl_local6` (CIDRs).
+pub const LOCAL_MAX: u32 = 256;
 
 // Every pinned map, with its layout and capacity, is declared once in
 // `crate::abi::MAPS`.

@@ -29,28 +29,35 @@ pub struct Svc4Key {
     pub slot: u16,
     /// IP protocol (`IPPROTO_TCP` / `IPPROTO_UDP`).
     pub proto: u8,
-    /// Reserved for traffic-policy scopes; always 0 today.
+    /// `SCOPE_EXTERNAL` (every frontend) or `SCOPE_INTERNAL` (the second
+    /// backend list of an externalTrafficPolicy Local frontend, for
+    /// sources inside the cluster).
     pub scope: u8,
     pub _pad: [u8; 2],
 }
 assert_size!(Svc4Key, 12);
 
 impl Svc4Key {
-    /// The key of `slot` of the frontend `addr:port/proto`.
+    /// The key of `slot` of the frontend `addr:port/proto` (external scope).
     pub const fn new(addr: [u8; 4], port: u16, proto: u8, slot: u16) -> Self {
+        Self::scoped(addr, port, proto, slot, SCOPE_EXTERNAL)
+    }
+
+    /// The key of `slot` of the frontend `addr:port/proto` in `scope`.
+    pub const fn scoped(addr: [u8; 4], port: u16, proto: u8, slot: u16, scope: u8) -> Self {
         Self {
             addr,
             port,
             slot,
             proto,
-            scope: 0,
+            scope,
             _pad: [0; 2],
         }
     }
 
-    /// The same frontend's master entry.
+    /// The same frontend's master entry (same scope).
     pub const fn master(&self) -> Self {
-        Self::new(self.addr, self.port, self.proto, 0)
+        Self::scoped(self.addr, self.port, self.proto, 0, self.scope)
     }
 }
 
@@ -66,30 +73,50 @@ pub struct Svc6Key {
     pub slot: u16,
     /// IP protocol (`IPPROTO_TCP` / `IPPROTO_UDP`).
     pub proto: u8,
-    /// Reserved for traffic-policy scopes; always 0 today.
+    /// `SCOPE_EXTERNAL` (every frontend) or `SCOPE_INTERNAL` (the second
+    /// backend list of an externalTrafficPolicy Local frontend, for
+    /// sources inside the cluster).
     pub scope: u8,
     pub _pad: [u8; 2],
 }
 assert_size!(Svc6Key, 24);
 
 impl Svc6Key {
-    /// The key of `slot` of the frontend `[addr]:port/proto`.
+    /// The key of `slot` of the frontend `[addr]:port/proto` (external
+    /// scope).
     pub const fn new(addr: [u8; 16], port: u16, proto: u8, slot: u16) -> Self {
+        Self::scoped(addr, port, proto, slot, SCOPE_EXTERNAL)
+    }
+
+    /// The key of `slot` of the frontend `[addr]:port/proto` in `scope`.
+    pub const fn scoped(addr: [u8; 16], port: u16, proto: u8, slot: u16, scope: u8) -> Self {
         Self {
             addr,
             port,
             slot,
             proto,
-            scope: 0,
+            scope,
             _pad: [0; 2],
         }
     }
 
-    /// The same frontend's master entry.
+    /// The same frontend's master entry (same scope).
     pub const fn master(&self) -> Self {
-        Self::new(self.addr, self.port, self.proto, 0)
+        Self::scoped(self.addr, self.port, self.proto, 0, self.scope)
     }
 }
+
+/// The scope every frontend has: for externalTrafficPolicy Local external
+/// frontends, the node-local backend list that clients outside the
+/// cluster get.
+pub const SCOPE_EXTERNAL: u8 = 0;
+
+/// The second scope of an externalTrafficPolicy Local external frontend
+/// (as Cilium's `LB_LOOKUP_SCOPE_INT`): every endpoint of the cluster, for
+/// sources inside the cluster (pods recognised by local-traffic detection,
+/// the node itself), as kube-proxy "short-circuits" them. Its master entry
+/// is found only when the external one has `SVC_F_INTERNAL`.
+pub const SCOPE_INTERNAL: u8 = 1;
 
 /// Value of `sl_svc4` and `sl_svc6`. In the master entry (slot 0) `backend_id` is 0 and
 /// the counts are set; in a backend slot only `svc_id` and `backend_id`
@@ -155,6 +182,17 @@ pub const SVC_F_AFFINITY: u16 = 1 << 8;
 /// Master flag: new flows take the backend of this frontend's Maglev table
 /// (`sl_maglev4`/`sl_maglev6`) when it is selectable.
 pub const SVC_F_MAGLEV: u16 = 1 << 9;
+
+/// Master flag: sources inside the cluster (`sl_local4`/`sl_local6`, or
+/// the node's own sockets) take this frontend's `SCOPE_INTERNAL` entries,
+/// if they exist (externalTrafficPolicy Local short-circuit).
+pub const SVC_F_INTERNAL: u16 = 1 << 10;
+
+/// Master flag: new flows from sources outside the cluster (not in
+/// `sl_local4`/`sl_local6`) are SNATed to the node (kube-proxy masquerades
+/// off-cluster traffic to a cluster IP when local-traffic detection is
+/// configured).
+pub const SVC_F_MASQ_OUTSIDE: u16 = 1 << 11;
 
 /// What kind of address a frontend is, for operators (`sluice lb list`).
 #[repr(u16)]

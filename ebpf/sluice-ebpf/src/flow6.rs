@@ -114,12 +114,12 @@ impl Flow6 {
 
     /// Writes the key of `slot` of this packet's frontend into `key`.
     #[inline(always)]
-    pub fn svc_key_into(&self, key: &mut Svc6Key, slot: u16) {
+    pub fn svc_key_into(&self, key: &mut Svc6Key, slot: u16, scope: u8) {
         key.addr = self.dst;
         key.port = self.dport;
         key.slot = slot;
         key.proto = self.proto;
-        key.scope = 0;
+        key.scope = scope;
         key._pad = [0; 2];
     }
 

@@ -12,16 +12,21 @@
 //! 4. Otherwise a new flow: source ranges, session affinity, then a slot by
 //!    flow hash among the active backends, or the terminating-but-serving
 //!    ones when none is active; none at all means reject (RST / ICMP port
-//!    unreachable) or drop. SNAT when the frontend asks for it or the
+//!    unreachable) or drop. A source inside the cluster (`sl_local4`) takes
+//!    the frontend's internal scope when it has one (externalTrafficPolicy
+//!    Local short-circuit). SNAT when the frontend asks for it, when it
+//!    masquerades sources outside the cluster and this is one, or when the
 //!    client is its own backend (hairpin).
 
 use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_ns, programs::TcContext};
 use sluice_common::{
     conntrack::{CT_F_SNAT, CT_REFRESH_NS},
     hash::pick_slot,
-    service::{SVC_F_AFFINITY, SVC_F_MAGLEV, SVC_F_SNAT, SVC_F_SOURCE_RANGES},
-    Affinity4Key, AffinityValue, BackendState, Config, CtKind, Stat, Svc4Key, SvcValue,
-    IPPROTO_TCP,
+    service::{
+        SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MAGLEV,
+        SVC_F_MASQ_OUTSIDE, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
+    },
+    Affinity4Key, AffinityValue, Config, CtKind, Stat, Svc4Key, SvcValue, IPPROTO_TCP,
 };
 
 use crate::{
@@ -32,7 +37,7 @@ use crate::{
     maps::{self, count, AFFINITY_V4, CONNTRACK_V4},
     nat::{self, Side},
     reject,
-    select::{candidates, judge, orphan_snat_segment, Pick, Tracked},
+    select::{candidates, judge, orphan_snat_segment, sticky, Pick, Tracked},
     snat,
 };
 
@@ -122,29 +127,53 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
     new_flow(ctx, &flow, master, now, reselected, &config)
 }
 
+/// The session-affinity key of `flow`'s client and frontend.
+#[inline(always)]
+fn affinity_key(flow: &Flow4) -> Affinity4Key {
+    Affinity4Key {
+        client: flow.src,
+        frontend: flow.dst,
+        port: flow.dport,
+        proto: flow.proto,
+        _pad: 0,
+    }
+}
+
 /// The backend the client's session affinity points to, if it may still
-/// take new flows (0: none). A separate BPF function, off the main frame.
+/// take new flows (0: none). A separate BPF function, off the main frame
+/// (the key too).
 #[inline(never)]
-fn affinity(key: &Affinity4Key, master: &SvcValue, now: u64) -> u32 {
-    let Some(a) = AFFINITY_V4.get_ptr(key) else {
-        return 0;
-    };
-    // SAFETY: pointer from a successful lookup; fields copied at once.
-    let (last_used, backend_id, svc_id) =
-        unsafe { ((*a).last_used_ns, (*a).backend_id, (*a).svc_id) };
-    if now.wrapping_sub(last_used) > u64::from(master.affinity_s) * 1_000_000_000 {
-        return 0;
+fn affinity(flow: &Flow4, master: &SvcValue, now: u64) -> u32 {
+    match AFFINITY_V4.get_ptr(&affinity_key(flow)) {
+        // SAFETY: pointer from a successful lookup; read at once.
+        Some(a) => sticky(unsafe { &*a }, master, now),
+        None => 0,
     }
-    let Some(b) = maps::backend(backend_id) else {
-        return 0;
+}
+
+/// Records the backend of the client's new flow for its next ones. A
+/// separate BPF function, off the main frame.
+#[inline(never)]
+fn remember(flow: &Flow4, svc_id: u32, backend_id: u32, now: u64) {
+    let value = AffinityValue {
+        last_used_ns: now,
+        backend_id,
+        svc_id,
     };
-    let selectable = b.state == BackendState::Active as u8
-        || (master.active == 0 && b.state == BackendState::TerminatingServing as u8);
-    if b.svc_id == master.svc_id && svc_id == master.svc_id && selectable {
-        backend_id
-    } else {
-        0
-    }
+    let _ = AFFINITY_V4.insert(&affinity_key(flow), &value, BPF_ANY as u64);
+}
+
+/// The master entry of the internal scope of `flow`'s frontend, if it has
+/// one. A separate BPF function: its key stays off the IPv4 frame.
+#[inline(never)]
+fn internal_master(flow: &Flow4) -> Option<&'static SvcValue> {
+    maps::service(&Svc4Key::scoped(
+        flow.dst,
+        flow.dport,
+        flow.proto,
+        0,
+        SCOPE_INTERNAL,
+    ))
 }
 
 #[inline(always)]
@@ -156,6 +185,19 @@ fn new_flow(
     reselected: bool,
     config: &Config,
 ) -> Result<Verdict, Error> {
+    // Local-traffic detection, only where the frontend needs it: a source
+    // inside the cluster takes the internal scope (externalTrafficPolicy
+    // Local short-circuit), one outside is masqueraded (cluster IPs).
+    let inside = master.flags & (SVC_F_INTERNAL | SVC_F_MASQ_OUTSIDE) != 0
+        && maps::inside_v4(u32::from_ne_bytes(flow.src));
+    let mut master = master;
+    let mut scope = SCOPE_EXTERNAL;
+    if inside && master.flags & SVC_F_INTERNAL != 0 {
+        if let Some(internal) = internal_master(flow) {
+            master = internal;
+            scope = SCOPE_INTERNAL;
+        }
+    }
     if master.flags & SVC_F_SOURCE_RANGES != 0 && !maps::source_allowed(master.svc_id, flow.src) {
         count(Stat::SourceDenied);
         return Ok(Verdict::Drop);
@@ -177,15 +219,8 @@ fn new_flow(
     };
     let h = hash::flow(flow, config.hash_seed);
     let sticky = master.flags & SVC_F_AFFINITY != 0;
-    let affinity_key = Affinity4Key {
-        client: flow.src,
-        frontend: flow.dst,
-        port: flow.dport,
-        proto: flow.proto,
-        _pad: 0,
-    };
     let sticky_backend = if sticky {
-        affinity(&affinity_key, master, now)
+        affinity(flow, master, now)
     } else {
         0
     };
@@ -201,7 +236,7 @@ fn new_flow(
         }
         None => {
             let by_table = if master.flags & SVC_F_MAGLEV != 0 {
-                maglev::pick4(flow, master)
+                maglev::pick4(flow, master, scope)
             } else {
                 0
             };
@@ -209,20 +244,17 @@ fn new_flow(
                 by_table
             } else {
                 let slot = pick_slot(h, first, n);
-                maps::service(&Svc4Key::new(flow.dst, flow.dport, flow.proto, slot))
-                    .ok_or(Error::Dangling)?
-                    .backend_id
+                maps::service(&Svc4Key::scoped(
+                    flow.dst, flow.dport, flow.proto, slot, scope,
+                ))
+                .ok_or(Error::Dangling)?
+                .backend_id
             };
             (id, maps::backend(id).ok_or(Error::Dangling)?)
         }
     };
     if sticky {
-        let value = AffinityValue {
-            last_used_ns: now,
-            backend_id,
-            svc_id: master.svc_id,
-        };
-        let _ = AFFINITY_V4.insert(affinity_key, value, BPF_ANY as u64);
+        remember(flow, master.svc_id, backend_id, now);
     }
     count(if reselected {
         Stat::Reselected
@@ -236,7 +268,8 @@ fn new_flow(
         hash: h,
     };
     let backend_addr = backend.addr_v4();
-    if master.flags & SVC_F_SNAT != 0 || backend_addr == flow.src {
+    let masquerade = master.flags & SVC_F_MASQ_OUTSIDE != 0 && !inside;
+    if master.flags & SVC_F_SNAT != 0 || masquerade || backend_addr == flow.src {
         return snat::new_flow(ctx.skb.skb, flow, &nf);
     }
     snat::record(flow, &nf)?;

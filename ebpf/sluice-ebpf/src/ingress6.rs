@@ -23,8 +23,11 @@ use aya_ebpf::{
 use sluice_common::{
     conntrack::{CT_F_SNAT, CT_REFRESH_NS},
     hash::{flow_hash_v6, pick_slot},
-    service::{SVC_F_AFFINITY, SVC_F_MAGLEV, SVC_F_SNAT, SVC_F_SOURCE_RANGES},
-    AffinityValue, Backend, BackendState, CtKind, Stat, SvcValue, FAMILY_V6, IPPROTO_TCP,
+    service::{
+        SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MAGLEV,
+        SVC_F_MASQ_OUTSIDE, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
+    },
+    AffinityValue, Backend, CtKind, Stat, SvcValue, FAMILY_V6, IPPROTO_TCP,
 };
 
 use crate::{
@@ -35,7 +38,7 @@ use crate::{
     maps::{self, count, Scratch6, AFFINITY_V6, CONNTRACK_V6},
     nat::Side,
     nat6, reject6,
-    select::{candidates, judge, orphan_snat_segment, Pick, Tracked},
+    select::{candidates, judge, orphan_snat_segment, sticky, Pick, Tracked},
     snat6,
 };
 
@@ -77,7 +80,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
             }
         }
     }
-    s.flow.svc_key_into(&mut s.svc_key, 0);
+    s.flow.svc_key_into(&mut s.svc_key, 0, SCOPE_EXTERNAL);
     let Some(master) = maps::service6(&s.svc_key) else {
         return Ok(Verdict::Next);
     };
@@ -145,6 +148,18 @@ fn try_new_flow(
     master: &SvcValue,
     reselected: bool,
 ) -> Result<Verdict, Error> {
+    // Local-traffic detection, as on the IPv4 path.
+    let inside = master.flags & (SVC_F_INTERNAL | SVC_F_MASQ_OUTSIDE) != 0
+        && maps::inside_v6(&mut s.local_key, &s.flow.src);
+    let mut master = master;
+    let mut scope = SCOPE_EXTERNAL;
+    if inside && master.flags & SVC_F_INTERNAL != 0 {
+        s.flow.svc_key_into(&mut s.svc_key, 0, SCOPE_INTERNAL);
+        if let Some(internal) = maps::service6(&s.svc_key) {
+            master = internal;
+            scope = SCOPE_INTERNAL;
+        }
+    }
     if master.flags & SVC_F_SOURCE_RANGES != 0
         && !maps::source_allowed6(&mut s.range_key, master.svc_id, &s.flow.src)
     {
@@ -173,11 +188,12 @@ fn try_new_flow(
         count(Stat::AffinityHit);
     } else {
         if master.flags & SVC_F_MAGLEV != 0 {
-            s.flow.svc_key_into(&mut s.svc_key, 0);
+            s.flow.svc_key_into(&mut s.svc_key, 0, scope);
             backend_id = maglev::pick6(&s.flow, &s.svc_key, master);
         }
         if backend_id == 0 {
-            s.flow.svc_key_into(&mut s.svc_key, pick_slot(h, first, n));
+            s.flow
+                .svc_key_into(&mut s.svc_key, pick_slot(h, first, n), scope);
             backend_id = maps::service6(&s.svc_key)
                 .ok_or(Error::Dangling)?
                 .backend_id;
@@ -198,7 +214,8 @@ fn try_new_flow(
     // SNAT when the frontend asks for it, or when the client is the
     // backend itself (hairpin: it would answer itself directly, from the
     // wrong address).
-    if master.flags & SVC_F_SNAT != 0 || same_addr(&backend.addr, &s.flow.src) {
+    let masquerade = master.flags & SVC_F_MASQ_OUTSIDE != 0 && !inside;
+    if master.flags & SVC_F_SNAT != 0 || masquerade || same_addr(&backend.addr, &s.flow.src) {
         return Ok(snat6::new_flow(skb, s, master.svc_id, backend_id, h));
     }
     record(s, backend, master.svc_id, backend_id)?;
@@ -216,26 +233,12 @@ fn affinity(s: &mut Scratch6, master: &SvcValue) -> u32 {
     key.port = s.flow.dport;
     key.proto = s.flow.proto;
     key._pad = 0;
-    let Some(a) = AFFINITY_V6.get_ptr(&*key) else {
-        return 0;
-    };
-    // SAFETY: pointer from a successful lookup; fields copied at once.
-    let (last_used, backend_id, svc_id) =
-        unsafe { ((*a).last_used_ns, (*a).backend_id, (*a).svc_id) };
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    if now.wrapping_sub(last_used) > u64::from(master.affinity_s) * 1_000_000_000 {
-        return 0;
-    }
-    let Some(b) = maps::backend(backend_id) else {
-        return 0;
-    };
-    let selectable = b.state == BackendState::Active as u8
-        || (master.active == 0 && b.state == BackendState::TerminatingServing as u8);
-    if b.svc_id == master.svc_id && svc_id == master.svc_id && selectable {
-        backend_id
-    } else {
-        0
+    match AFFINITY_V6.get_ptr(&*key) {
+        // SAFETY: pointer from a successful lookup; read at once.
+        Some(a) => sticky(unsafe { &*a }, master, now),
+        None => 0,
     }
 }
 

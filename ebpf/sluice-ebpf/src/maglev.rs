@@ -12,20 +12,22 @@
 use sluice_common::{
     hash::flow_hash_v6,
     maglev::{index, MAGLEV_M, MAGLEV_SEED},
-    BackendState, Stat, Svc4Key, SvcValue,
+    Stat, Svc4Key, Svc6Key, SvcValue,
 };
 
 use crate::{
     flow::Flow4,
     flow6::Flow6,
     hash,
-    maps::{self, count, MAGLEV_V4, MAGLEV_V6},
+    maps::{count, MAGLEV_V4, MAGLEV_V6},
+    select::selectable,
 };
 
-/// The backend the table of `flow`'s IPv4 frontend names (0: none usable).
+/// The backend the table of `flow`'s IPv4 frontend (in `scope`) names (0:
+/// none usable).
 #[inline(never)]
-pub fn pick4(flow: &Flow4, master: &SvcValue) -> u32 {
-    let key = Svc4Key::new(flow.dst, flow.dport, flow.proto, 0);
+pub fn pick4(flow: &Flow4, master: &SvcValue, scope: u8) -> u32 {
+    let key = Svc4Key::scoped(flow.dst, flow.dport, flow.proto, 0, scope);
     let h = hash::flow(flow, MAGLEV_SEED);
     let id = match MAGLEV_V4.get_ptr(&key) {
         // SAFETY: pointer from a successful lookup; one entry read.
@@ -37,7 +39,7 @@ pub fn pick4(flow: &Flow4, master: &SvcValue) -> u32 {
 
 /// `pick4` for an IPv6 flow (its master key is in `s.svc_key` with slot 0).
 #[inline(never)]
-pub fn pick6(flow: &Flow6, key: &sluice_common::Svc6Key, master: &SvcValue) -> u32 {
+pub fn pick6(flow: &Flow6, key: &Svc6Key, master: &SvcValue) -> u32 {
     let h = flow_hash_v6(
         &flow.src,
         &flow.dst,
@@ -62,13 +64,33 @@ fn entry(table: &[u32; MAGLEV_M], h: u32) -> u32 {
 /// `id` if it may take a new flow of `master`'s frontend, else 0 (counted).
 #[inline(always)]
 fn usable(id: u32, master: &SvcValue) -> u32 {
-    if let Some(b) = maps::backend(id) {
-        let selectable = b.state == BackendState::Active as u8
-            || (master.active == 0 && b.state == BackendState::TerminatingServing as u8);
-        if b.svc_id == master.svc_id && selectable {
-            return id;
-        }
+    if selectable(id, master) {
+        return id;
     }
     count(Stat::MaglevFallback);
     0
+}
+
+/// The backend the table of an IPv4 frontend (master `key`) names for a
+/// socket's hash `h` (0: none usable). The socket programs pick before
+/// the source port exists, so they hash the socket, not the flow.
+#[inline(never)]
+pub fn pick4_by_hash(key: &Svc4Key, h: u32, master: &SvcValue) -> u32 {
+    let id = match MAGLEV_V4.get_ptr(key) {
+        // SAFETY: pointer from a successful lookup; one entry read.
+        Some(table) => entry(unsafe { &(*table).backends }, h),
+        None => 0,
+    };
+    usable(id, master)
+}
+
+/// `pick4_by_hash` for an IPv6 frontend.
+#[inline(never)]
+pub fn pick6_by_hash(key: &Svc6Key, h: u32, master: &SvcValue) -> u32 {
+    let id = match MAGLEV_V6.get_ptr(key) {
+        // SAFETY: pointer from a successful lookup; one entry read.
+        Some(table) => entry(unsafe { &(*table).backends }, h),
+        None => 0,
+    };
+    usable(id, master)
 }

@@ -11,7 +11,7 @@ use sluice_common::{
     maps as names,
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX,
-        HANDOVER_MAX, MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX, SOURCE_RANGES_MAX,
+        HANDOVER_MAX, LOCAL_MAX, MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX, SOURCE_RANGES_MAX,
     },
     stats::STAT_COUNT,
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry,
@@ -99,6 +99,12 @@ pub static SOCK_REV: LruHashMap<SockRevKey, SockRevValue, { SOCKETS_MAX as usize
 pub static SOURCE_RANGES_V4: LpmTrie<SrcRange4, u8, { SOURCE_RANGES_MAX as usize }> =
     LpmTrie::new();
 
+#[btf_map(name = "sl_local4")]
+pub static LOCAL_V4: LpmTrie<[u8; 4], u8, { LOCAL_MAX as usize }> = LpmTrie::new();
+
+#[btf_map(name = "sl_local6")]
+pub static LOCAL_V6: LpmTrie<[u8; 16], u8, { LOCAL_MAX as usize }> = LpmTrie::new();
+
 /// Per-CPU room for temporaries too large for the 512-byte BPF stack: a
 /// conntrack entry under construction, FIB lookup parameters, a reply
 /// packet being built. One program run uses it at a time on a CPU (TC runs
@@ -128,6 +134,7 @@ pub struct Scratch6 {
     pub svc_key: Svc6Key,
     pub aff_key: Affinity6Key,
     pub range_key: Key<SrcRange6>,
+    pub local_key: Key<[u8; 16]>,
     /// The node address an SNATed flow leaves with.
     pub snat_addr: [u8; 16],
 }
@@ -245,4 +252,24 @@ pub fn source_allowed6(key: &mut Key<SrcRange6>, svc_id: u32, client: &[u8; 16])
     key.data.svc_id = svc_id.to_be_bytes();
     key.data.addr = *client;
     SOURCE_RANGES_V6.get(&*key).is_some()
+}
+
+/// Whether IPv4 `src` is one of the cluster's own sources (local-traffic
+/// detection; `sl_local4` is empty without it). A separate BPF function:
+/// its key stays off the caller's frame.
+#[inline(never)]
+pub fn inside_v4(src: u32) -> bool {
+    let key = Key {
+        prefix_len: 32,
+        data: src.to_ne_bytes(),
+    };
+    LOCAL_V4.get(&key).is_some()
+}
+
+/// `inside_v4` for IPv6 (the key is built in `key`, off the stack).
+#[inline(always)]
+pub fn inside_v6(key: &mut Key<[u8; 16]>, src: &[u8; 16]) -> bool {
+    key.prefix_len = 128;
+    key.data = *src;
+    LOCAL_V6.get(&*key).is_some()
 }

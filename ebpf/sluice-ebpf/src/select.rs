@@ -5,7 +5,7 @@
 
 use sluice_common::{
     service::{SVC_F_DROP_EMPTY, SVC_F_SNAT},
-    Backend, BackendState, SvcValue, IPPROTO_TCP, IPPROTO_UDP,
+    AffinityValue, Backend, BackendState, SvcValue, IPPROTO_TCP, IPPROTO_UDP,
 };
 
 use crate::{
@@ -105,6 +105,39 @@ pub fn candidates(master: &SvcValue) -> Pick {
         Pick::Drop
     } else {
         Pick::Reject
+    }
+}
+
+/// Whether backend `id` may take a new flow of `master`'s frontend: it
+/// belongs to the frontend's service port and is active, or serving while
+/// terminating when no backend is active. Affinity entries and Maglev
+/// tables name backends by id; this is the check both go through, on every
+/// hook.
+#[inline(always)]
+pub fn selectable(id: u32, master: &SvcValue) -> bool {
+    match maps::backend(id) {
+        Some(b) => {
+            b.svc_id == master.svc_id
+                && (b.state == BackendState::Active as u8
+                    || (master.active == 0 && b.state == BackendState::TerminatingServing as u8))
+        }
+        None => false,
+    }
+}
+
+/// The backend a client's session-affinity entry names, if the entry is
+/// within the frontend's timeout and the backend may still take new flows
+/// (0: none).
+#[inline(always)]
+pub fn sticky(entry: &AffinityValue, master: &SvcValue, now: u64) -> u32 {
+    let (last_used, backend_id, svc_id) = (entry.last_used_ns, entry.backend_id, entry.svc_id);
+    if now.wrapping_sub(last_used) > u64::from(master.affinity_s) * 1_000_000_000 {
+        return 0;
+    }
+    if svc_id == master.svc_id && selectable(backend_id, master) {
+        backend_id
+    } else {
+        0
     }
 }
 

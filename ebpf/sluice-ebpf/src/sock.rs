@@ -12,22 +12,28 @@
 
 use aya_ebpf::{
     bindings::{bpf_sock_addr, BPF_ANY},
-    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_set_retval},
     programs::{SockAddrContext, SockContext},
     EbpfContext,
 };
 use sluice_common::{
     hash::{jhash_3words, pick_slot},
-    Backend, SockEntry, SockRevKey, SockRevValue, Stat, Svc4Key, Svc6Key, SvcValue, FAMILY_V4,
-    FAMILY_V6, IPPROTO_TCP, IPPROTO_UDP,
+    service::{SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MAGLEV},
+    Affinity4Key, Affinity6Key, AffinityValue, Backend, SockEntry, SockRevKey, SockRevValue, Stat,
+    Svc4Key, Svc6Key, SvcValue, FAMILY_V4, FAMILY_V6, IPPROTO_TCP, IPPROTO_UDP,
 };
 
-use crate::maps::{self, count, SOCKETS, SOCK_REV};
+use crate::{
+    maglev,
+    maps::{self, count, AFFINITY_V4, AFFINITY_V6, SOCKETS, SOCK_REV},
+    select::{candidates, sticky, Pick},
+};
 
 /// What cgroup socket-address programs return to let the call proceed.
 const ALLOW: i32 = 1;
 const REJECT: i32 = 0;
 const ECONNREFUSED: i32 = 111;
+const ETIMEDOUT: i32 = 110;
 
 /// The first 12 bytes of a v4-mapped IPv6 address.
 const V4_MAPPED: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
@@ -103,25 +109,142 @@ fn is_v4_mapped(addr: &[u8; 16]) -> bool {
     (w(0) ^ m(0)) | (w(4) ^ m(4)) | (w(8) ^ m(8)) == 0
 }
 
-/// A frontend entry (`slot` 0: the master) of the service at `addr`: in
-/// `sl_svc4` when `v4` (the address in bytes 12..16 when `mapped`, else
-/// 0..4), else in `sl_svc6`.
+/// A frontend entry (`slot` 0: the master) of the service at `addr`, in
+/// `scope`: in `sl_svc4` when `v4` (the address in bytes 12..16 when
+/// `mapped`, else 0..4), else in `sl_svc6`.
 #[inline(always)]
-fn service(
-    addr: &[u8; 16],
-    v4: bool,
-    mapped: bool,
+fn service(at: &Target, slot: u16, scope: u8) -> Option<&'static SvcValue> {
+    if at.v4 {
+        maps::service(&Svc4Key::scoped(
+            at.v4_addr(),
+            at.port,
+            at.proto,
+            slot,
+            scope,
+        ))
+    } else {
+        maps::service6(&Svc6Key::scoped(at.addr, at.port, at.proto, slot, scope))
+    }
+}
+
+/// The service address a call names.
+struct Target {
+    /// As the socket sees it.
+    addr: [u8; 16],
     port: u16,
     proto: u8,
-    slot: u16,
-) -> Option<&'static SvcValue> {
-    if v4 {
-        let o = if mapped { 12 } else { 0 };
-        let a = [addr[o], addr[o + 1], addr[o + 2], addr[o + 3]];
-        maps::service(&Svc4Key::new(a, port, proto, slot))
-    } else {
-        maps::service6(&Svc6Key::new(*addr, port, proto, slot))
+    /// An IPv4 service (an `AF_INET` socket, or a v4-mapped address).
+    v4: bool,
+    /// A v4-mapped address on an `AF_INET6` socket.
+    mapped: bool,
+}
+
+impl Target {
+    #[inline(always)]
+    fn v4_addr(&self) -> [u8; 4] {
+        let o = if self.mapped { 12 } else { 0 };
+        [
+            self.addr[o],
+            self.addr[o + 1],
+            self.addr[o + 2],
+            self.addr[o + 3],
+        ]
     }
+}
+
+/// The backend the node's session affinity to this frontend names, if it
+/// may still take new flows (0: none). The node is one client: its
+/// sockets pick before they have a source address, and every process of
+/// the node would leave with the node's address, so the key's client is
+/// the unspecified address (which no packet on the TC path carries).
+#[inline(always)]
+fn affinity(at: &Target, master: &SvcValue, now: u64) -> u32 {
+    let entry = if at.v4 {
+        AFFINITY_V4.get_ptr(&affinity_key4(at))
+    } else {
+        AFFINITY_V6.get_ptr(&affinity_key6(at))
+    };
+    match entry {
+        // SAFETY: pointer from a successful lookup; read at once.
+        Some(a) => sticky(unsafe { &*a }, master, now),
+        None => 0,
+    }
+}
+
+#[inline(always)]
+fn affinity_key4(at: &Target) -> Affinity4Key {
+    Affinity4Key {
+        client: [0; 4],
+        frontend: at.v4_addr(),
+        port: at.port,
+        proto: at.proto,
+        _pad: 0,
+    }
+}
+
+#[inline(always)]
+fn affinity_key6(at: &Target) -> Affinity6Key {
+    Affinity6Key {
+        client: [0; 16],
+        frontend: at.addr,
+        port: at.port,
+        proto: at.proto,
+        _pad: 0,
+    }
+}
+
+/// Records the node's affinity to `backend_id`.
+#[inline(always)]
+fn remember(at: &Target, master: &SvcValue, backend_id: u32, now: u64) {
+    let value = AffinityValue {
+        last_used_ns: now,
+        backend_id,
+        svc_id: master.svc_id,
+    };
+    if at.v4 {
+        let _ = AFFINITY_V4.insert(&affinity_key4(at), &value, BPF_ANY as u64);
+    } else {
+        let _ = AFFINITY_V6.insert(&affinity_key6(at), &value, BPF_ANY as u64);
+    }
+}
+
+/// Picks the backend of a new socket with the TC path's rules
+/// (`select.rs`): session affinity, then the frontend's Maglev table, then
+/// a slot among the candidates. `h` hashes the socket (the source port
+/// does not exist yet).
+#[inline(always)]
+fn pick(at: &Target, master: &SvcValue, scope: u8, first: u16, n: u16, h: u32) -> u32 {
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let sticky_on = master.flags & SVC_F_AFFINITY != 0;
+    let mut id = if sticky_on {
+        affinity(at, master, now)
+    } else {
+        0
+    };
+    if id != 0 {
+        count(Stat::AffinityHit);
+    } else {
+        if master.flags & SVC_F_MAGLEV != 0 {
+            id = if at.v4 {
+                let key = Svc4Key::scoped(at.v4_addr(), at.port, at.proto, 0, scope);
+                maglev::pick4_by_hash(&key, h, master)
+            } else {
+                let key = Svc6Key::scoped(at.addr, at.port, at.proto, 0, scope);
+                maglev::pick6_by_hash(&key, h, master)
+            };
+        }
+        if id == 0 {
+            id = match service(at, pick_slot(h, first, n), scope) {
+                Some(slot) => slot.backend_id,
+                None => 0,
+            };
+        }
+    }
+    if id != 0 && sticky_on {
+        remember(at, master, id, now);
+    }
+    id
 }
 
 /// `backend`'s address as a socket of `family` (v4-mapped when `mapped`)
@@ -161,50 +284,68 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         return ALLOW;
     }
     let addr = read_addr(sa, family);
-    let port = u16::from_be(raw_port as u16);
     let mapped = family == Family::V6 && is_v4_mapped(&addr);
-    let v4 = family == Family::V4 || mapped;
-    let Some(master) = service(&addr, v4, mapped, port, proto, 0) else {
+    let at = Target {
+        addr,
+        port: u16::from_be(raw_port as u16),
+        proto,
+        v4: family == Family::V4 || mapped,
+        mapped,
+    };
+    let Some(mut master) = service(&at, 0, SCOPE_EXTERNAL) else {
         return ALLOW;
     };
-    let (first, n) = if master.active > 0 {
-        (1, master.active)
-    } else if master.fallback > 0 {
-        (1 + master.active, master.fallback)
-    } else {
-        count(Stat::SockRefused);
-        // SAFETY: plain helper call; sets the errno the syscall returns.
-        unsafe { bpf_set_retval(-ECONNREFUSED) };
-        return REJECT;
+    // The node is inside the cluster: an externalTrafficPolicy Local
+    // frontend gives it every endpoint (kube-proxy's short-circuit).
+    let mut scope = SCOPE_EXTERNAL;
+    if master.flags & SVC_F_INTERNAL != 0 {
+        if let Some(internal) = service(&at, 0, SCOPE_INTERNAL) {
+            master = internal;
+            scope = SCOPE_INTERNAL;
+        }
+    }
+    let (first, n) = match candidates(master) {
+        Pick::Slots(first, n) => (first, n),
+        Pick::Drop => {
+            // kube-proxy drops the connection's packets, so the caller
+            // would time out: say so at once.
+            count(Stat::NoBackendDrop);
+            // SAFETY: plain helper call; sets the errno the syscall returns.
+            unsafe { bpf_set_retval(-ETIMEDOUT) };
+            return REJECT;
+        }
+        Pick::Reject => {
+            count(Stat::SockRefused);
+            // SAFETY: plain helper call; sets the errno the syscall returns.
+            unsafe { bpf_set_retval(-ECONNREFUSED) };
+            return REJECT;
+        }
     };
     // SAFETY: plain helper call on the program's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let h = jhash_3words(
         cookie as u32,
         (cookie >> 32) as u32,
-        u32::from(port),
+        u32::from(at.port),
         maps::config().hash_seed,
     );
-    let slot = pick_slot(h, first, n);
-    let Some(slot) = service(&addr, v4, mapped, port, proto, slot) else {
+    let backend_id = pick(&at, master, scope, first, n, h);
+    let Some(backend) = maps::backend(backend_id) else {
         count(Stat::Dangling);
         return ALLOW;
     };
-    let Some(backend) = maps::backend(slot.backend_id) else {
-        count(Stat::Dangling);
-        return ALLOW;
-    };
-    if (backend.family == FAMILY_V4) != v4 {
+    if (backend.family == FAMILY_V4) != at.v4 {
         count(Stat::Dangling);
         return ALLOW;
     }
     let baddr = socket_view(backend, mapped);
     write_addr(sa, family, &baddr, backend.port);
+    let port = at.port;
     let entry = SockEntry {
-        backend_id: slot.backend_id,
+        backend_id,
         svc_id: master.svc_id,
         backend: baddr,
-        frontend: addr,
+        frontend: at.addr,
         backend_port: backend.port,
         frontend_port: port,
         proto,
@@ -221,7 +362,7 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         _pad: [0; 6],
     };
     let rev = SockRevValue {
-        frontend: addr,
+        frontend: at.addr,
         port,
         _pad: [0; 2],
     };

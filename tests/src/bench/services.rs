@@ -125,11 +125,7 @@ impl ServiceSet {
     fn desired_service(&self, i: usize) -> DesiredService {
         DesiredService {
             frontends: vec![Frontend {
-                key: FrontendKey {
-                    addr: IpAddr::V4(self.vip(i)),
-                    port: SERVICE_PORT,
-                    proto: Proto::Tcp,
-                },
+                key: FrontendKey::new(IpAddr::V4(self.vip(i)), SERVICE_PORT, Proto::Tcp),
                 kind: FrontendKind::ClusterIp,
                 backends: self
                     .endpoints(i)
@@ -147,6 +143,7 @@ impl ServiceSet {
                 affinity_timeout: None,
                 source_ranges: Vec::new(),
                 maglev: false,
+                masquerade_outside: false,
             }],
         }
     }

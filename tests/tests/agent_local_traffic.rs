@@ -1,0 +1,247 @@
+//! kube-proxy's local-traffic detection, `--masquerade-all` and the
+//! externalTrafficPolicy Local short-circuit, through the real agent on
+//! manifests and real connections, as kube-proxy's nftables proxier
+//! decides them:
+//! - a pod (by `--cluster-cidr`) or the node itself reaching an
+//!   externalTrafficPolicy Local node port gets every endpoint of the
+//!   cluster, unmasqueraded; a client outside the cluster gets this node's
+//!   endpoints only, and is dropped when there are none;
+//! - with local-traffic detection, a client outside the cluster reaching a
+//!   cluster IP is masqueraded (the backend sees the node), a pod is not;
+//! - with `--masquerade-all`, pods are masqueraded too;
+//! - without detection, pods are taken for outside clients (no
+//!   short-circuit) and nobody is masqueraded to a cluster IP.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    time::Duration,
+};
+
+use anyhow::{ensure, Result};
+use sluice_common::Stat;
+use sluice_tests::{
+    agent::{Agent, ManifestDir},
+    clients,
+    host::HostClient,
+    servers, Topology,
+};
+
+const LOCAL_NP_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 8, 1);
+const NODE_PORT: u16 = 30081;
+const WEB_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 8, 2);
+
+/// This node (`node-1`), the NodePort service `local-np` with
+/// externalTrafficPolicy Local whose endpoints are all on `node-2`, and the
+/// ClusterIP service `web`, both on the two backends.
+fn manifests(node_ip: Ipv4Addr, b0: Ipv4Addr, b1: Ipv4Addr) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Node
+metadata:
+  name: node-1
+status:
+  addresses:
+  - type: InternalIP
+    address: {node_ip}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: local-np
+  namespace: default
+spec:
+  type: NodePort
+  clusterIP: {LOCAL_NP_VIP}
+  clusterIPs: [{LOCAL_NP_VIP}]
+  externalTrafficPolicy: Local
+  ports:
+  - name: http
+    protocol: TCP
+    port: 80
+    targetPort: 8080
+    nodePort: {NODE_PORT}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: local-np-1
+  namespace: default
+  labels:
+    kubernetes.io/service-name: local-np
+addressType: IPv4
+ports:
+- name: http
+  protocol: TCP
+  port: 8080
+endpoints:
+- addresses: ["{b0}"]
+  nodeName: node-2
+  conditions: {{ready: true}}
+- addresses: ["{b1}"]
+  nodeName: node-2
+  conditions: {{ready: true}}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: default
+spec:
+  type: ClusterIP
+  clusterIP: {WEB_VIP}
+  clusterIPs: [{WEB_VIP}]
+  ports:
+  - name: http
+    protocol: TCP
+    port: 80
+    targetPort: 8080
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels:
+    kubernetes.io/service-name: web
+addressType: IPv4
+ports:
+- name: http
+  protocol: TCP
+  port: 8080
+endpoints:
+- addresses: ["{b0}"]
+  nodeName: node-1
+  conditions: {{ready: true}}
+- addresses: ["{b1}"]
+  nodeName: node-1
+  conditions: {{ready: true}}
+"#
+    )
+}
+
+/// The backend's greeting: its name and the source address it saw.
+fn whoami(ns: &sluice_tests::netns::Netns, to: SocketAddrV4) -> Result<(String, String)> {
+    let greeting = clients::tcp_hello(ns, to)?;
+    let (name, seen) = greeting
+        .split_once(' ')
+        .ok_or_else(|| anyhow::anyhow!("unexpected greeting {greeting:?}"))?;
+    Ok((name.to_owned(), seen.to_owned()))
+}
+
+/// Whether a new connection from `ns` to `to` is dropped (times out).
+fn dropped(ns: &sluice_tests::netns::Netns, to: SocketAddrV4) -> bool {
+    match clients::tcp_hello(ns, to) {
+        Err(e) => e
+            .chain()
+            .filter_map(|c| c.downcast_ref::<std::io::Error>())
+            .any(|io| {
+                matches!(
+                    io.kind(),
+                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                )
+            }),
+        Ok(_) => false,
+    }
+}
+
+fn agent_stat(topo: &Topology, stat: Stat) -> Result<u64> {
+    Ok(sluice::datapath::Maps::open_pinned(topo.bpf.path())?.stat(stat)?)
+}
+
+#[test]
+fn pods_and_the_node_short_circuit_and_outsiders_are_masqueraded_as_kube_proxy_does() -> Result<()>
+{
+    let mut topo = Topology::new(1, 2)?;
+    topo.add_external()?;
+    let _servers = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_whoami(&b.ns, 8080, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let (b0, b1) = (topo.backends[0].ip, topo.backends[1].ip);
+    let node_ip = topo.node_address(0);
+    let dir = ManifestDir::create()?;
+    dir.write("all.yaml", &manifests(node_ip, b0, b1))?;
+    let source = format!("dir:{}", dir.path().display());
+    let client = &topo.clients[0];
+    let outside = &topo.externals[0];
+    let node_port = SocketAddrV4::new(node_ip, NODE_PORT);
+    let web = SocketAddrV4::new(WEB_VIP, 80);
+    let backend_names = ["backend-0", "backend-1"];
+
+    // Pods are 10.0.0.0/8 (clients 10.10.x, backends 10.20.x); the
+    // outside host is 192.168.1.100.
+    let mut agent = Agent::start(&topo, &source, &["--cluster-cidr", "10.0.0.0/8"])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+
+    // A pod of this node to the Local node port, no endpoint on this node:
+    // every endpoint of the cluster, client address kept.
+    for _ in 0..4 {
+        let (name, seen) = whoami(&client.ns, node_port)?;
+        ensure!(backend_names.contains(&name.as_str()), "{name}");
+        ensure!(seen == client.ip.to_string(), "pod masqueraded: {seen}");
+    }
+    // The node itself, through the socket programs: every endpoint too.
+    let out = HostClient::once(&topo, "tcp", &node_ip.to_string(), NODE_PORT)?;
+    ensure!(
+        out.first().map(String::as_str) == Some("ok") && backend_names.contains(&out[1].as_str()),
+        "node to its Local node port: {out:?}"
+    );
+    // Outside the cluster: this node's endpoints only, and there are none.
+    let drops = agent_stat(&topo, Stat::NoBackendDrop)?;
+    ensure!(
+        dropped(&outside.ns, node_port),
+        "outside client not dropped"
+    );
+    ensure!(
+        agent_stat(&topo, Stat::NoBackendDrop)? > drops,
+        "drop not counted"
+    );
+
+    // A cluster IP: the outside client is masqueraded to the node's
+    // address, the pod is not.
+    let (_, seen) = whoami(&outside.ns, web)?;
+    ensure!(
+        seen != outside.ip.to_string() && seen.starts_with("10.20."),
+        "outside client reached the cluster IP as {seen}, expected the node's address"
+    );
+    let (_, seen) = whoami(&client.ns, web)?;
+    ensure!(seen == client.ip.to_string(), "pod masqueraded: {seen}");
+    agent.stop()?;
+
+    // --masquerade-all without detection: everyone is masqueraded to the
+    // cluster IP; pods are no longer told from outside clients, so the
+    // Local node port drops them too (kube-proxy without a local detector).
+    let mut agent = Agent::start(&topo, &source, &["--masquerade-all"])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    let (_, seen) = whoami(&client.ns, web)?;
+    ensure!(seen.starts_with("10.20."), "pod not masqueraded: {seen}");
+    let (_, seen) = whoami(&outside.ns, web)?;
+    ensure!(
+        seen.starts_with("10.20."),
+        "outside client not masqueraded: {seen}"
+    );
+    ensure!(
+        dropped(&client.ns, node_port),
+        "pod short-circuited without detection: {:?}, maps: {}",
+        clients::tcp_hello(&client.ns, node_port),
+        agent.cli(&["lb", "list"]).unwrap_or_default()
+    );
+    // The node is always inside the cluster.
+    let out = HostClient::once(&topo, "tcp", &node_ip.to_string(), NODE_PORT)?;
+    ensure!(out.first().map(String::as_str) == Some("ok"), "{out:?}");
+    agent.stop()?;
+
+    // Neither: nobody is masqueraded to a cluster IP.
+    let mut agent = Agent::start(&topo, &source, &[])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    let (_, seen) = whoami(&outside.ns, web)?;
+    ensure!(
+        seen == outside.ip.to_string(),
+        "outside client masqueraded: {seen}"
+    );
+    let (_, seen) = whoami(&client.ns, web)?;
+    ensure!(seen == client.ip.to_string(), "pod masqueraded: {seen}");
+    agent.stop()?;
+    Ok(())
+}
