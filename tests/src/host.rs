@@ -42,6 +42,23 @@ except OSError as e:
     print("error", errno.errorcode.get(e.errno, str(e)), flush=True)
 "#;
 
+/// `n` TCP connections in one process: one line each, as `CLIENT` prints
+/// its first.
+const MANY: &str = r#"
+import socket, sys, errno
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+family = socket.AF_INET6 if ":" in host else socket.AF_INET
+for _ in range(n):
+    try:
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.settimeout(3)
+        s.connect((host, port))
+        print("ok", s.makefile("r").readline().strip(), flush=True)
+        s.close()
+    except OSError as e:
+        print("error", errno.errorcode.get(e.errno, str(e)), flush=True)
+"#;
+
 /// A node-side client process.
 pub struct HostClient {
     child: Child,
@@ -89,6 +106,25 @@ impl HostClient {
             Some("ok") => Ok(()),
             other => bail!("ping failed: {other:?}"),
         }
+    }
+
+    /// `n` TCP connections to `host:port` from one node process, one
+    /// after the other: each one's first line, split into words.
+    pub fn tcp_many(topo: &Topology, host: &str, port: u16, n: usize) -> Result<Vec<Vec<String>>> {
+        let out = topo
+            .host_command("python3")
+            .args(["-c", MANY, host, &port.to_string(), &n.to_string()])
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running python3 in the node namespace")?;
+        let lines: Vec<Vec<String>> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect();
+        if lines.len() != n {
+            bail!("{} of {n} connections reported: {lines:?}", lines.len());
+        }
+        Ok(lines)
     }
 
     /// One-shot: start, read the first line.
