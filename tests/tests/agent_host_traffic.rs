@@ -429,7 +429,7 @@ fn the_nodes_own_sockets_select_as_the_tc_path_does() -> Result<()> {
     let key = sluice_common::Svc4Key::new(MAGLEV.octets(), 80, sluice_common::IPPROTO_TCP, 0);
     let mut table = Box::new(sluice_common::MaglevTable::default());
     table.backends.fill(u32::try_from(b2_id)?);
-    maps()?.maglev_v4.insert(key, &*table, 0)?;
+    maps()?.maglev_v4.insert(key, *table, 0)?;
     for _ in 0..8 {
         let out = HostClient::once(&topo, "tcp", &MAGLEV.to_string(), 80)?;
         ensure!(
