@@ -144,7 +144,7 @@ fn affinity_key(flow: &Flow4) -> Affinity4Key {
 /// (the key too).
 #[inline(never)]
 fn affinity(flow: &Flow4, master: &SvcValue, now: u64) -> u32 {
-    match AFFINITY_V4.get_ptr(&affinity_key(flow)) {
+    match AFFINITY_V4.get_ptr(affinity_key(flow)) {
         // SAFETY: pointer from a successful lookup; read at once.
         Some(a) => sticky(unsafe { &*a }, master, now),
         None => 0,
@@ -160,7 +160,7 @@ fn remember(flow: &Flow4, svc_id: u32, backend_id: u32, now: u64) {
         backend_id,
         svc_id,
     };
-    let _ = AFFINITY_V4.insert(&affinity_key(flow), &value, BPF_ANY as u64);
+    let _ = AFFINITY_V4.insert(affinity_key(flow), value, BPF_ANY as u64);
 }
 
 /// The master entry of the internal scope of `flow`'s frontend, if it has

@@ -160,9 +160,9 @@ impl Target {
 #[inline(always)]
 fn affinity(at: &Target, master: &SvcValue, now: u64) -> u32 {
     let entry = if at.v4 {
-        AFFINITY_V4.get_ptr(&affinity_key4(at))
+        AFFINITY_V4.get_ptr(affinity_key4(at))
     } else {
-        AFFINITY_V6.get_ptr(&affinity_key6(at))
+        AFFINITY_V6.get_ptr(affinity_key6(at))
     };
     match entry {
         // SAFETY: pointer from a successful lookup; read at once.
@@ -202,9 +202,9 @@ fn remember(at: &Target, master: &SvcValue, backend_id: u32, now: u64) {
         svc_id: master.svc_id,
     };
     if at.v4 {
-        let _ = AFFINITY_V4.insert(&affinity_key4(at), &value, BPF_ANY as u64);
+        let _ = AFFINITY_V4.insert(affinity_key4(at), value, BPF_ANY as u64);
     } else {
-        let _ = AFFINITY_V6.insert(&affinity_key6(at), &value, BPF_ANY as u64);
+        let _ = AFFINITY_V6.insert(affinity_key6(at), value, BPF_ANY as u64);
     }
 }
 
