@@ -30,6 +30,7 @@ pub struct Maps {
     pub services_v6: HashMap<MapData, Svc6Key, SvcValue>,
     pub conntrack_v6: HashMap<MapData, Ct6Key, CtEntry>,
     pub stats: PerCpuArray<MapData, u64>,
+    pub stats2: PerCpuArray<MapData, u64>,
     pub config: Array<MapData, Config>,
     pub affinity_v4: HashMap<MapData, Affinity4Key, AffinityValue>,
     pub source_ranges_v4: LpmTrie<MapData, SrcRange4, u8>,
@@ -62,6 +63,7 @@ impl Maps {
             services_v6: convert(names::SERVICES_V6, take(names::SERVICES_V6)?)?,
             conntrack_v6: convert(names::CONNTRACK_V6, take(names::CONNTRACK_V6)?)?,
             stats: convert(names::STATS, take(names::STATS)?)?,
+            stats2: convert(names::STATS2, take(names::STATS2)?)?,
             config: convert(names::CONFIG, take(names::CONFIG)?)?,
             affinity_v4: convert(names::AFFINITY_V4, take(names::AFFINITY_V4)?)?,
             source_ranges_v4: convert(names::SOURCE_RANGES_V4, take(names::SOURCE_RANGES_V4)?)?,
@@ -90,6 +92,7 @@ impl Maps {
             services_v6: convert(names::SERVICES_V6, open(names::SERVICES_V6)?)?,
             conntrack_v6: convert(names::CONNTRACK_V6, open(names::CONNTRACK_V6)?)?,
             stats: convert(names::STATS, open(names::STATS)?)?,
+            stats2: convert(names::STATS2, open(names::STATS2)?)?,
             config: convert(names::CONFIG, open(names::CONFIG)?)?,
             affinity_v4: convert(names::AFFINITY_V4, open(names::AFFINITY_V4)?)?,
             source_ranges_v4: convert(names::SOURCE_RANGES_V4, open(names::SOURCE_RANGES_V4)?)?,
@@ -106,13 +109,13 @@ impl Maps {
 
     /// The sum over CPUs of one counter.
     pub fn stat(&self, stat: Stat) -> Result<u64, DatapathError> {
-        let values = self
-            .stats
-            .get(&(stat as u32), 0)
-            .map_err(|source| DatapathError::Map {
-                name: names::STATS,
-                source,
-            })?;
+        let (map, name, index) = match stat.slot() {
+            (false, i) => (&self.stats, names::STATS, i),
+            (true, i) => (&self.stats2, names::STATS2, i),
+        };
+        let values = map
+            .get(&index, 0)
+            .map_err(|source| DatapathError::Map { name, source })?;
         Ok(values.iter().sum())
     }
 

@@ -8,9 +8,11 @@
 use core::mem::size_of;
 
 use crate::{
-    maps as names, stats::STAT_COUNT, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config,
-    Ct4Key, Ct6Key, CtEntry, MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4,
-    SrcRange6, Svc4Key, Svc6Key, SvcValue,
+    maps as names,
+    stats::{STATS2_MAX, STAT_COUNT},
+    Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry,
+    MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6, Svc4Key, Svc6Key,
+    SvcValue,
 };
 
 /// The kernel map type (`enum bpf_map_type`).
@@ -86,7 +88,7 @@ pub const NO_PREALLOC_FLAG: u32 = 1;
 
 /// Every map the agent pins, in the order it creates them. (The per-CPU
 /// scratch maps are per program generation and never pinned.)
-pub const MAPS: [MapDecl; 18] = [
+pub const MAPS: [MapDecl; 19] = [
     decl(
         names::CONFIG,
         MapKind::Array,
@@ -233,6 +235,14 @@ pub const MAPS: [MapDecl; 18] = [
         1,
         Capacity::Fixed(names::LOCAL_MAX),
         true,
+    ),
+    decl(
+        names::STATS2,
+        MapKind::PerCpuArray,
+        4,
+        8,
+        Capacity::Fixed(STATS2_MAX),
+        false,
     ),
 ];
 

@@ -16,8 +16,13 @@ pub const BACKENDS: &str = "sl_backends";
 pub const CONNTRACK_V4: &str = "sl_ct4";
 /// Connection tracking for IPv6 flows: `Ct6Key` -> `CtEntry` (LRU).
 pub const CONNTRACK_V6: &str = "sl_ct6";
-/// Per-CPU counters indexed by `Stat`.
+/// Per-CPU counters indexed by `Stat` (the first `STAT_COUNT` of them).
 pub const STATS: &str = "sl_stats";
+/// Per-CPU counters added after release 0.1.0 (`Stat` index minus
+/// `STAT_COUNT`). A map of its own so that new counters never change the
+/// layout of `sl_stats`, which 0.1.0 checks on a rollback; it has room for
+/// `STATS2_MAX` of them.
+pub const STATS2: &str = "sl_stats2";
 /// Single-entry array holding `Config`.
 pub const CONFIG: &str = "sl_config";
 /// Session affinity: `Affinity4Key` -> `AffinityValue` (LRU).

@@ -60,14 +60,52 @@ pub enum Stat {
     /// A Maglev frontend's table named a backend that may not take new
     /// flows (or had no entry): the flow was balanced over the slots.
     MaglevFallback = 22,
+    // From here on the counters live in `sl_stats2` (index - STAT_COUNT).
+    // Each piece of work that adds counters takes the next free numbers.
+    /// An ICMP error quoting a packet of an SNATed flow (sent from the
+    /// node's SNAT port) was translated back for the client.
+    IcmpSnatTranslated = 23,
+    /// A non-first IP fragment followed the backend its first fragment
+    /// was given (tracked by IP id).
+    FragmentTracked = 24,
+    /// A non-first IP fragment to a frontend whose first fragment was not
+    /// seen (out of order, or its entry evicted): it cannot be balanced.
+    FragmentUnknown = 25,
+    /// A packet to a cluster IP on a port or protocol the service does not
+    /// serve: rejected, as kube-proxy does.
+    UnservedPort = 26,
+    /// A packet to an address inside the service CIDRs that no service
+    /// holds: dropped, as kube-proxy does.
+    UnallocatedIp = 27,
 }
 
-/// Number of counters (the `max_entries` of `sl_stats`).
+/// Number of counters in `sl_stats` (its `max_entries`, fixed since ABI 4:
+/// release 0.1.0 checks it).
 pub const STAT_COUNT: u32 = 23;
 
+/// Capacity of `sl_stats2`: counters `STAT_COUNT ..` go there.
+pub const STATS2_MAX: u32 = 64;
+
+/// Number of counters in all.
+pub const STAT_TOTAL: usize = 28;
+
+const _: () = assert!(STAT_TOTAL <= (STAT_COUNT + STATS2_MAX) as usize);
+
 impl Stat {
+    /// Where the counter lives: `(false, i)` is slot `i` of `sl_stats`,
+    /// `(true, i)` slot `i` of `sl_stats2`.
+    #[inline(always)]
+    pub const fn slot(self) -> (bool, u32) {
+        let i = self as u32;
+        if i < STAT_COUNT {
+            (false, i)
+        } else {
+            (true, i - STAT_COUNT)
+        }
+    }
+
     /// Every counter, in index order.
-    pub const ALL: [Stat; STAT_COUNT as usize] = [
+    pub const ALL: [Stat; STAT_TOTAL] = [
         Stat::NewFlow,
         Stat::Established,
         Stat::ReplyNat,
@@ -91,6 +129,11 @@ impl Stat {
         Stat::Ipv6ExtHeader,
         Stat::TailCallFailed,
         Stat::MaglevFallback,
+        Stat::IcmpSnatTranslated,
+        Stat::FragmentTracked,
+        Stat::FragmentUnknown,
+        Stat::UnservedPort,
+        Stat::UnallocatedIp,
     ];
 
     /// The name used in metrics and `sluice status`.
@@ -119,6 +162,11 @@ impl Stat {
             Stat::Ipv6ExtHeader => "ipv6_ext_header",
             Stat::TailCallFailed => "tail_call_failed",
             Stat::MaglevFallback => "maglev_fallback",
+            Stat::IcmpSnatTranslated => "icmp_snat_translated",
+            Stat::FragmentTracked => "fragment_tracked",
+            Stat::FragmentUnknown => "fragment_unknown",
+            Stat::UnservedPort => "unserved_port",
+            Stat::UnallocatedIp => "unallocated_ip",
         }
     }
 }

@@ -13,7 +13,7 @@ use sluice_common::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX,
         HANDOVER_MAX, LOCAL_MAX, MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX, SOURCE_RANGES_MAX,
     },
-    stats::STAT_COUNT,
+    stats::{STATS2_MAX, STAT_COUNT},
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry,
     MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key,
     SvcValue,
@@ -43,6 +43,9 @@ pub static CONNTRACK_V6: LruHashMap<Ct6Key, CtEntry, { DEFAULT_CONNTRACK_MAX as 
 
 #[btf_map(name = "sl_stats")]
 pub static STATS: PerCpuArray<u64, { STAT_COUNT as usize }> = PerCpuArray::new();
+
+#[btf_map(name = "sl_stats2")]
+pub static STATS2: PerCpuArray<u64, { STATS2_MAX as usize }> = PerCpuArray::new();
 
 #[btf_map(name = "sl_config")]
 pub static CONFIG: Array<Config, 1> = Array::new();
@@ -164,6 +167,7 @@ const _: () = assert!(same("sl_ct4", names::CONNTRACK_V4));
 const _: () = assert!(same("sl_svc6", names::SERVICES_V6));
 const _: () = assert!(same("sl_ct6", names::CONNTRACK_V6));
 const _: () = assert!(same("sl_stats", names::STATS));
+const _: () = assert!(same("sl_stats2", names::STATS2));
 const _: () = assert!(same("sl_config", names::CONFIG));
 const _: () = assert!(same("sl_aff4", names::AFFINITY_V4));
 const _: () = assert!(same("sl_srcrng4", names::SOURCE_RANGES_V4));
@@ -183,6 +187,7 @@ const _: () = assert!(sluice_common::abi::declared(names::BACKENDS));
 const _: () = assert!(sluice_common::abi::declared(names::CONNTRACK_V4));
 const _: () = assert!(sluice_common::abi::declared(names::CONNTRACK_V6));
 const _: () = assert!(sluice_common::abi::declared(names::STATS));
+const _: () = assert!(sluice_common::abi::declared(names::STATS2));
 const _: () = assert!(sluice_common::abi::declared(names::CONFIG));
 const _: () = assert!(sluice_common::abi::declared(names::AFFINITY_V4));
 const _: () = assert!(sluice_common::abi::declared(names::AFFINITY_V6));
@@ -197,7 +202,12 @@ const _: () = assert!(sluice_common::abi::declared(names::MAGLEV_V6));
 /// Adds one to a per-CPU counter.
 #[inline(always)]
 pub fn count(stat: Stat) {
-    if let Some(p) = STATS.get_ptr_mut(stat as u32) {
+    // `stat` is a constant at every call site: the branch folds away.
+    let p = match stat.slot() {
+        (false, i) => STATS.get_ptr_mut(i),
+        (true, i) => STATS2.get_ptr_mut(i),
+    };
+    if let Some(p) = p {
         // SAFETY: per-CPU slot, only this CPU writes it while we run.
         unsafe { *p += 1 };
     }
