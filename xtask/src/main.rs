@@ -3,6 +3,7 @@
 //! - `setup`: make this machine able to build eBPF code (idempotent).
 //! - `build-ebpf`: build the kernel programs to `target/bpf/sluice.bpf.o`.
 //! - `test`: everything a contributor runs before submitting.
+//! - `lint`: the formatting and clippy part of `test` alone.
 //! - `bench`: sluice against direct, iptables and nftables (needs root).
 //! - `demo`: sluice's main job on an embedded default, in namespaces.
 
@@ -36,6 +37,9 @@ enum Command {
     BuildReleases,
     /// Formatting, clippy (user and eBPF side), unit and integration tests.
     Test(test::TestArgs),
+    /// Formatting and clippy (user and eBPF side) only: the quick part of
+    /// `test`.
+    Lint,
     /// sluice's main job on an embedded default: namespaces as node and pods.
     Demo,
     /// Benchmark sluice against direct connections and kube-proxy's
@@ -55,6 +59,7 @@ fn main() -> Result<()> {
             ebpf::build(&tc)
         }
         Command::Test(args) => test::run_tests(&args),
+        Command::Lint => test::lint(&toolchain::setup()?),
         Command::Demo => demo::run_demo(),
         Command::Bench(args) => bench::run_bench(&args),
     }

@@ -24,6 +24,13 @@ fn cargo() -> Command {
     cmd
 }
 
+/// Formatting and clippy on both sides.
+pub fn lint(tc: &toolchain::Toolchain) -> Result<()> {
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    ebpf::clippy(tc)
+}
+
 pub fn run_tests(args: &TestArgs) -> Result<()> {
     if !is_root() {
         bail!(
@@ -31,9 +38,7 @@ pub fn run_tests(args: &TestArgs) -> Result<()> {
         );
     }
     let tc = toolchain::setup()?;
-    run(cargo().args(["fmt", "--all", "--check"]))?;
-    run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
-    ebpf::clippy(&tc)?;
+    lint(&tc)?;
     ebpf::build(&tc)?;
     // The agents of earlier releases and the abi-probe build, for the
     // upgrade and rollback tests.
