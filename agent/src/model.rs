@@ -236,4 +236,8 @@ pub struct DesiredState {
     /// The cluster's own sources as (network, prefix length): what
     /// local-traffic detection (`--detect-local-mode`) recognises as pods.
     pub local_sources: BTreeSet<(IpAddr, u8)>,
+    /// The devices whose packets come from pods (ifindexes): what
+    /// interface-based local-traffic detection (`BridgeInterface`,
+    /// `InterfaceNamePrefix`) recognises.
+    pub local_ifaces: BTreeSet<u32>,
 }

@@ -4,6 +4,9 @@
 
 use std::{ffi::CStr, net::IpAddr};
 
+mod links;
+pub use links::{links, Link};
+
 /// Every device: (name, ifindex).
 pub fn devices() -> Vec<(String, u32)> {
     let mut out = Vec::new();

@@ -3,7 +3,7 @@
 //! SIGTERM/SIGINT leaving the pinned datapath running (a second signal
 //! exits at once).
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, path::Path, sync::Arc, time::Duration};
 
 use anyhow::{anyhow, Context, Result};
 use kube::{
@@ -67,6 +67,10 @@ fn nodeport_addresses(cidrs: &[String]) -> Result<Vec<std::net::IpAddr>> {
         .collect())
 }
 
+fn nonempty(flag: &Option<String>) -> Option<&str> {
+    flag.as_deref().map(str::trim).filter(|s| !s.is_empty())
+}
+
 /// Local-traffic detection from kube-proxy's flags.
 fn local_detector(args: &AgentArgs) -> Result<LocalDetector> {
     match args.detect_local_mode {
@@ -90,10 +94,26 @@ fn local_detector(args: &AgentArgs) -> Result<LocalDetector> {
             info!("local traffic: sources in this node's spec.podCIDRs");
             Ok(LocalDetector::NodeCidr)
         }
-        DetectLocalMode::BridgeInterface | DetectLocalMode::InterfaceNamePrefix => Err(anyhow!(
-            "--detect-local-mode {:?} is not supported yet; use ClusterCIDR or NodeCIDR",
-            args.detect_local_mode
-        )),
+        DetectLocalMode::BridgeInterface => {
+            let bridge = nonempty(&args.pod_bridge_interface).ok_or_else(|| {
+                anyhow!("--detect-local-mode BridgeInterface needs --pod-bridge-interface")
+            })?;
+            info!(
+                bridge,
+                "local traffic: packets entering through the pods' bridge"
+            );
+            Ok(LocalDetector::BridgeInterface(bridge.to_owned()))
+        }
+        DetectLocalMode::InterfaceNamePrefix => {
+            let prefix = nonempty(&args.pod_interface_name_prefix).ok_or_else(|| {
+                anyhow!("--detect-local-mode InterfaceNamePrefix needs --pod-interface-name-prefix")
+            })?;
+            info!(
+                prefix,
+                "local traffic: packets entering through the pods' devices"
+            );
+            Ok(LocalDetector::InterfaceNamePrefix(prefix.to_owned()))
+        }
     }
 }
 
@@ -198,7 +218,12 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
             .with_context(|| format!("attaching socket-level balancing to {}", cgroup.display()))?;
         info!(cgroup = %cgroup.display(), "socket-level balancing for the node's own processes");
     }
+    let local = local_detector(&args)?;
+    let (ifaces_tx, ifaces_rx) = watch::channel(BTreeSet::new());
     let mut devices = Devices::new(datapath, args.devices.clone());
+    if local.by_interface() {
+        devices = devices.with_local_interfaces(local.clone(), ifaces_tx);
+    }
     let attached = devices.scan();
     metrics.devices.set(attached as i64);
     // Every pinned link now runs this agent's programs: a migration of the
@@ -221,7 +246,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         node_addresses: nodeport_addresses(&args.nodeport_addresses)?,
         ipv6: args.ipv6,
         masquerade_all: args.masquerade_all,
-        local: local_detector(&args)?,
+        local,
     };
     let (checks_tx, checks_rx) = watch::channel(Default::default());
     tasks.spawn(crate::healthcheck::run(
@@ -242,7 +267,8 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         health.clone(),
         metrics.clone(),
         checks_tx,
-    );
+    )
+    .with_local_interfaces(ifaces_rx);
     let mut sync_task = tokio::spawn(sync.run(rx, shutdown_rx.clone()));
 
     match &args.source {

@@ -42,7 +42,7 @@ impl FrontendState {
 pub type SourceRange = (IpAddr, u8);
 
 /// `sl_svc4`, `sl_svc6`, `sl_backends`, `sl_srcrng4`, `sl_srcrng6`,
-/// `sl_local4` and `sl_local6`.
+/// `sl_local4`, `sl_local6` and `sl_localif`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapState {
     pub frontends: HashMap<FrontendKey, FrontendState>,
@@ -51,6 +51,8 @@ pub struct MapState {
     pub source_ranges: HashMap<u32, BTreeSet<SourceRange>>,
     /// The cluster's own sources (`sl_local4`, `sl_local6`).
     pub local_sources: BTreeSet<SourceRange>,
+    /// The pods' devices (`sl_localif`), by ifindex.
+    pub local_ifaces: BTreeSet<u32>,
 }
 
 impl MapState {

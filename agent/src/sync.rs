@@ -166,6 +166,11 @@ pub struct Sync {
     dirty: Dirty,
     first_sync: bool,
     health_checks: watch::Sender<HealthChecks>,
+    /// The pods' devices (interface-based local-traffic detection), from
+    /// the device task.
+    local_ifaces: Option<watch::Receiver<BTreeSet<u32>>>,
+    /// `local_ifaces` changed and is not in the maps yet.
+    ifaces_dirty: bool,
 }
 
 impl Sync {
@@ -189,6 +194,37 @@ impl Sync {
             dirty: Dirty::default(),
             first_sync: false,
             health_checks,
+            local_ifaces: None,
+            ifaces_dirty: false,
+        }
+    }
+
+    /// Takes the pods' devices from `rx` into the desired state.
+    pub fn with_local_interfaces(mut self, rx: watch::Receiver<BTreeSet<u32>>) -> Self {
+        self.local_ifaces = Some(rx);
+        self
+    }
+
+    /// Waits for the pods' devices to change (forever without detection
+    /// by interface, or once the device task is gone).
+    async fn local_ifaces_changed(rx: &mut Option<watch::Receiver<BTreeSet<u32>>>) {
+        match rx {
+            Some(r) => {
+                if r.changed().await.is_err() {
+                    *rx = None;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    fn take_local_ifaces(&mut self) {
+        if let Some(rx) = &mut self.local_ifaces {
+            let ifaces = rx.borrow_and_update().clone();
+            if ifaces != self.desired.state.local_ifaces {
+                self.desired.state.local_ifaces = ifaces;
+                self.ifaces_dirty = true;
+            }
         }
     }
 
@@ -199,6 +235,7 @@ impl Sync {
     ) {
         let mut next_scan = Instant::now() + self.config.gc_interval;
         let mut next_resync = Instant::now() + self.config.resync_interval;
+        self.take_local_ifaces();
         loop {
             let wait = next_scan
                 .min(next_resync)
@@ -214,6 +251,7 @@ impl Sync {
                         self.receive(more);
                     }
                 }
+                _ = Self::local_ifaces_changed(&mut self.local_ifaces) => self.take_local_ifaces(),
                 _ = tokio::time::sleep(wait) => {}
             }
             if !self.stores.all_synced() {
@@ -239,8 +277,11 @@ impl Sync {
                     modified
                 });
             }
-            let work =
-                resync_due || scan_due || !self.pending.is_empty() || !self.unsynced.is_empty();
+            let work = resync_due
+                || scan_due
+                || self.ifaces_dirty
+                || !self.pending.is_empty()
+                || !self.unsynced.is_empty();
             // The problem report walks every stored object: after the map
             // writes, so that it never delays a change reaching the maps.
             let ok = !work || tokio::task::block_in_place(|| self.reconcile(resync_due));
@@ -310,6 +351,7 @@ impl Sync {
         let report = self
             .reconciler
             .reconcile(&self.desired.state, scope, started);
+        self.ifaces_dirty = false;
         let elapsed = started.elapsed();
         self.metrics.sync_duration.observe(elapsed.as_secs_f64());
         self.metrics.map_writes.inc_by(report.writes);

@@ -203,6 +203,48 @@ impl Topology {
         Ok(&self.externals[k])
     }
 
+    /// A pod behind bridge `bridge` of the node (created on first use, with
+    /// the pods' gateway 10.30.0.1/24 on it), as bridge CNI plugins wire
+    /// pods: its veth's node side `pv<k>` is a port of the bridge, and the
+    /// pod is 10.30.0.<k+2>. Sluice attaches to the bridge when
+    /// `--devices` matches its name. IPv4 only.
+    pub fn add_bridged_pod(&mut self, bridge: &str, k: u8) -> Result<Pod> {
+        if self.node.ip(&["link", "show", bridge]).is_err() {
+            self.node.ip(&["link", "add", bridge, "type", "bridge"])?;
+            self.node
+                .ip(&["addr", "add", "10.30.0.1/24", "dev", bridge])?;
+            self.node.ip(&["link", "set", bridge, "up"])?;
+        }
+        let name = format!("bridged-{k}");
+        let host_if = format!("pv{k}");
+        let ns = Netns::create(&name)?;
+        let ip = Ipv4Addr::new(10, 30, 0, k + 2);
+        self.node.ip(&[
+            "link",
+            "add",
+            &host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            ns.name(),
+        ])?;
+        self.node.ip(&["link", "set", &host_if, "master", bridge])?;
+        self.node.ip(&["link", "set", &host_if, "up"])?;
+        ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+        ns.ip(&["link", "set", "eth0", "up"])?;
+        ns.ip(&["route", "add", "default", "via", "10.30.0.1"])?;
+        Ok(Pod {
+            name,
+            ns,
+            ip,
+            ip6: v6_of(ip),
+            host_if,
+        })
+    }
+
     /// The node's address on the device of external host `k`.
     pub fn node_address(&self, k: usize) -> Ipv4Addr {
         Ipv4Addr::new(192, 168, (k + 1) as u8, 1)

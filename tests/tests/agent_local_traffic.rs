@@ -245,3 +245,156 @@ fn pods_and_the_node_short_circuit_and_outsiders_are_masqueraded_as_kube_proxy_d
     agent.stop()?;
     Ok(())
 }
+
+/// kube-proxy's interface-based detection: `InterfaceNamePrefix` tells
+/// pods by the device their packets enter through, whatever their
+/// address; a device that appears later (a new pod) is a pod's as soon as
+/// the agent's device scan sees it.
+#[test]
+fn interface_name_prefix_tells_pods_by_their_device() -> Result<()> {
+    let mut topo = Topology::new(1, 2)?;
+    topo.add_external()?;
+    let _servers = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_whoami(&b.ns, 8080, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let (b0, b1) = (topo.backends[0].ip, topo.backends[1].ip);
+    let node_ip = topo.node_address(0);
+    let dir = ManifestDir::create()?;
+    dir.write("all.yaml", &manifests(node_ip, b0, b1))?;
+    let source = format!("dir:{}", dir.path().display());
+    let node_port = SocketAddrV4::new(node_ip, NODE_PORT);
+    let web = SocketAddrV4::new(WEB_VIP, 80);
+    let backend_names = ["backend-0", "backend-1"];
+    let scan = ["--device-scan-interval", "200ms"];
+
+    // Pods' devices are c*: client-0 is a pod, the outside host (e0) is not.
+    let mut agent = Agent::start(
+        &topo,
+        &source,
+        &[
+            &["--detect-local-mode", "InterfaceNamePrefix"][..],
+            &["--pod-interface-name-prefix", "c"],
+            &scan,
+        ]
+        .concat(),
+    )?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    {
+        let client = &topo.clients[0];
+        let outside = &topo.externals[0];
+        let (_, seen) = whoami(&client.ns, web)?;
+        ensure!(seen == client.ip.to_string(), "pod masqueraded: {seen}");
+        let (_, seen) = whoami(&outside.ns, web)?;
+        ensure!(
+            seen.starts_with("10.20."),
+            "outside client not masqueraded: {seen}"
+        );
+        for _ in 0..4 {
+            let (name, seen) = whoami(&client.ns, node_port)?;
+            ensure!(backend_names.contains(&name.as_str()), "{name}");
+            ensure!(seen == client.ip.to_string(), "pod masqueraded: {seen}");
+        }
+        ensure!(
+            dropped(&outside.ns, node_port),
+            "outside client not dropped"
+        );
+    }
+    // A pod created while the agent runs.
+    let k = topo.clients.len();
+    topo.add_client()?;
+    let late = &topo.clients[k];
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = whoami(&late.ns, web);
+        if matches!(&got, Ok((_, seen)) if seen == &late.ip.to_string()) {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "a pod created later is not taken for a pod: {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    agent.stop()?;
+
+    // The same topology with the outside host's device as the "pods'":
+    // the decision follows the device, not the address.
+    let mut agent = Agent::start(
+        &topo,
+        &source,
+        &[
+            &["--detect-local-mode", "InterfaceNamePrefix"][..],
+            &["--pod-interface-name-prefix", "e"],
+            &scan,
+        ]
+        .concat(),
+    )?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    let client = &topo.clients[0];
+    let outside = &topo.externals[0];
+    let (_, seen) = whoami(&outside.ns, web)?;
+    ensure!(seen == outside.ip.to_string(), "e0 masqueraded: {seen}");
+    let (name, _) = whoami(&outside.ns, node_port)?;
+    ensure!(backend_names.contains(&name.as_str()), "{name}");
+    let (_, seen) = whoami(&client.ns, web)?;
+    ensure!(seen.starts_with("10.20."), "c0 not masqueraded: {seen}");
+    agent.stop()?;
+    Ok(())
+}
+
+/// kube-proxy's `BridgeInterface` detection with pods behind a bridge, as
+/// bridge CNI plugins wire them: sluice runs on the bridge, a pod behind
+/// it is a pod, a pod on a routed veth is not.
+#[test]
+fn bridge_interface_tells_pods_behind_the_bridge() -> Result<()> {
+    let mut topo = Topology::new(1, 2)?;
+    let _servers = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_whoami(&b.ns, 8080, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let (b0, b1) = (topo.backends[0].ip, topo.backends[1].ip);
+    let node_ip = topo.node_address(0);
+    let bridged = topo.add_bridged_pod("cbr0", 0)?;
+    let dir = ManifestDir::create()?;
+    dir.write("all.yaml", &manifests(node_ip, b0, b1))?;
+    let source = format!("dir:{}", dir.path().display());
+    let web = SocketAddrV4::new(WEB_VIP, 80);
+
+    // The default --devices of the tests (c*, ...) take cbr0, not pv0.
+    let mut agent = Agent::start(
+        &topo,
+        &source,
+        &[
+            "--detect-local-mode",
+            "BridgeInterface",
+            "--pod-bridge-interface",
+            "cbr0",
+        ],
+    )?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    for _ in 0..4 {
+        let (_, seen) = whoami(&bridged.ns, web)?;
+        ensure!(
+            seen == bridged.ip.to_string(),
+            "bridged pod masqueraded: {seen}"
+        );
+    }
+    let client = &topo.clients[0];
+    let (_, seen) = whoami(&client.ns, web)?;
+    ensure!(
+        seen.starts_with("10.20."),
+        "a pod outside the bridge was not masqueraded: {seen}"
+    );
+    agent.stop()?;
+    // Without a bridge flag the agent refuses to start rather than detect
+    // nothing.
+    let mut agent = Agent::start(&topo, &source, &["--detect-local-mode", "BridgeInterface"])?;
+    ensure!(
+        agent.wait_ready(Duration::from_secs(5)).is_err(),
+        "BridgeInterface without --pod-bridge-interface started"
+    );
+    Ok(())
+}

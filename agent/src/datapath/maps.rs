@@ -42,6 +42,7 @@ pub struct Maps {
     pub maglev_v6: HashMap<MapData, Svc6Key, MaglevTable>,
     pub local_v4: LpmTrie<MapData, [u8; 4], u8>,
     pub local_v6: LpmTrie<MapData, [u8; 16], u8>,
+    pub local_ifs: HashMap<MapData, u32, u8>,
 }
 
 fn convert<T>(name: &'static str, map: Map) -> Result<T, DatapathError>
@@ -75,6 +76,7 @@ impl Maps {
             maglev_v6: convert(names::MAGLEV_V6, take(names::MAGLEV_V6)?)?,
             local_v4: convert(names::LOCAL_V4, take(names::LOCAL_V4)?)?,
             local_v6: convert(names::LOCAL_V6, take(names::LOCAL_V6)?)?,
+            local_ifs: convert(names::LOCAL_IFS, take(names::LOCAL_IFS)?)?,
         })
     }
 
@@ -104,6 +106,7 @@ impl Maps {
             maglev_v6: convert(names::MAGLEV_V6, open(names::MAGLEV_V6)?)?,
             local_v4: convert(names::LOCAL_V4, open(names::LOCAL_V4)?)?,
             local_v6: convert(names::LOCAL_V6, open(names::LOCAL_V6)?)?,
+            local_ifs: convert(names::LOCAL_IFS, open(names::LOCAL_IFS)?)?,
         })
     }
 
@@ -274,6 +277,13 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
         state
             .local_sources
             .insert((IpAddr::V6(Ipv6Addr::from(key.data())), prefix));
+    }
+    for item in maps.local_ifs.keys() {
+        let index = item.map_err(|source| DatapathError::Map {
+            name: names::LOCAL_IFS,
+            source,
+        })?;
+        state.local_ifaces.insert(index);
     }
     for (key, table) in read_maglev(maps)? {
         let Some((frontend, _)) = key.frontend() else {

@@ -349,6 +349,23 @@ impl MapWriter {
         }
     }
 
+    /// Marks device `ifindex` as a pod's (interface-based local-traffic
+    /// detection).
+    pub fn put_local_iface(&mut self, ifindex: u32) -> Result<(), WriteError> {
+        self.maps
+            .local_ifs
+            .insert(ifindex, 1, 0)
+            .map_err(|e| WriteError::from_map(names::LOCAL_IFS, e))?;
+        self.writes += 1;
+        Ok(())
+    }
+
+    /// Unmarks device `ifindex`; a missing one counts as removed.
+    pub fn delete_local_iface(&mut self, ifindex: u32) -> Result<(), WriteError> {
+        let result = self.maps.local_ifs.remove(&ifindex);
+        self.settle(names::LOCAL_IFS, result)
+    }
+
     /// Removes a session affinity entry; a missing one counts as removed.
     pub fn delete_affinity(&mut self, key: &Affinity4Key) -> Result<(), WriteError> {
         let result = self.maps.affinity_v4.remove(key);

@@ -196,6 +196,7 @@ impl Reconciler {
         }
         r.programmed.source_ranges = programmed.source_ranges;
         r.programmed.local_sources = programmed.local_sources;
+        r.programmed.local_ifaces = programmed.local_ifaces;
         Ok(r)
     }
 
@@ -321,6 +322,7 @@ impl Reconciler {
         // The cluster's own sources first: a frontend that masquerades
         // outside sources must not take pods for outsiders.
         self.sync_local_sources(&desired.local_sources, &mut report);
+        self.sync_local_ifaces(&desired.local_ifaces, &mut report);
 
         let removable = self.drain.removable(now);
         // Units whose draining backends may go are revisited, whoever
@@ -515,6 +517,36 @@ impl Reconciler {
             match self.writer.delete_local_source(net) {
                 Ok(()) => {
                     self.programmed.local_sources.remove(&net);
+                }
+                Err(e) => report.errors.push(e),
+            }
+        }
+    }
+
+    /// Brings `sl_localif` to `want`: new devices first, then the stale
+    /// ones.
+    fn sync_local_ifaces(&mut self, want: &BTreeSet<u32>, report: &mut Report) {
+        if &self.programmed.local_ifaces == want {
+            return;
+        }
+        for index in want.difference(&self.programmed.local_ifaces.clone()) {
+            match self.writer.put_local_iface(*index) {
+                Ok(()) => {
+                    self.programmed.local_ifaces.insert(*index);
+                }
+                Err(e) => report.errors.push(e),
+            }
+        }
+        let stale: Vec<u32> = self
+            .programmed
+            .local_ifaces
+            .difference(want)
+            .copied()
+            .collect();
+        for index in stale {
+            match self.writer.delete_local_iface(index) {
+                Ok(()) => {
+                    self.programmed.local_ifaces.remove(&index);
                 }
                 Err(e) => report.errors.push(e),
             }

@@ -88,7 +88,7 @@ pub const NO_PREALLOC_FLAG: u32 = 1;
 
 /// Every map the agent pins, in the order it creates them. (The per-CPU
 /// scratch maps are per program generation and never pinned.)
-pub const MAPS: [MapDecl; 19] = [
+pub const MAPS: [MapDecl; 20] = [
     decl(
         names::CONFIG,
         MapKind::Array,
@@ -243,6 +243,14 @@ pub const MAPS: [MapDecl; 19] = [
         8,
         Capacity::Fixed(STATS2_MAX),
         false,
+    ),
+    decl(
+        names::LOCAL_IFS,
+        MapKind::Hash,
+        4,
+        1,
+        Capacity::Fixed(names::LOCAL_IFS_MAX),
+        true,
     ),
 ];
 

@@ -54,6 +54,12 @@ pub const LOCAL_V4: &str = "sl_local4";
 pub const LOCAL_V6: &str = "sl_local6";
 /// Capacity of `sl_local4` and of `sl_local6` (CIDRs).
 pub const LOCAL_MAX: u32 = 256;
+/// The devices whose packets come from the cluster's own pods
+/// (`--detect-local-mode` BridgeInterface / InterfaceNamePrefix): ifindex
+/// `u32` -> `u8` (1).
+pub const LOCAL_IFS: &str = "sl_localif";
+/// Capacity of `sl_localif` (devices).
+pub const LOCAL_IFS_MAX: u32 = 16_384;
 
 // Every pinned map, with its layout and capacity, is declared once in
 // `crate::abi::MAPS`.

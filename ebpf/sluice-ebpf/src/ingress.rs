@@ -189,7 +189,10 @@ fn new_flow(
     // inside the cluster takes the internal scope (externalTrafficPolicy
     // Local short-circuit), one outside is masqueraded (cluster IPs).
     let inside = master.flags & (SVC_F_INTERNAL | SVC_F_MASQ_OUTSIDE) != 0
-        && maps::inside_v4(u32::from_ne_bytes(flow.src));
+        // SAFETY: reading the context's ingress device.
+        && maps::inside_v4(u32::from_ne_bytes(flow.src), unsafe {
+            (*ctx.skb.skb).ingress_ifindex
+        });
     let mut master = master;
     let mut scope = SCOPE_EXTERNAL;
     if inside && master.flags & SVC_F_INTERNAL != 0 {

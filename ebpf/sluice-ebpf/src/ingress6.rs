@@ -150,7 +150,10 @@ fn try_new_flow(
 ) -> Result<Verdict, Error> {
     // Local-traffic detection, as on the IPv4 path.
     let inside = master.flags & (SVC_F_INTERNAL | SVC_F_MASQ_OUTSIDE) != 0
-        && maps::inside_v6(&mut s.local_key, &s.flow.src);
+        // SAFETY: reading the context's ingress device.
+        && maps::inside_v6(&mut s.local_key, &s.flow.src, unsafe {
+            (*skb).ingress_ifindex
+        });
     let mut master = master;
     let mut scope = SCOPE_EXTERNAL;
     if inside && master.flags & SVC_F_INTERNAL != 0 {

@@ -11,7 +11,8 @@ use sluice_common::{
     maps as names,
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX,
-        HANDOVER_MAX, LOCAL_MAX, MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX, SOURCE_RANGES_MAX,
+        HANDOVER_MAX, LOCAL_IFS_MAX, LOCAL_MAX, MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX,
+        SOURCE_RANGES_MAX,
     },
     stats::{STATS2_MAX, STAT_COUNT},
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry,
@@ -108,6 +109,9 @@ pub static LOCAL_V4: LpmTrie<[u8; 4], u8, { LOCAL_MAX as usize }> = LpmTrie::new
 #[btf_map(name = "sl_local6")]
 pub static LOCAL_V6: LpmTrie<[u8; 16], u8, { LOCAL_MAX as usize }> = LpmTrie::new();
 
+#[btf_map(name = "sl_localif")]
+pub static LOCAL_IFS: HashMap<u32, u8, { LOCAL_IFS_MAX as usize }, NO_PREALLOC> = HashMap::new();
+
 /// Per-CPU room for temporaries too large for the 512-byte BPF stack: a
 /// conntrack entry under construction, FIB lookup parameters, a reply
 /// packet being built. One program run uses it at a time on a CPU (TC runs
@@ -168,6 +172,7 @@ const _: () = assert!(same("sl_svc6", names::SERVICES_V6));
 const _: () = assert!(same("sl_ct6", names::CONNTRACK_V6));
 const _: () = assert!(same("sl_stats", names::STATS));
 const _: () = assert!(same("sl_stats2", names::STATS2));
+const _: () = assert!(same("sl_localif", names::LOCAL_IFS));
 const _: () = assert!(same("sl_config", names::CONFIG));
 const _: () = assert!(same("sl_aff4", names::AFFINITY_V4));
 const _: () = assert!(same("sl_srcrng4", names::SOURCE_RANGES_V4));
@@ -188,6 +193,7 @@ const _: () = assert!(sluice_common::abi::declared(names::CONNTRACK_V4));
 const _: () = assert!(sluice_common::abi::declared(names::CONNTRACK_V6));
 const _: () = assert!(sluice_common::abi::declared(names::STATS));
 const _: () = assert!(sluice_common::abi::declared(names::STATS2));
+const _: () = assert!(sluice_common::abi::declared(names::LOCAL_IFS));
 const _: () = assert!(sluice_common::abi::declared(names::CONFIG));
 const _: () = assert!(sluice_common::abi::declared(names::AFFINITY_V4));
 const _: () = assert!(sluice_common::abi::declared(names::AFFINITY_V6));
@@ -264,11 +270,16 @@ pub fn source_allowed6(key: &mut Key<SrcRange6>, svc_id: u32, client: &[u8; 16])
     SOURCE_RANGES_V6.get(&*key).is_some()
 }
 
-/// Whether IPv4 `src` is one of the cluster's own sources (local-traffic
-/// detection; `sl_local4` is empty without it). A separate BPF function:
-/// its key stays off the caller's frame.
+/// Whether a packet from IPv4 `src` that entered through device `ifindex`
+/// comes from one of the cluster's own pods (local-traffic detection: the
+/// device in `sl_localif`, or the source in `sl_local4`; both empty
+/// without detection). A separate BPF function: its key stays off the
+/// caller's frame.
 #[inline(never)]
-pub fn inside_v4(src: u32) -> bool {
+pub fn inside_v4(src: u32, ifindex: u32) -> bool {
+    if LOCAL_IFS.get_ptr(&ifindex).is_some() {
+        return true;
+    }
     let key = Key {
         prefix_len: 32,
         data: src.to_ne_bytes(),
@@ -278,7 +289,10 @@ pub fn inside_v4(src: u32) -> bool {
 
 /// `inside_v4` for IPv6 (the key is built in `key`, off the stack).
 #[inline(always)]
-pub fn inside_v6(key: &mut Key<[u8; 16]>, src: &[u8; 16]) -> bool {
+pub fn inside_v6(key: &mut Key<[u8; 16]>, src: &[u8; 16], ifindex: u32) -> bool {
+    if LOCAL_IFS.get_ptr(&ifindex).is_some() {
+        return true;
+    }
     key.prefix_len = 128;
     key.data = *src;
     LOCAL_V6.get(&*key).is_some()
