@@ -277,7 +277,7 @@ pub fn source_allowed6(key: &mut Key<SrcRange6>, svc_id: u32, client: &[u8; 16])
 /// caller's frame.
 #[inline(never)]
 pub fn inside_v4(src: u32, ifindex: u32) -> bool {
-    if LOCAL_IFS.get_ptr(&ifindex).is_some() {
+    if LOCAL_IFS.get_ptr(ifindex).is_some() {
         return true;
     }
     let key = Key {
@@ -290,7 +290,7 @@ pub fn inside_v4(src: u32, ifindex: u32) -> bool {
 /// `inside_v4` for IPv6 (the key is built in `key`, off the stack).
 #[inline(always)]
 pub fn inside_v6(key: &mut Key<[u8; 16]>, src: &[u8; 16], ifindex: u32) -> bool {
-    if LOCAL_IFS.get_ptr(&ifindex).is_some() {
+    if LOCAL_IFS.get_ptr(ifindex).is_some() {
         return true;
     }
     key.prefix_len = 128;
