@@ -15,7 +15,10 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use sluice_common::{
     conntrack::{CT_F_RST, CT_F_RX_CLOSING, CT_F_SEEN_REPLY, CT_F_SYN, CT_F_TX_CLOSING},
-    service::{SVC_F_DRAINING, SVC_F_DROP_EMPTY, SVC_F_INTERNAL, SVC_F_MAGLEV, SVC_F_MASQ_OUTSIDE},
+    service::{
+        SVC_F_DRAINING, SVC_F_DROP_EMPTY, SVC_F_INTERNAL, SVC_F_MAGLEV, SVC_F_MASQ_OUTSIDE,
+        SVC_F_NODE_DENIED,
+    },
     BackendState, Ct4Key, Ct6Key, CtEntry, CtKind, FrontendKind, Stat,
 };
 
@@ -85,6 +88,9 @@ struct FrontendRow {
     has_internal_scope: bool,
     /// Flows from sources outside the cluster are SNATed to the node.
     masquerade_outside: bool,
+    /// Its source ranges admit none of the node's addresses: the node's
+    /// own sockets may not connect.
+    node_denied: bool,
     backends: Vec<BackendRow>,
 }
 
@@ -130,6 +136,7 @@ fn frontends(maps: &Maps) -> Result<Vec<FrontendRow>> {
                 },
                 has_internal_scope: fe.flags & SVC_F_INTERNAL != 0,
                 masquerade_outside: fe.flags & SVC_F_MASQ_OUTSIDE != 0,
+                node_denied: fe.flags & SVC_F_NODE_DENIED != 0,
                 backends,
             })
         })
@@ -191,6 +198,9 @@ fn render_lb(rows: &[FrontendRow]) -> String {
         }
         if r.masquerade_outside {
             notes.push_str(" [masquerades outside clients]");
+        }
+        if r.node_denied {
+            notes.push_str(" [source ranges deny the node]");
         }
         let _ = writeln!(
             out,

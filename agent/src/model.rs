@@ -154,6 +154,10 @@ pub struct Frontend {
     /// local-traffic detection configured, as kube-proxy masquerades
     /// off-cluster traffic to them).
     pub masquerade_outside: bool,
+    /// The source ranges admit none of the node's own addresses of this
+    /// family: the node's own connections are dropped (kube-proxy filters
+    /// them by their source, a node address, like any client's).
+    pub node_denied: bool,
 }
 
 impl Frontend {
@@ -174,6 +178,7 @@ impl Frontend {
             source_ranges: Vec::new(),
             maglev: false,
             masquerade_outside: false,
+            node_denied: false,
         }
     }
 }

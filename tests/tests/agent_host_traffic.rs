@@ -439,3 +439,102 @@ fn the_nodes_own_sockets_select_as_the_tc_path_does() -> Result<()> {
     }
     Ok(())
 }
+
+/// A LoadBalancer service `name` at cluster IP `vip` with load-balancer
+/// ingress `lb` and `ranges` as loadBalancerSourceRanges, port 80 -> 8080
+/// on `endpoints`.
+fn load_balancer_with_ranges(
+    name: &str,
+    vip: Ipv4Addr,
+    lb: Ipv4Addr,
+    ranges: &str,
+    endpoints: &[Ipv4Addr],
+) -> String {
+    let svc = service_with(
+        name,
+        vip,
+        "",
+        &format!("  type: LoadBalancer\n  loadBalancerSourceRanges: [{ranges}]\n"),
+        endpoints,
+        "node-1",
+    );
+    svc.replacen(
+        "\n---\n",
+        &format!("\nstatus:\n  loadBalancer:\n    ingress:\n    - ip: {lb}\n---\n"),
+        1,
+    )
+}
+
+/// kube-proxy filters the node's own connections to a load-balancer IP by
+/// their source, a node address, like any client's: a node process reaches
+/// a load-balancer IP whose ranges hold one of the node's addresses, and is
+/// dropped (at once, ETIMEDOUT, counted `source_denied`) where they hold
+/// none.
+#[test]
+fn the_nodes_own_sockets_obey_load_balancer_source_ranges() -> Result<()> {
+    const OPEN_LB: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 61);
+    const CLOSED_LB: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 62);
+    let topo = Topology::new(0, 2)?;
+    let _tcp = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let ips: Vec<Ipv4Addr> = topo.backends.iter().map(|b| b.ip).collect();
+    let node_ip = Ipv4Addr::new(192, 168, 1, 1);
+    let dir = ManifestDir::create()?;
+    dir.write(
+        "node.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-1\nstatus:\n  addresses:\n  - type: InternalIP\n    address: {node_ip}\n"
+        ),
+    )?;
+    dir.write(
+        "open.yaml",
+        &load_balancer_with_ranges(
+            "open",
+            Ipv4Addr::new(10, 96, 0, 61),
+            OPEN_LB,
+            "192.168.1.0/24, 198.51.100.0/24",
+            &ips,
+        ),
+    )?;
+    dir.write(
+        "closed.yaml",
+        &load_balancer_with_ranges(
+            "closed",
+            Ipv4Addr::new(10, 96, 0, 62),
+            CLOSED_LB,
+            "198.51.100.0/24",
+            &ips,
+        ),
+    )?;
+    let mut agent = Agent::start(&topo, &format!("dir:{}", dir.path().display()), &[])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    let list = agent.cli(&["lb", "list"])?;
+    ensure!(
+        list.lines()
+            .filter(|l| l.contains("[source ranges deny the node]"))
+            .count()
+            == 1,
+        "{list}"
+    );
+
+    let out = HostClient::once(&topo, "tcp", &OPEN_LB.to_string(), 80)?;
+    ensure!(out.first().map(String::as_str) == Some("ok"), "{out:?}");
+    let maps = || sluice::datapath::Maps::open_pinned(topo.bpf.path());
+    let denied = maps()?.stat(sluice_common::Stat::SourceDenied)?;
+    let started = std::time::Instant::now();
+    let out = HostClient::once(&topo, "tcp", &CLOSED_LB.to_string(), 80)?;
+    ensure!(out == ["error", "ETIMEDOUT"], "{out:?}");
+    ensure!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    ensure!(maps()?.stat(sluice_common::Stat::SourceDenied)? > denied);
+    // The cluster IP of the same service is not filtered.
+    let out = HostClient::once(&topo, "tcp", "10.96.0.62", 80)?;
+    ensure!(out.first().map(String::as_str) == Some("ok"), "{out:?}");
+    Ok(())
+}

@@ -12,7 +12,7 @@ use sluice_common::{
     maps::MAX_SLOTS,
     service::{
         FRONTEND_KIND_MASK, SVC_F_AFFINITY, SVC_F_DRAINING, SVC_F_DROP_EMPTY, SVC_F_INTERNAL,
-        SVC_F_MAGLEV, SVC_F_MASQ_OUTSIDE, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
+        SVC_F_MAGLEV, SVC_F_MASQ_OUTSIDE, SVC_F_NODE_DENIED, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
     },
     Backend, BackendState, FAMILY_V4, FAMILY_V6,
 };
@@ -298,6 +298,9 @@ pub fn plan_desired(
             }
             if fe.masquerade_outside {
                 flags |= SVC_F_MASQ_OUTSIDE;
+            }
+            if fe.node_denied {
+                flags |= SVC_F_NODE_DENIED;
             }
             if fe.key.scope == Scope::External && internal.contains(&fe.key) {
                 flags |= SVC_F_INTERNAL;

@@ -81,6 +81,29 @@ pub(super) fn frontends(
             svc.external_traffic_local
         };
         let (backends, when_empty) = selection.for_policy(local);
+        // Source ranges guard load-balancer addresses only, each family
+        // with its own ranges: as in kube-proxy, a family without ranges
+        // is not filtered.
+        let source_ranges: Vec<(IpAddr, u8)> = if kind == FrontendKind::LoadBalancer {
+            svc.load_balancer_source_ranges
+                .iter()
+                .filter(|n| AddressFamily::of(n.addr) == family)
+                .map(|n| (n.addr, n.prefix_len))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        // The node's own connections come from one of its addresses of
+        // this family: admitted when a range holds one.
+        let node_denied = kind == FrontendKind::LoadBalancer
+            && !source_ranges.is_empty()
+            && !addrs.node.iter().any(|a| {
+                AddressFamily::of(*a) == family
+                    && svc
+                        .load_balancer_source_ranges
+                        .iter()
+                        .any(|n| n.contains(*a))
+            });
         let frontend = Frontend {
             key: FrontendKey::new(addr, p, port.proto),
             kind,
@@ -99,18 +122,8 @@ pub(super) fn frontends(
             masquerade_outside: cluster_ip && !opts.masquerade_all && opts.local_detection,
             affinity_timeout: svc.session_affinity_timeout,
             maglev: svc.maglev,
-            // Source ranges guard load-balancer addresses only, each
-            // family with its own ranges: as in kube-proxy, a family
-            // without ranges is not filtered.
-            source_ranges: if kind == FrontendKind::LoadBalancer {
-                svc.load_balancer_source_ranges
-                    .iter()
-                    .filter(|n| AddressFamily::of(n.addr) == family)
-                    .map(|n| (n.addr, n.prefix_len))
-                    .collect()
-            } else {
-                Vec::new()
-            },
+            source_ranges,
+            node_denied,
         };
         if !cluster_ip && local {
             // externalTrafficPolicy Local restricts only traffic from

@@ -421,6 +421,14 @@ fn ipv6_frontends_get_snat_affinity_and_their_own_source_ranges() {
             _ => vec![],
         };
         assert_eq!(ranges, want, "{}: each family its own ranges", f.key);
+        // The node's own connections come from a node address: 192.0.2.1
+        // is in the IPv4 ranges, fd00::1 in none of the IPv6 ones.
+        assert_eq!(
+            f.node_denied,
+            f.kind == FrontendKind::LoadBalancer && f.key.addr.is_ipv6(),
+            "{}: the node's own connections",
+            f.key
+        );
     }
 
     // Ranges of one family only: kube-proxy filters that family and leaves
@@ -429,8 +437,10 @@ fn ipv6_frontends_get_snat_affinity_and_their_own_source_ranges() {
     let t = run_with(&[svc], &slices, None, &config);
     let v6_lb = frontend(&t, &tcp("np", "http"), "[2001:db8::10]:80/TCP");
     assert!(v6_lb.source_ranges.is_empty());
+    assert!(!v6_lb.node_denied, "a family without ranges is open");
     let v4_lb = frontend(&t, &tcp("np", "http"), "203.0.113.10:80/TCP");
     assert_eq!(v4_lb.source_ranges.len(), 1);
+    assert!(!v4_lb.node_denied);
 }
 
 #[test]

@@ -194,6 +194,13 @@ pub const SVC_F_INTERNAL: u16 = 1 << 10;
 /// configured).
 pub const SVC_F_MASQ_OUTSIDE: u16 = 1 << 11;
 
+/// Master flag: the frontend's loadBalancerSourceRanges admit none of the
+/// node's own addresses, so the node's own sockets may not connect (the
+/// socket programs decide before the kernel picks a source address; the
+/// TC path checks the real source in `sl_srcrng4`/`sl_srcrng6`). Release
+/// 0.1.0's programs ignore it.
+pub const SVC_F_NODE_DENIED: u16 = 1 << 12;
+
 /// What kind of address a frontend is, for operators (`sluice lb list`).
 #[repr(u16)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

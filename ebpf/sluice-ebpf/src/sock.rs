@@ -18,7 +18,10 @@ use aya_ebpf::{
 };
 use sluice_common::{
     hash::{jhash_3words, pick_slot},
-    service::{SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MAGLEV},
+    service::{
+        SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MAGLEV,
+        SVC_F_NODE_DENIED,
+    },
     Affinity4Key, Affinity6Key, AffinityValue, Backend, SockEntry, SockRevKey, SockRevValue, Stat,
     Svc4Key, Svc6Key, SvcValue, FAMILY_V4, FAMILY_V6, IPPROTO_TCP, IPPROTO_UDP,
 };
@@ -295,6 +298,14 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
     let Some(mut master) = service(&at, 0, SCOPE_EXTERNAL) else {
         return ALLOW;
     };
+    if master.flags & SVC_F_NODE_DENIED != 0 {
+        // loadBalancerSourceRanges without a node address: kube-proxy
+        // drops the node's packets, so the caller would time out.
+        count(Stat::SourceDenied);
+        // SAFETY: plain helper call; sets the errno the syscall returns.
+        unsafe { bpf_set_retval(-ETIMEDOUT) };
+        return REJECT;
+    }
     // The node is inside the cluster: an externalTrafficPolicy Local
     // frontend gives it every endpoint (kube-proxy's short-circuit).
     let mut scope = SCOPE_EXTERNAL;

@@ -144,6 +144,7 @@ impl ServiceSet {
                 source_ranges: Vec::new(),
                 maglev: false,
                 masquerade_outside: false,
+                node_denied: false,
             }],
         }
     }
