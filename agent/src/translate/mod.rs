@@ -9,6 +9,7 @@
 //! - `problems`: what is reported instead of failing.
 
 mod endpoints;
+mod forbidden;
 mod frontends;
 mod local_traffic;
 mod objects;
@@ -110,7 +111,14 @@ impl NodeContext {
         } else {
             &config.node_addresses
         };
-        let (mut node_addrs, node_v6) = split_family(raw, config.ipv6);
+        // --nodeport-addresses may cover loopback or link-local
+        // addresses: a node port is never on one.
+        let raw: Vec<IpAddr> = raw
+            .iter()
+            .copied()
+            .filter(|a| forbidden::forbidden(*a).is_none())
+            .collect();
+        let (mut node_addrs, node_v6) = split_family(&raw, config.ipv6);
         node_addrs.sort();
         node_addrs.dedup();
         Self {

@@ -22,7 +22,10 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
-use super::problems::{Problem, ProblemReason};
+use super::{
+    forbidden::forbidden,
+    problems::{Problem, ProblemReason},
+};
 use crate::model::{BackendState, Proto};
 
 /// Label naming the service an EndpointSlice belongs to.
@@ -460,14 +463,23 @@ fn service_families(
 fn parse_ips(raw: &[&str], what: &str, problems: &mut Problems) -> Vec<IpAddr> {
     let mut out: Vec<IpAddr> = Vec::with_capacity(raw.len());
     let mut bad = Vec::new();
+    let mut refused = Vec::new();
     for s in raw {
         match parse_ip(s) {
-            Some(ip) if !out.contains(&ip) => out.push(ip),
-            Some(_) => {}
+            Some(ip) => match forbidden(ip) {
+                Some(why) => refused.push(format!("{ip} ({why})")),
+                None if !out.contains(&ip) => out.push(ip),
+                None => {}
+            },
             None => bad.push((*s).to_owned()),
         }
     }
     problems.push_many(ProblemReason::InvalidAddress, what, &bad);
+    problems.push_many(
+        ProblemReason::ForbiddenAddress,
+        &format!("{what} on an address that is never a service's"),
+        &refused,
+    );
     out
 }
 
@@ -859,6 +871,7 @@ impl SliceInfo {
         let mut endpoints = Vec::with_capacity(slice.endpoints.len());
         let mut bad = Vec::new();
         let mut wrong_family = Vec::new();
+        let mut refused = Vec::new();
         let mut no_address = 0usize;
         for ep in &slice.endpoints {
             match endpoint(ep, family) {
@@ -866,8 +879,14 @@ impl SliceInfo {
                 Err(EndpointError::NoAddress) => no_address += 1,
                 Err(EndpointError::Unparseable(a)) => bad.push(a),
                 Err(EndpointError::WrongFamily(a)) => wrong_family.push(a),
+                Err(EndpointError::Forbidden(a)) => refused.push(a),
             }
         }
+        problems.push_many(
+            ProblemReason::ForbiddenAddress,
+            "endpoint address(es) that are never a backend's",
+            &refused,
+        );
         if no_address > 0 {
             problems.push(
                 ProblemReason::MissingField,
@@ -899,11 +918,15 @@ enum EndpointError {
     NoAddress,
     Unparseable(String),
     WrongFamily(String),
+    Forbidden(String),
 }
 
 fn endpoint(ep: &K8sEndpoint, family: AddressFamily) -> Result<SliceEndpoint, EndpointError> {
     let raw = ep.addresses.first().ok_or(EndpointError::NoAddress)?;
     let addr = parse_ip(raw).ok_or_else(|| EndpointError::Unparseable(raw.clone()))?;
+    if let Some(why) = forbidden(addr) {
+        return Err(EndpointError::Forbidden(format!("{addr} ({why})")));
+    }
     if AddressFamily::of(addr) != family {
         return Err(EndpointError::WrongFamily(raw.clone()));
     }

@@ -25,6 +25,10 @@ pub enum ProblemReason {
     /// A manifest document that is not valid YAML or JSON, or does not fit
     /// its kind's schema.
     Unparseable,
+    /// An address that is never a service's or a backend's (unspecified,
+    /// loopback, multicast, broadcast, link-local, also v4-mapped): a
+    /// frontend on it would capture traffic that is not service traffic.
+    ForbiddenAddress,
 }
 
 impl ProblemReason {
@@ -39,11 +43,12 @@ impl ProblemReason {
             Self::Duplicate => "duplicate",
             Self::Ipv6Unsupported => "ipv6_unsupported",
             Self::Unparseable => "unparseable",
+            Self::ForbiddenAddress => "forbidden_address",
         }
     }
 
     /// Every reason, e.g. to initialise a metric family.
-    pub const ALL: [ProblemReason; 8] = [
+    pub const ALL: [ProblemReason; 9] = [
         Self::InvalidAddress,
         Self::InvalidPort,
         Self::UnsupportedProtocol,
@@ -52,6 +57,7 @@ impl ProblemReason {
         Self::Duplicate,
         Self::Ipv6Unsupported,
         Self::Unparseable,
+        Self::ForbiddenAddress,
     ];
 }
 

@@ -1325,3 +1325,86 @@ fn node_cidr_detection_takes_the_nodes_pod_cidrs() {
     let t = run_with(&[web()], &[], Some(&node), &cfg());
     assert!(t.desired.local_sources.is_empty());
 }
+
+/// Issue 18: addresses that are never a service's are refused for every
+/// frontend kind and for backends, reported `forbidden_address`, and the
+/// rest of the service works.
+#[test]
+fn frontends_and_backends_on_forbidden_addresses_are_refused() {
+    let config = TranslateConfig {
+        ipv6: true,
+        ..cfg()
+    };
+    let node = mk_node(
+        NODE,
+        None,
+        &[("InternalIP", "127.0.0.1"), ("InternalIP", "192.168.1.10")],
+    );
+    // The cluster IP itself on loopback: no cluster-IP frontend.
+    let loopback = mk_service("default", "lo", "127.0.0.1", &[port("http", "TCP", 80)]);
+    // A LoadBalancer whose other addresses are all dangerous but one.
+    let mut svc = lb_service();
+    let spec = spec_mut(&mut svc);
+    spec.external_ips = Some(vec![
+        "0.0.0.0".into(),
+        "255.255.255.255".into(),
+        "224.0.0.5".into(),
+        "198.51.100.1".into(),
+    ]);
+    set_lb_ingress(
+        &mut svc,
+        &[
+            ("169.254.169.254", None),
+            ("203.0.113.10", None),
+            ("::ffff:127.0.0.1", None),
+        ],
+    );
+    let mut slice = shop_slice();
+    slice.endpoints.push(ep("127.0.0.1"));
+    slice.endpoints.push(ep("169.254.0.9"));
+    let lo_slice = mk_slice(
+        "default",
+        "lo-1",
+        "lo",
+        &[slice_port("http", "TCP", 8080)],
+        vec![ep("10.0.0.9")],
+    );
+    let t = run_with(&[loopback, svc], &[slice, lo_slice], Some(&node), &config);
+    assert!(!t.desired.services.contains_key(&tcp("lo", "http")));
+    assert_eq!(
+        keys(&t, &tcp("shop", "https")),
+        vec![
+            ("10.96.0.40:443/TCP".into(), FrontendKind::ClusterIp),
+            ("192.168.1.10:30443/TCP".into(), FrontendKind::NodePort),
+            ("198.51.100.1:443/TCP".into(), FrontendKind::ExternalIp),
+            ("203.0.113.10:443/TCP".into(), FrontendKind::LoadBalancer),
+        ]
+    );
+    for f in frontends(&t, &tcp("shop", "https")) {
+        assert_eq!(
+            backends(f),
+            vec!["10.0.0.1:8443=active", "10.0.0.2:8443=active"]
+        );
+    }
+    let forbidden: Vec<String> = t
+        .problems
+        .iter()
+        .filter(|p| p.reason == ProblemReason::ForbiddenAddress)
+        .map(|p| p.to_string())
+        .collect();
+    assert_eq!(forbidden.len(), 5, "{forbidden:#?}");
+    for what in [
+        "127.0.0.1 (loopback)",
+        "0.0.0.0 (unspecified)",
+        "255.255.255.255 (broadcast)",
+        "224.0.0.5 (multicast)",
+        "169.254.169.254 (link-local)",
+        "::ffff:127.0.0.1 (loopback)",
+        "169.254.0.9 (link-local)",
+    ] {
+        assert!(
+            forbidden.iter().any(|p| p.contains(what)),
+            "{what} not reported: {forbidden:#?}"
+        );
+    }
+}
