@@ -58,6 +58,149 @@ fn format_of(path: &Path) -> Option<Format> {
     }
 }
 
+/// What one manifest file may cost before it is parsed: a bigger or more
+/// deeply nested file is refused whole, so that no input can keep the
+/// agent busy (YAML parsers are slow on pathological nesting).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest file, in bytes.
+    pub max_bytes: usize,
+    /// Deepest nesting of flow collections (`[`, `{`) and of block
+    /// indentation (in levels of at least one column).
+    pub max_depth: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_bytes: 64 << 20,
+            max_depth: 64,
+        }
+    }
+}
+
+/// Why `contents` is refused under `limits`, if it is. One pass over the
+/// bytes, no allocation: the check costs far less than any parse.
+///
+/// Flow nesting (`[`, `{`) is what makes the YAML parser slow (quadratic
+/// in unclosed flow collections), so it is counted outside quoted scalars
+/// (a JSON document in an annotation is a quoted string) and, separately,
+/// inside each quoted span, so that a quote this scan takes for the start
+/// of a string where the parser does not still cannot hide openers.
+pub fn over_limits(contents: &str, limits: Limits) -> Option<String> {
+    if contents.len() > limits.max_bytes {
+        return Some(format!(
+            "file of {} bytes is larger than the limit of {} bytes",
+            contents.len(),
+            limits.max_bytes
+        ));
+    }
+    let deep = || Some(format!("nested deeper than {} levels", limits.max_depth));
+    let mut depth = 0usize;
+    // Openers minus closers inside the current quoted span.
+    let mut quoted_depth = 0usize;
+    let mut quote: Option<u8> = None;
+    let mut escaped = false;
+    let mut comment = false;
+    // The previous byte that is not a space: a quote starts a scalar only
+    // after one of these (or at the start of a line).
+    let mut prev: u8 = b'\n';
+    let mut indent: Option<usize> = Some(0);
+    // A single quote just closed a span: `''` is an escaped quote inside
+    // it, so the span goes on if the next byte is another `'`.
+    let mut single_closed = false;
+    for &b in contents.as_bytes() {
+        if std::mem::take(&mut single_closed) && b == b'\'' {
+            quote = Some(b'\'');
+            continue;
+        }
+        if b == b'\n' {
+            comment = false;
+            indent = Some(0);
+            prev = b'\n';
+            continue;
+        }
+        if let Some(n) = indent.as_mut() {
+            if b == b' ' {
+                *n += 1;
+                if *n > limits.max_depth * 8 {
+                    return Some(format!(
+                        "indentation deeper than {} columns",
+                        limits.max_depth * 8
+                    ));
+                }
+                continue;
+            }
+            indent = None;
+        }
+        if comment {
+            continue;
+        }
+        if let Some(q) = quote {
+            match b {
+                b'\\' if q == b'"' && !escaped => {
+                    escaped = true;
+                    continue;
+                }
+                c if c == q && !escaped => {
+                    quote = None;
+                    quoted_depth = 0;
+                    single_closed = q == b'\'';
+                }
+                b'[' | b'{' => {
+                    quoted_depth += 1;
+                    if depth + quoted_depth > limits.max_depth {
+                        return deep();
+                    }
+                }
+                b']' | b'}' => quoted_depth = quoted_depth.saturating_sub(1),
+                _ => {}
+            }
+            escaped = false;
+            prev = b;
+            continue;
+        }
+        match b {
+            b'"' | b'\''
+                if matches!(prev, b'\n' | b':' | b'-' | b'[' | b'{' | b',' | b'?' | b' ') =>
+            {
+                quote = Some(b)
+            }
+            b'#' if matches!(prev, b'\n' | b' ' | b'\t') => comment = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limits.max_depth {
+                    return deep();
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        if b != b' ' {
+            prev = b;
+        } else if prev != b'\n' {
+            prev = b' ';
+        }
+    }
+    None
+}
+
+/// Parses one file under `limits`: a file over them yields one problem
+/// and no object.
+pub fn parse_file(path: &Path, contents: &str, limits: Limits) -> Manifests {
+    if let Some(why) = over_limits(contents, limits) {
+        return Manifests {
+            problems: vec![Problem::new(
+                path.display().to_string(),
+                ProblemReason::Unparseable,
+                format!("{why}: refused unread"),
+            )],
+            ..Manifests::default()
+        };
+    }
+    parse_manifests(&[(path, contents.to_owned())])
+}
+
 /// Parses the given files (name, contents), in the given order. Files
 /// named other than `.json` are read as YAML.
 pub fn parse_manifests<P: AsRef<Path>>(files: &[(P, String)]) -> Manifests {
@@ -480,5 +623,64 @@ items:
             svc.frontends[0].backends[0].endpoint.to_string(),
             "10.0.0.1:8080"
         );
+    }
+}
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    fn refused(s: &str) -> bool {
+        over_limits(s, Limits::default()).is_some()
+    }
+
+    #[test]
+    fn pathological_nesting_is_refused_at_once() {
+        let started = std::time::Instant::now();
+        for s in [
+            "[".repeat(100_000),
+            "{a: ".repeat(50_000),
+            // Closers inside strings do not hide openers.
+            "[ \"]\", ".repeat(1000),
+            "[ !t \"]\" ".repeat(1000),
+            "[ 'x]''y]', ".repeat(1000),
+            "[a#[".repeat(1000),
+            // An apostrophe taken for a quote still counts what follows.
+            format!("a: it's\n{}", "[".repeat(1000)),
+            format!("a: b \"c\n{}", "{x: ".repeat(1000)),
+            (0..2000)
+                .map(|i| format!("{}a:\n", " ".repeat(i)))
+                .collect(),
+        ] {
+            assert!(refused(&s), "{:?}", &s[..s.len().min(60)]);
+            let m = parse_file(Path::new("x.yaml"), &s, Limits::default());
+            assert!(m.services.is_empty() && m.problems.len() == 1);
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    #[test]
+    fn ordinary_manifests_pass() {
+        let last_applied = r#"{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{},"name":"web","namespace":"default"},"spec":{"ports":[{"port":80,"targetPort":8080}],"selector":{"app":"web"}}}"#;
+        let doc = format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: default\n  annotations:\n    kubectl.kubernetes.io/last-applied-configuration: '{last_applied}'\n    note: \"it's [fine\"\n    other: it's {{fine}} # comment's [\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{{port: 80, targetPort: 8080, name: \"http\"}}]\n"
+        );
+        let many: String = std::iter::repeat_n(format!("{doc}---\n"), 200).collect();
+        assert_eq!(over_limits(&many, Limits::default()), None);
+        let m = parse_file(Path::new("x.yaml"), &many, Limits::default());
+        assert_eq!(m.services.len(), 200, "{:?}", m.problems);
+        // JSON, deeply but reasonably nested.
+        let json = serde_json::to_string(&serde_json::json!({"kind": "List", "apiVersion": "v1", "items": [{"a": {"b": {"c": [[["d"]]]}}}]})).unwrap();
+        assert_eq!(over_limits(&json, Limits::default()), None);
+    }
+
+    #[test]
+    fn a_file_over_the_size_limit_is_refused_unread() {
+        let limits = Limits {
+            max_bytes: 100,
+            ..Limits::default()
+        };
+        let m = parse_file(Path::new("big.yaml"), &"a: b\n".repeat(30), limits);
+        assert_eq!(m.problems.len(), 1);
+        assert!(m.problems[0].to_string().contains("larger than the limit"));
     }
 }

@@ -37,6 +37,7 @@ pub struct Metrics {
     pub map_fill: Family<MapLabel, FloatGauge>,
     pub draining: Gauge,
     pub rejected: Family<ReasonLabel, Gauge>,
+    pub manifest_problems: Family<ReasonLabel, Gauge>,
     pub refused: Family<ReasonLabel, Gauge>,
     pub map_write_errors: Counter,
     pub map_writes: Counter,
@@ -80,6 +81,7 @@ impl Metrics {
             map_fill: Family::default(),
             draining: Gauge::default(),
             rejected: Family::default(),
+            manifest_problems: Family::default(),
             refused: Family::default(),
             map_write_errors: Counter::default(),
             map_writes: Counter::default(),
@@ -137,6 +139,11 @@ impl Metrics {
             "rejected_objects",
             "Objects or parts of objects left out, by reason",
             m.rejected.clone(),
+        );
+        registry.register(
+            "manifest_problems",
+            "Manifest files or documents of a dir: source not used (unparseable, over the size or nesting limits, duplicate definitions), by reason",
+            m.manifest_problems.clone(),
         );
         registry.register(
             "refused_service_ports",

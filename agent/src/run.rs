@@ -283,6 +283,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
                 args.dir_poll_interval.0,
                 tx,
                 health,
+                metrics.clone(),
                 shutdown_rx.clone(),
             ));
         }

@@ -79,3 +79,97 @@ fn services_on_forbidden_addresses_cannot_capture_the_nodes_traffic() -> Result<
     ensure!(refused >= 2.0, "forbidden addresses not counted:\n{text}");
     Ok(())
 }
+
+/// A manifest file nested 50,000 levels deep (200 KB, which kept a YAML
+/// parser busy for 16 s) is refused before it is parsed, /healthz keeps
+/// answering at once, and a second file defining the live service again
+/// with another address is reported as a duplicate without disturbing
+/// it: a client connecting all along never fails.
+#[test]
+fn hostile_manifests_cannot_stall_the_agent_or_flap_a_live_service() -> Result<()> {
+    let topo = Topology::new(1, 1)?;
+    let _backend = servers::tcp_greeter(&topo.backends[0].ns, 8080, "backend-0")?;
+    let b0 = topo.backends[0].ip;
+    let dir = ManifestDir::create()?;
+    dir.write(
+        "good.yaml",
+        &service("good", "10.96.0.80", "10.96.0.83", b0),
+    )?;
+    let mut agent = Agent::start(&topo, &format!("dir:{}", dir.path().display()), &[])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let client = &topo.clients[0].ns;
+    let (ok, failed, slowest) = std::thread::scope(|scope| -> Result<_> {
+        let looping = scope.spawn(|| {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match sluice_tests::clients::tcp_hello(
+                    client,
+                    std::net::SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 80), 80),
+                ) {
+                    Ok(_) => ok += 1,
+                    Err(e) => failed.push(format!("{e:#}")),
+                }
+            }
+            (ok, failed)
+        });
+        // The same Service again, in a file that sorts first, elsewhere.
+        let wrote = dir
+            .write(
+                "a-dup.yaml",
+                &service("good", "10.96.0.84", "10.96.0.85", b0),
+            )
+            // 200 KB of flow nesting.
+            .and_then(|()| dir.write("deep.yaml", &"{a: ".repeat(50_000)));
+        let mut slowest = Duration::ZERO;
+        let started = std::time::Instant::now();
+        let mut health = Ok(());
+        while wrote.is_ok() && started.elapsed() < Duration::from_secs(3) {
+            let t = std::time::Instant::now();
+            match agent.healthz() {
+                Ok((200, _)) => {}
+                other => {
+                    health = Err(anyhow::anyhow!("/healthz: {other:?}"));
+                    break;
+                }
+            }
+            slowest = slowest.max(t.elapsed());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (ok, failed) = looping
+            .join()
+            .map_err(|_| anyhow::anyhow!("client loop panicked"))?;
+        wrote?;
+        health?;
+        Ok((ok, failed, slowest))
+    })?;
+    ensure!(
+        failed.is_empty(),
+        "{} of {} connections failed: {failed:?}",
+        failed.len(),
+        ok as usize + failed.len()
+    );
+    ensure!(ok > 10, "only {ok} connections");
+    ensure!(
+        slowest < Duration::from_millis(500),
+        "/healthz took {slowest:?}"
+    );
+    let list = agent.cli(&["lb", "list"])?;
+    ensure!(
+        list.contains("10.96.0.80:80") && !list.contains("10.96.0.84:80"),
+        "the live service was displaced:\n{list}"
+    );
+    let text = agent.metrics()?;
+    let problems = |reason: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with("sluice_manifest_problems") && l.contains(reason))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    // The Service and its EndpointSlice.
+    ensure!(problems("\"duplicate\"") == 2.0, "{text}");
+    ensure!(problems("\"unparseable\"") >= 1.0, "{text}");
+    Ok(())
+}
