@@ -2,8 +2,9 @@
 //! NodePort from outside the node (SNAT with policy Cluster, client
 //! address kept with policy Local, DROP without local endpoints),
 //! LoadBalancer source ranges, session affinity, a backend on another node,
-//! a pod reaching itself (hairpin), and (IPv4 here, IPv6 in
-//! `datapath_ipv6`) ICMP errors translated back for PMTU discovery.
+//! a pod reaching itself (hairpin), ICMP errors translated back (about
+//! DNATed flows: IPv4 here, IPv6 in `datapath_ipv6`; about SNATed NodePort
+//! flows: path MTU discovery and port unreachable, both families).
 //!
 //! Each scenario is one function over a `Family` and two `#[test]`s: the
 //! IPv6 run uses the same topology, its `fd00:b:k::h` twin addresses
@@ -12,7 +13,7 @@
 
 use std::{
     io::{BufRead, BufReader},
-    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
     time::Duration,
 };
 
@@ -402,6 +403,126 @@ fn hairpin(fam: Family) -> Result<()> {
     );
     let mut stream = Stream::connect(&b.ns, fam.at(VIP, 80))?;
     stream.ping()?;
+    Ok(())
+}
+
+both_families!(snat_pmtu: icmp_fragmentation_needed_about_a_snated_node_port_flow_reaches_the_client,
+    v6_packet_too_big_about_a_snated_node_port_flow_reaches_the_client);
+
+/// Path MTU discovery through a NodePort with policy Cluster: node 1 SNATs
+/// the outside client's flow to its underlay address towards a backend on
+/// node 2, and node 2 forwards to that backend over a link of a smaller
+/// MTU. Node 2 answers the client's full-size segments with
+/// "fragmentation needed" / Packet Too Big addressed to node 1 and quoting
+/// node 1:SNAT port -> backend. Unless node 1 turns the error into one
+/// about client -> node port and sends it on, the client never learns the
+/// path MTU and the transfer stalls.
+fn snat_pmtu(fam: Family) -> Result<()> {
+    let mut node1 = Topology::with_index(1, 0, 0)?;
+    node1.add_external()?;
+    let node2 = Topology::with_index(2, 0, 1)?;
+    Topology::join(&node1, &node2)?;
+    fam.prepare(&node1)?;
+    fam.prepare(&node2)?;
+    let remote = &node2.backends[0];
+    // The small hop: node 2 -> its backend. The backend itself sends no
+    // more than that (route MTU) yet advertises a full-size MSS, so the
+    // client's segments are the ones too big (the hop's own MTU would
+    // lower the MSS instead and hide the problem).
+    let (mtu, mss, gw) = if fam.v6 {
+        ("1280", "1440", "fd00:60:0::1")
+    } else {
+        ("1200", "1460", "10.60.0.1")
+    };
+    node2
+        .node
+        .ip(&["link", "set", &remote.host_if, "mtu", mtu])?;
+    let family = if fam.v6 { "-6" } else { "-4" };
+    remote.ns.ip(&[
+        family, "route", "replace", "default", "via", gw, "mtu", mtu, "advmss", mss,
+    ])?;
+    let _server = fam.greeter(remote)?;
+    let mut lb = Lb::load(&node1)?;
+    let node_ip = fam.ip(node1.node_address(0));
+    let mut np = frontend(
+        FrontendKind::NodePort,
+        node_ip,
+        NODE_PORT,
+        Proto::Tcp,
+        &active(&[remote.addr(fam.v6)]),
+    );
+    np.snat = true;
+    lb.set(service("big", 80, Proto::Tcp, vec![np]));
+
+    let mut stream = Stream::connect(&node1.externals[0].ns, SocketAddr::new(node_ip, NODE_PORT))?;
+    assert_eq!(stream.backend, "node2-backend-0");
+    // 64 KiB in one line: many segments of the client's 1500-byte MTU.
+    let big = "x".repeat(64 * 1024);
+    for _ in 0..3 {
+        stream
+            .exchange(&big)
+            .context("a transfer larger than the path MTU")?;
+    }
+    assert!(
+        lb.stat(Stat::IcmpSnatTranslated)? >= 1,
+        "no ICMP error was translated, so the test did not exercise PMTU"
+    );
+    assert_eq!(
+        lb.stat(Stat::IcmpTranslated)?,
+        0,
+        "the errors came to the node, not past it"
+    );
+    Ok(())
+}
+
+both_families!(snat_port_unreachable: port_unreachable_about_a_snated_node_port_flow_refuses_the_client,
+    v6_port_unreachable_about_a_snated_node_port_flow_refuses_the_client);
+
+/// A UDP NodePort with policy Cluster whose backend has no listener on its
+/// targetPort: the backend answers the SNATed datagram with port
+/// unreachable to the node's address, quoting node:SNAT port -> backend.
+/// Translated and sent on, it reaches the client's connected socket as
+/// ECONNREFUSED, as with kube-proxy; untranslated, the node swallows it and
+/// the client waits for an answer that never comes.
+fn snat_port_unreachable(fam: Family) -> Result<()> {
+    let mut topo = Topology::new(0, 1)?;
+    topo.add_external()?;
+    fam.prepare(&topo)?;
+    let b = &topo.backends[0];
+    let mut lb = Lb::load(&topo)?;
+    let node = fam.ip(topo.node_address(0));
+    let mut np = frontend(
+        FrontendKind::NodePort,
+        node,
+        NODE_PORT,
+        Proto::Udp,
+        &active(&[b.addr(fam.v6)]),
+    );
+    np.snat = true;
+    lb.set(service("dns", 53, Proto::Udp, vec![np]));
+
+    let addr = SocketAddr::new(node, NODE_PORT);
+    let local: SocketAddr = if fam.v6 {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    } else {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    };
+    let outcome = topo.externals[0]
+        .ns
+        .run(move || -> std::io::Result<usize> {
+            let socket = UdpSocket::bind(local)?;
+            socket.connect(addr)?;
+            socket.set_read_timeout(Some(Duration::from_secs(2)))?;
+            socket.send(b"hello")?;
+            let mut buf = [0u8; 64];
+            socket.recv(&mut buf)
+        })?;
+    match outcome {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+        other => bail!("expected ECONNREFUSED from the backend's port unreachable, got {other:?}"),
+    }
+    assert_eq!(lb.stat(Stat::SnatReply)?, 0, "no reply came back");
+    assert!(lb.stat(Stat::IcmpSnatTranslated)? >= 1);
     Ok(())
 }
 
