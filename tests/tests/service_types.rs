@@ -2,8 +2,9 @@
 //! NodePort from outside the node (SNAT with policy Cluster, client
 //! address kept with policy Local, DROP without local endpoints),
 //! LoadBalancer source ranges, session affinity, a backend on another node,
-//! a pod reaching itself (hairpin), and (IPv4 here, IPv6 in
-//! `datapath_ipv6`) ICMP errors translated back for PMTU discovery.
+//! a pod reaching itself (hairpin), ICMP errors translated back (about
+//! DNATed flows: IPv4 here, IPv6 in `datapath_ipv6`; about SNATed NodePort
+//! flows: path MTU discovery and port unreachable, both families).
 //!
 //! Each scenario is one function over a `Family` and two `#[test]`s: the
 //! IPv6 run uses the same topology, its `fd00:b:k::h` twin addresses
@@ -12,13 +13,13 @@
 
 use std::{
     io::{BufRead, BufReader},
-    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
     time::Duration,
 };
 
 use anyhow::{bail, Context, Result};
 use sluice::model::{BackendState, FrontendKind, Proto, WhenEmpty};
-use sluice_common::Stat;
+use sluice_common::{conntrack::CT_F_SNAT, CtEntry, CtKind, Stat};
 use sluice_tests::{
     clients::{self, Stream},
     lb::{frontend, service, Lb},
@@ -26,6 +27,7 @@ use sluice_tests::{
     topology::{v6_of, Pod},
     Netns, Topology,
 };
+use socket2::{Domain, Protocol, Socket, Type};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 70);
 const LB_IP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
@@ -402,6 +404,370 @@ fn hairpin(fam: Family) -> Result<()> {
     );
     let mut stream = Stream::connect(&b.ns, fam.at(VIP, 80))?;
     stream.ping()?;
+    Ok(())
+}
+
+both_families!(snat_pmtu: icmp_fragmentation_needed_about_a_snated_node_port_flow_reaches_the_client,
+    v6_packet_too_big_about_a_snated_node_port_flow_reaches_the_client);
+
+/// Path MTU discovery through a NodePort with policy Cluster: node 1 SNATs
+/// the outside client's flow to its underlay address towards a backend on
+/// node 2, and node 2 forwards to that backend over a link of a smaller
+/// MTU. Node 2 answers the client's full-size segments with
+/// "fragmentation needed" / Packet Too Big addressed to node 1 and quoting
+/// node 1:SNAT port -> backend. Unless node 1 turns the error into one
+/// about client -> node port and sends it on, the client never learns the
+/// path MTU and the transfer stalls.
+fn snat_pmtu(fam: Family) -> Result<()> {
+    let mut node1 = Topology::with_index(1, 0, 0)?;
+    node1.add_external()?;
+    let node2 = Topology::with_index(2, 0, 1)?;
+    Topology::join(&node1, &node2)?;
+    fam.prepare(&node1)?;
+    fam.prepare(&node2)?;
+    let remote = &node2.backends[0];
+    // The small hop: node 2 -> its backend. The backend itself sends no
+    // more than that (route MTU) yet advertises a full-size MSS, so the
+    // client's segments are the ones too big (the hop's own MTU would
+    // lower the MSS instead and hide the problem).
+    let (mtu, mss, gw) = if fam.v6 {
+        ("1280", "1440", "fd00:60:0::1")
+    } else {
+        ("1200", "1460", "10.60.0.1")
+    };
+    node2
+        .node
+        .ip(&["link", "set", &remote.host_if, "mtu", mtu])?;
+    let family = if fam.v6 { "-6" } else { "-4" };
+    remote.ns.ip(&[
+        family, "route", "replace", "default", "via", gw, "mtu", mtu, "advmss", mss,
+    ])?;
+    let _server = fam.greeter(remote)?;
+    let mut lb = Lb::load(&node1)?;
+    let node_ip = fam.ip(node1.node_address(0));
+    let mut np = frontend(
+        FrontendKind::NodePort,
+        node_ip,
+        NODE_PORT,
+        Proto::Tcp,
+        &active(&[remote.addr(fam.v6)]),
+    );
+    np.snat = true;
+    lb.set(service("big", 80, Proto::Tcp, vec![np]));
+
+    let mut stream = Stream::connect(&node1.externals[0].ns, SocketAddr::new(node_ip, NODE_PORT))?;
+    assert_eq!(stream.backend, "node2-backend-0");
+    // 64 KiB in one line: many segments of the client's 1500-byte MTU.
+    let big = "x".repeat(64 * 1024);
+    for _ in 0..3 {
+        stream
+            .exchange(&big)
+            .context("a transfer larger than the path MTU")?;
+    }
+    assert!(
+        lb.stat(Stat::IcmpSnatTranslated)? >= 1,
+        "no ICMP error was translated, so the test did not exercise PMTU"
+    );
+    assert_eq!(
+        lb.stat(Stat::IcmpTranslated)?,
+        0,
+        "the errors came to the node, not past it"
+    );
+    Ok(())
+}
+
+both_families!(snat_port_unreachable: port_unreachable_about_a_snated_node_port_flow_refuses_the_client,
+    v6_port_unreachable_about_a_snated_node_port_flow_refuses_the_client);
+
+/// A UDP NodePort with policy Cluster whose backend has no listener on its
+/// targetPort: the backend answers the SNATed datagram with port
+/// unreachable to the node's address, quoting node:SNAT port -> backend.
+/// Translated and sent on, it reaches the client's connected socket as
+/// ECONNREFUSED, as with kube-proxy; untranslated, the node swallows it and
+/// the client waits for an answer that never comes.
+fn snat_port_unreachable(fam: Family) -> Result<()> {
+    let mut topo = Topology::new(0, 1)?;
+    topo.add_external()?;
+    fam.prepare(&topo)?;
+    let b = &topo.backends[0];
+    let mut lb = Lb::load(&topo)?;
+    let node = fam.ip(topo.node_address(0));
+    let mut np = frontend(
+        FrontendKind::NodePort,
+        node,
+        NODE_PORT,
+        Proto::Udp,
+        &active(&[b.addr(fam.v6)]),
+    );
+    np.snat = true;
+    lb.set(service("dns", 53, Proto::Udp, vec![np]));
+
+    let addr = SocketAddr::new(node, NODE_PORT);
+    let local: SocketAddr = if fam.v6 {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    } else {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    };
+    let outcome = topo.externals[0]
+        .ns
+        .run(move || -> std::io::Result<usize> {
+            let socket = UdpSocket::bind(local)?;
+            socket.connect(addr)?;
+            socket.set_read_timeout(Some(Duration::from_secs(2)))?;
+            socket.send(b"hello")?;
+            let mut buf = [0u8; 64];
+            socket.recv(&mut buf)
+        })?;
+    match outcome {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+        other => bail!("expected ECONNREFUSED from the backend's port unreachable, got {other:?}"),
+    }
+    assert_eq!(lb.stat(Stat::SnatReply)?, 0, "no reply came back");
+    assert!(lb.stat(Stat::IcmpSnatTranslated)? >= 1);
+    Ok(())
+}
+
+both_families!(crafted_quotes: icmp_errors_about_a_snated_flow_are_translated_whole_or_partial_and_truncated_ones_pass,
+    v6_icmp_errors_about_a_snated_flow_are_translated_whole_or_partial_and_truncated_ones_pass);
+
+/// ICMP errors built by hand, to pin down what the datapath does with
+/// each length of quote, seen byte for byte by a raw socket on the client:
+/// a quote with the whole TCP header (every checksum, the quoted TCP one
+/// included, must be right for the translated addresses), one with only
+/// the 8 bytes an ICMP error must carry (translated, the TCP checksum
+/// not being there), and one cut inside the ports (passed untouched: it
+/// reaches the node, not the client).
+fn crafted_quotes(fam: Family) -> Result<()> {
+    let mut topo = Topology::new(0, 1)?;
+    topo.add_external()?;
+    fam.prepare(&topo)?;
+    let b = &topo.backends[0];
+    let _server = fam.greeter(b)?;
+    let mut lb = Lb::load(&topo)?;
+    let node = fam.ip(topo.node_address(0));
+    let mut np = frontend(
+        FrontendKind::NodePort,
+        node,
+        NODE_PORT,
+        Proto::Tcp,
+        &active(&[b.addr(fam.v6)]),
+    );
+    np.snat = true;
+    lb.set(service("web", 80, Proto::Tcp, vec![np]));
+    let ext = &topo.externals[0];
+    let mut stream = Stream::connect(&ext.ns, SocketAddr::new(node, NODE_PORT))?;
+    stream.ping()?;
+    let client = stream.local_addr()?;
+    let (snat_ip, snat_port) = snat_source(&lb, fam.v6)?;
+    let backend = SocketAddr::new(b.addr(fam.v6), 8080);
+    let snat = SocketAddr::new(snat_ip, snat_port);
+
+    let listener = raw_icmp(&ext.ns, fam.v6)?;
+    let sender = raw_icmp(&b.ns, fam.v6)?;
+    let expected = Quote {
+        src: client,
+        dst: SocketAddr::new(node, NODE_PORT),
+    };
+    for (l4_len, what) in [(20, "whole TCP header"), (8, "8 bytes of TCP")] {
+        let error = icmp_error(snat, backend, l4_len);
+        sender.send_to(&error, SocketAddr::new(snat_ip, 0))?;
+        let got = receive_error(&listener, fam.v6)?
+            .with_context(|| format!("no error with a quote of {what} reached the client"))?;
+        check_translated(&got, node, &expected, l4_len == 20)
+            .with_context(|| format!("quote of {what}"))?;
+    }
+    assert_eq!(lb.stat(Stat::IcmpSnatTranslated)?, 2);
+
+    // Cut inside the ports: not ours to translate.
+    let error = icmp_error(snat, backend, 4);
+    sender.send_to(&error, SocketAddr::new(snat_ip, 0))?;
+    assert!(
+        receive_error(&listener, fam.v6)?.is_none(),
+        "a truncated quote must pass untouched (to the node)"
+    );
+    assert_eq!(lb.stat(Stat::IcmpSnatTranslated)?, 2);
+    stream.ping().context("the flow is unharmed")?;
+    Ok(())
+}
+
+/// The node address and port of the test's one SNATed flow, from its
+/// reply entry (backend -> node:port).
+fn snat_source(lb: &Lb, v6: bool) -> Result<(IpAddr, u16)> {
+    let maps = lb.maps()?;
+    let snat_reply = |e: &CtEntry| e.kind == CtKind::Reply as u8 && e.flags & CT_F_SNAT != 0;
+    let found = if v6 {
+        sluice::conntrack::read_all6(&maps)?
+            .into_iter()
+            .find(|(_, e)| snat_reply(e))
+            .map(|(k, _)| (IpAddr::from(k.dst), k.dport))
+    } else {
+        sluice::conntrack::read_all(&maps)?
+            .into_iter()
+            .find(|(_, e)| snat_reply(e))
+            .map(|(k, _)| (IpAddr::from(k.dst), k.dport))
+    };
+    found.context("no SNAT reply entry")
+}
+
+/// A raw ICMP (ICMPv6) socket in `ns`: it gets a copy of every ICMP
+/// message the namespace receives, and sends ICMP messages as built.
+fn raw_icmp(ns: &Netns, v6: bool) -> Result<UdpSocket> {
+    let socket = ns.run(move || -> std::io::Result<UdpSocket> {
+        let (domain, proto) = if v6 {
+            (Domain::IPV6, Protocol::ICMPV6)
+        } else {
+            (Domain::IPV4, Protocol::ICMPV4)
+        };
+        let socket = Socket::new(domain, Type::RAW, Some(proto))?;
+        socket.set_read_timeout(Some(Duration::from_millis(700)))?;
+        // Plain recv_from/send_to on the raw socket.
+        Ok(socket.into())
+    })??;
+    Ok(socket)
+}
+
+/// The internet checksum of `bytes` on top of the unfolded sum `sum`.
+fn csum(bytes: &[u8], mut sum: u32) -> u16 {
+    for pair in bytes.chunks(2) {
+        sum += u32::from(pair[0]) << 8 | u32::from(*pair.get(1).unwrap_or(&0));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// The unfolded sum of a pseudo-header (addresses, length, protocol).
+fn pseudo(src: IpAddr, dst: IpAddr, len: usize, proto: u8) -> u32 {
+    let octets = |ip: IpAddr| match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    let mut bytes = octets(src);
+    bytes.extend(octets(dst));
+    let sum = u32::from(!csum(&bytes, 0));
+    sum + len as u32 + u32::from(proto)
+}
+
+/// A "port unreachable" from `backend` about a TCP segment
+/// `snat` -> `backend` (a bare 20-byte header, quoted up to `l4_len`
+/// bytes), with every checksum right. ICMPv6's own checksum is left to
+/// the kernel (raw ICMPv6 sockets always compute it).
+fn icmp_error(snat: SocketAddr, backend: SocketAddr, l4_len: usize) -> Vec<u8> {
+    let mut tcp = vec![0u8; 20];
+    tcp[0..2].copy_from_slice(&snat.port().to_be_bytes());
+    tcp[2..4].copy_from_slice(&backend.port().to_be_bytes());
+    tcp[4..8].copy_from_slice(&0x1234_5678u32.to_be_bytes());
+    tcp[12] = 5 << 4;
+    tcp[13] = 0x10; // ACK
+    tcp[14..16].copy_from_slice(&1000u16.to_be_bytes());
+    let check = csum(&tcp, pseudo(snat.ip(), backend.ip(), 20, 6));
+    tcp[16..18].copy_from_slice(&check.to_be_bytes());
+    let mut msg = match (snat.ip(), backend.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut ip = vec![0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0];
+            ip.extend(s.octets());
+            ip.extend(d.octets());
+            let check = csum(&ip, 0);
+            ip[10..12].copy_from_slice(&check.to_be_bytes());
+            let mut msg = vec![3, 3, 0, 0, 0, 0, 0, 0];
+            msg.extend(ip);
+            msg
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let mut msg = vec![1, 4, 0, 0, 0, 0, 0, 0];
+            msg.extend([0x60, 0, 0, 0, 0, 20, 6, 64]);
+            msg.extend(s.octets());
+            msg.extend(d.octets());
+            msg
+        }
+        _ => unreachable!("one family"),
+    };
+    msg.extend(&tcp[..l4_len]);
+    if snat.is_ipv4() {
+        let check = csum(&msg, 0);
+        msg[2..4].copy_from_slice(&check.to_be_bytes());
+    }
+    msg
+}
+
+/// The next ICMP destination unreachable the raw socket receives (outer
+/// source, outer destination, ICMP message), or `None` within its timeout.
+fn receive_error(socket: &UdpSocket, v6: bool) -> Result<Option<(IpAddr, IpAddr, Vec<u8>)>> {
+    let mut buf = [0u8; 2048];
+    loop {
+        let (n, from) = match socket.recv_from(&mut buf) {
+            Ok(got) => got,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let packet = &buf[..n];
+        if v6 {
+            // IPv6 raw sockets get the message alone; the destination is
+            // the client's own address, checked by the caller's quote.
+            if packet.first() == Some(&1) {
+                return Ok(Some((from.ip(), IpAddr::from([0u8; 16]), packet.to_vec())));
+            }
+        } else {
+            let ihl = usize::from(packet[0] & 0x0f) * 4;
+            if packet[9] == 1 && packet.get(ihl) == Some(&3) {
+                let src = Ipv4Addr::new(packet[12], packet[13], packet[14], packet[15]);
+                let dst = Ipv4Addr::new(packet[16], packet[17], packet[18], packet[19]);
+                return Ok(Some((src.into(), dst.into(), packet[ihl..].to_vec())));
+            }
+        }
+    }
+}
+
+/// What the client must find quoted: its own packet to the frontend.
+struct Quote {
+    src: SocketAddr,
+    dst: SocketAddr,
+}
+
+/// Checks a received error: from the frontend, to the client, quoting
+/// client -> frontend, with a valid ICMP checksum (ICMPv6: over its
+/// pseudo-header), a valid quoted IPv4 header checksum and, when
+/// `whole_tcp`, a valid quoted TCP checksum.
+fn check_translated(
+    (src, dst, msg): &(IpAddr, IpAddr, Vec<u8>),
+    frontend: IpAddr,
+    quote: &Quote,
+    whole_tcp: bool,
+) -> Result<()> {
+    anyhow::ensure!(*src == frontend, "outer source {src}, not the frontend");
+    let octets = |b: &[u8]| -> IpAddr {
+        if b.len() == 4 {
+            IpAddr::from(<[u8; 4]>::try_from(b).unwrap_or_default())
+        } else {
+            IpAddr::from(<[u8; 16]>::try_from(b).unwrap_or_default())
+        }
+    };
+    let (inner_src, inner_dst, l4) = if quote.src.is_ipv4() {
+        anyhow::ensure!(*dst == quote.src.ip(), "outer destination {dst}");
+        anyhow::ensure!(csum(msg, 0) == 0, "ICMP checksum");
+        anyhow::ensure!(csum(&msg[8..28], 0) == 0, "quoted IP header checksum");
+        (octets(&msg[20..24]), octets(&msg[24..28]), &msg[28..])
+    } else {
+        let sum = pseudo(*src, quote.src.ip(), msg.len(), 58);
+        anyhow::ensure!(csum(msg, sum) == 0, "ICMPv6 checksum");
+        (octets(&msg[16..32]), octets(&msg[32..48]), &msg[48..])
+    };
+    let port = |b: &[u8]| u16::from_be_bytes([b[0], b[1]]);
+    anyhow::ensure!(
+        SocketAddr::new(inner_src, port(&l4[0..2])) == quote.src
+            && SocketAddr::new(inner_dst, port(&l4[2..4])) == quote.dst,
+        "quoted {inner_src}:{} -> {inner_dst}:{}",
+        port(&l4[0..2]),
+        port(&l4[2..4])
+    );
+    if whole_tcp {
+        anyhow::ensure!(l4.len() == 20, "the whole quoted TCP header");
+        anyhow::ensure!(
+            csum(l4, pseudo(inner_src, inner_dst, 20, 6)) == 0,
+            "quoted TCP checksum"
+        );
+    }
     Ok(())
 }
 

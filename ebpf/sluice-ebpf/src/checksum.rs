@@ -28,3 +28,35 @@ pub fn bytes_of<T, const N: usize>(v: &T) -> &[u8; N] {
     // with no padding; reading it as bytes is always valid.
     unsafe { &*(v as *const T as *const [u8; N]) }
 }
+
+/// Folds a one's-complement sum to 16 bits (not complemented).
+#[inline(always)]
+pub fn fold16(sum: u32) -> u32 {
+    let s = (sum & 0xffff) + (sum >> 16);
+    (s & 0xffff) + (s >> 16)
+}
+
+/// The sum of the two big-endian 16-bit words of a 4-byte field.
+#[inline(always)]
+pub fn words4(b: [u8; 4]) -> u32 {
+    u16::from_be_bytes([b[0], b[1]]) as u32 + u16::from_be_bytes([b[2], b[3]]) as u32
+}
+
+/// RFC 1624 (eqn. 3): checksum `check` (as stored) after covered words
+/// summing to `old` were replaced by words summing to `new` (both sums
+/// unfolded, of 16-bit words at even offsets from the covered start).
+/// Computed in registers: no helper, so it holds whatever the skb's
+/// checksum state (the helpers skip non-pseudo updates of a
+/// `CHECKSUM_PARTIAL` skb).
+#[inline(always)]
+pub fn adjust(check: [u8; 2], old: u32, new: u32) -> [u8; 2] {
+    let hc = u16::from_be_bytes(check) as u32;
+    fold((!hc & 0xffff) + (!fold16(old) & 0xffff) + fold16(new))
+}
+
+/// `sum_words` of an IPv6 address. A separate BPF function: inlined, the
+/// compiler hoists the loads of several addresses and spills them all.
+#[inline(never)]
+pub fn sum_addr6(a: &[u8; 16]) -> u32 {
+    sum_words(a, 0)
+}

@@ -5,22 +5,37 @@
 //! needed", quoting the packet as it was after DNAT (client -> backend);
 //! the client's socket talks to the VIP. On its way out to the client the
 //! quoted destination is put back to the frontend, with the quoted IP
-//! header's checksum and the ICMP checksum updated.
+//! header's checksum and the ICMP checksum updated (`egress`).
 //!
-//! Not handled: errors about SNATed flows (they arrive at the node's own
-//! address) and errors generated on the client's side about replies.
+//! Errors about flows that were also SNATed to the node (`snat.rs`) arrive
+//! at the node instead, addressed to the node and quoting a packet from
+//! the node's SNAT port to the backend (`ingress`): the SNAT reply entry of
+//! the quoted tuple names the client and the frontend. As Linux conntrack
+//! does for kube-proxy (`nf_nat_icmp_reply_translation`), the quoted packet
+//! becomes client -> frontend, the outer destination the client and the
+//! outer source the frontend (whoever sent the error: a router on the
+//! way, or the backend's own port unreachable); every checksum is kept
+//! right (the quoted L4 checksum too when it is in the quote), and the
+//! error is routed to the client as an SNAT reply is.
+//!
+//! Not handled: errors generated on the client's side about replies.
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
 use sluice_common::{conntrack::CT_F_SNAT, Ct4Key, CtKind, Stat, IPPROTO_TCP, IPPROTO_UDP};
 
 use crate::{
+    checksum::{adjust, words4},
     conntrack::v4,
-    error::{Error, Verdict},
+    error::{settle, Error, Verdict},
     flow::{header, MAX_L4_OFF},
-    headers::{Ipv4Hdr, UdpHdr, ETH_LEN, IPPROTO_ICMP},
-    maps::{count, CONNTRACK_V4},
+    headers::{Ipv4Hdr, UdpHdr, ETH_LEN, IPPROTO_ICMP, IPV4_LEN, IP_MF_OFFSET},
+    maps::{self, count, CONNTRACK_V4},
+    snat,
 };
 
+/// `frag_off` bits of the fragment offset: a quoted packet with one has
+/// no L4 header.
+const IP_OFFSET: u16 = 0x1fff;
 const DEST_UNREACH: u8 = 3;
 const TIME_EXCEEDED: u8 = 11;
 const PARAMETER_PROBLEM: u8 = 12;
@@ -96,4 +111,150 @@ pub fn egress(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Verdict, Error> {
         .map_err(|_| Error::Nat)?;
     count(Stat::IcmpTranslated);
     Ok(Verdict::Next)
+}
+
+/// An IPv4 ICMP error arriving at the node: translated and sent on to the
+/// client when it is about an SNATed flow, otherwise passed. A separate
+/// BPF function (its frame stays off `sl_ingress`'s, which the SNAT chain
+/// fills), returning a `Verdict` (see `error::settle`).
+#[inline(never)]
+pub fn ingress(skb: *mut __sk_buff) -> Verdict {
+    settle(try_ingress(skb))
+}
+
+#[inline(always)]
+fn try_ingress(skb: *mut __sk_buff) -> Result<Verdict, Error> {
+    let ctx = &TcContext::new(skb);
+    // Loaded with the helper throughout: the quote may lie beyond the
+    // linear part.
+    let ip: Ipv4Hdr = ctx.load(ETH_LEN).map_err(|_| Error::Truncated)?;
+    let ihl = ((ip.vihl & 0x0f) as usize) * 4;
+    if ip.proto != IPPROTO_ICMP
+        || ihl < IPV4_LEN
+        || u16::from_be_bytes(ip.frag_off) & IP_MF_OFFSET != 0
+    {
+        return Ok(Verdict::Next);
+    }
+    let l4_off = ETH_LEN + ihl;
+    // The end of the IP packet (the frame may carry padding).
+    let end = ETH_LEN + u16::from_be_bytes(ip.tot_len) as usize;
+    let kind: u8 = ctx.load(l4_off).map_err(|_| Error::Truncated)?;
+    if kind != DEST_UNREACH && kind != TIME_EXCEEDED && kind != PARAMETER_PROBLEM {
+        return Ok(Verdict::Next);
+    }
+    let inner_off = l4_off + 8;
+    let inner: Ipv4Hdr = ctx.load(inner_off).map_err(|_| Error::Truncated)?;
+    let inner_ihl = ((inner.vihl & 0x0f) as usize) * 4;
+    if (inner.proto != IPPROTO_TCP && inner.proto != IPPROTO_UDP)
+        || inner_ihl < IPV4_LEN
+        || u16::from_be_bytes(inner.frag_off) & IP_OFFSET != 0
+    {
+        return Ok(Verdict::Next);
+    }
+    let inner_l4 = inner_off + inner_ihl;
+    // The quote must hold the ports (RFC 792: 8 bytes of the datagram);
+    // a shorter one is left alone.
+    if inner_l4 + 8 > end {
+        return Ok(Verdict::Next);
+    }
+    let ports: [u8; 4] = ctx.load(inner_l4).map_err(|_| Error::Truncated)?;
+    let sport = u16::from_be_bytes([ports[0], ports[1]]);
+    let dport = u16::from_be_bytes([ports[2], ports[3]]);
+    let config = maps::config();
+    if config.snat_port_min == 0 || sport < config.snat_port_min || sport > config.snat_port_max {
+        return Ok(Verdict::Next);
+    }
+    // The quoted packet went node:port -> backend; the SNAT reply entry is
+    // keyed backend -> node:port.
+    let key = Ct4Key::new(inner.dst, inner.src, dport, sport, inner.proto);
+    let Some(entry) = CONNTRACK_V4.get_ptr(key) else {
+        return Ok(Verdict::Next);
+    };
+    // SAFETY: pointer from a successful lookup; fields copied at once.
+    let (ct_kind, flags, client, client_port, frontend, frontend_port) = unsafe {
+        (
+            (*entry).kind,
+            (*entry).flags,
+            v4(&(*entry).peer_addr),
+            (*entry).peer_port,
+            v4(&(*entry).nat_addr),
+            (*entry).nat_port,
+        )
+    };
+    if ct_kind != CtKind::Reply as u8 || flags & CT_F_SNAT == 0 {
+        return Ok(Verdict::Next);
+    }
+    let Some((ifindex, _)) = snat::route_to(ctx, IPPROTO_ICMP, 0, 0, frontend, client) else {
+        count(Stat::SnatFailed);
+        return Ok(Verdict::Drop);
+    };
+    let new_ports = [
+        (client_port >> 8) as u8,
+        client_port as u8,
+        (frontend_port >> 8) as u8,
+        frontend_port as u8,
+    ];
+
+    // The quoted L4 checksum, as Linux updates it: TCP's only when the
+    // quote holds the whole TCP header, UDP's unless it is 0 (none).
+    let (csum_off, has_csum) = if inner.proto == IPPROTO_TCP {
+        (inner_l4 + 16, inner_l4 + 20 <= end)
+    } else {
+        (inner_l4 + 6, true)
+    };
+    let mut l4_old = [0u8; 2];
+    let mut l4_new = [0u8; 2];
+    if has_csum {
+        l4_old = ctx.load(csum_off).map_err(|_| Error::Truncated)?;
+        if inner.proto == IPPROTO_TCP || l4_old != [0, 0] {
+            let old = words4(inner.src) + words4(inner.dst) + words4(ports);
+            let new = words4(client) + words4(frontend) + words4(new_ports);
+            l4_new = adjust(l4_old, old, new);
+            if inner.proto == IPPROTO_UDP && l4_new == [0, 0] {
+                l4_new = [0xff, 0xff];
+            }
+        } else {
+            l4_new = l4_old;
+        }
+    }
+    let ip_csum_new = adjust(
+        inner.check,
+        words4(inner.src) + words4(inner.dst),
+        words4(client) + words4(frontend),
+    );
+    // The ICMP checksum covers every quoted byte that changes (no
+    // pseudo-header in IPv4: the outer addresses are not in it).
+    let icmp_csum: [u8; 2] = ctx.load(l4_off + 2).map_err(|_| Error::Truncated)?;
+    let pair = |c: [u8; 2]| u16::from_be_bytes(c) as u32;
+    let icmp_new = adjust(
+        icmp_csum,
+        words4(inner.src) + words4(inner.dst) + words4(ports) + pair(inner.check) + pair(l4_old),
+        words4(client) + words4(frontend) + words4(new_ports) + pair(ip_csum_new) + pair(l4_new),
+    );
+    let outer_new = adjust(
+        ip.check,
+        words4(ip.src) + words4(ip.dst),
+        words4(frontend) + words4(client),
+    );
+
+    ctx.store(inner_off + 10, &ip_csum_new, 0)
+        .map_err(|_| Error::Nat)?;
+    ctx.store(inner_off + 12, &client, 0)
+        .map_err(|_| Error::Nat)?;
+    ctx.store(inner_off + 16, &frontend, 0)
+        .map_err(|_| Error::Nat)?;
+    ctx.store(inner_l4, &new_ports, 0).map_err(|_| Error::Nat)?;
+    if has_csum {
+        ctx.store(csum_off, &l4_new, 0).map_err(|_| Error::Nat)?;
+    }
+    ctx.store(l4_off + 2, &icmp_new, 0)
+        .map_err(|_| Error::Nat)?;
+    ctx.store(ETH_LEN + 10, &outer_new, 0)
+        .map_err(|_| Error::Nat)?;
+    ctx.store(ETH_LEN + 12, &frontend, 0)
+        .map_err(|_| Error::Nat)?;
+    ctx.store(ETH_LEN + 16, &client, 0)
+        .map_err(|_| Error::Nat)?;
+    count(Stat::IcmpSnatTranslated);
+    snat::send(ctx, ifindex)
 }

@@ -4,6 +4,8 @@
 //!
 //! 1. A packet to a port in the SNAT range may be the reply of an SNATed
 //!    flow: turned back and redirected to its client (`snat::reply`).
+//!    An ICMP error quoting a packet of an SNATed flow is turned back and
+//!    redirected to the client the same way (`icmp::ingress`).
 //! 2. Not IPv4 TCP/UDP, or not a frontend (no master entry): pass, one
 //!    hash lookup spent.
 //! 3. A forward conntrack entry exists: follow it to its backend (even a
@@ -33,7 +35,7 @@ use crate::{
     conntrack::tcp_bits,
     error::{Error, Verdict},
     flow::{Flow4, Parsed},
-    hash, maglev,
+    hash, icmp, maglev,
     maps::{self, count, AFFINITY_V4, CONNTRACK_V4},
     nat::{self, Side},
     reject,
@@ -52,7 +54,10 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
             count(Stat::Fragment);
             return Ok(Verdict::Next);
         }
-        Parsed::Other | Parsed::OtherIpv4(_) => return Ok(Verdict::Next),
+        // An ICMP error may be about an SNATed flow (`icmp::ingress`
+        // checks the protocol: the header stays off this frame).
+        Parsed::OtherIpv4(_) => return Ok(icmp::ingress(ctx.skb.skb)),
+        Parsed::Other => return Ok(Verdict::Next),
     };
     let config = maps::config();
     if flow.dport >= config.snat_port_min

@@ -34,7 +34,7 @@ use crate::{
     conntrack::tcp_bits_of,
     error::{settle, Error, Verdict},
     flow6::{same_addr, Flow6, Parsed6},
-    maglev,
+    icmp6, maglev,
     maps::{self, count, Scratch6, AFFINITY_V6, CONNTRACK_V6},
     nat::Side,
     nat6, reject6,
@@ -64,7 +64,9 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
             count(Stat::Ipv6ExtHeader);
             return Ok(Verdict::Next);
         }
-        Parsed6::Icmp | Parsed6::Other => return Ok(Verdict::Next),
+        // An ICMPv6 error may be about an SNATed flow.
+        Parsed6::Icmp => return Ok(icmp6::ingress(skb, s)),
+        Parsed6::Other => return Ok(Verdict::Next),
     }
     let config = maps::config();
     if s.flow.dport >= config.snat_port_min

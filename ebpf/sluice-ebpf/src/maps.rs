@@ -1,7 +1,7 @@
 //! The map definitions. Names and layouts come from `sluice_common`; the
 //! sizes here are defaults that the agent overrides at load time.
 
-use crate::flow6::Flow6;
+use crate::{flow6::Flow6, headers::Ipv6Hdr};
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, BPF_F_NO_PREALLOC},
     btf_maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
@@ -144,6 +144,10 @@ pub struct Scratch6 {
     pub local_key: Key<[u8; 16]>,
     /// The node address an SNATed flow leaves with.
     pub snat_addr: [u8; 16],
+    /// An ICMPv6 error's own IPv6 header and the one it quotes
+    /// (`icmp6::ingress`).
+    pub icmp_outer: Ipv6Hdr,
+    pub icmp_inner: Ipv6Hdr,
 }
 
 #[btf_map(name = "sl_scratch6")]

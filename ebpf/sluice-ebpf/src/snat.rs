@@ -52,18 +52,31 @@ pub struct NewFlow {
 /// generated packet would use there: (ifindex, source).
 #[inline(always)]
 fn route(ctx: &TcContext, flow: &Flow4, dst: [u8; 4]) -> Option<(u32, [u8; 4])> {
+    route_to(ctx, flow.proto, flow.sport, flow.dport, flow.src, dst)
+}
+
+/// `route` for a packet given by its parts (ports in host order).
+#[inline(always)]
+pub(crate) fn route_to(
+    ctx: &TcContext,
+    proto: u8,
+    sport: u16,
+    dport: u16,
+    src: [u8; 4],
+    dst: [u8; 4],
+) -> Option<(u32, [u8; 4])> {
     let scratch = maps::scratch()?;
     let p = &mut scratch.fib;
     // SAFETY: all-zero is a valid bpf_fib_lookup; we then set the fields
     // the IPv4 lookup reads.
     *p = unsafe { core::mem::zeroed() };
     p.family = AF_INET;
-    p.l4_protocol = flow.proto;
-    p.sport = flow.sport.to_be();
-    p.dport = flow.dport.to_be();
+    p.l4_protocol = proto;
+    p.sport = sport.to_be();
+    p.dport = dport.to_be();
     // SAFETY: reading the context's ingress interface.
     p.ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(flow.src);
+    p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
     p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
     // SAFETY: the helper reads and writes only the struct we pass.
     let ret = unsafe {
@@ -85,7 +98,7 @@ fn route(ctx: &TcContext, flow: &Flow4, dst: [u8; 4]) -> Option<(u32, [u8; 4])> 
 /// Decrements the TTL as a router does, then sends the packet out of
 /// `ifindex` with L2 addresses from the neighbour table.
 #[inline(always)]
-fn send(ctx: &TcContext, ifindex: u32) -> Result<Verdict, Error> {
+pub(crate) fn send(ctx: &TcContext, ifindex: u32) -> Result<Verdict, Error> {
     let ttl: u8 = ctx.load(ETH_LEN + 8).map_err(|_| Error::Truncated)?;
     let proto: u8 = ctx.load(ETH_LEN + 9).map_err(|_| Error::Truncated)?;
     if ttl <= 1 {

@@ -65,7 +65,7 @@ fn bytes(w: &[u32; 4]) -> [u8; 16] {
 /// Where a packet of the flow in `s` to `dst` leaves; writes the source
 /// address the node would use there into `s.snat_addr`.
 #[inline(never)]
-fn route(skb: *mut __sk_buff, s: &mut Scratch6, to_client: bool) -> Option<u32> {
+pub(crate) fn route(skb: *mut __sk_buff, s: &mut Scratch6, to_client: bool) -> Option<u32> {
     let ctx = &TcContext::new(skb);
     let scratch = maps::scratch()?;
     let p = &mut scratch.fib;
@@ -107,7 +107,7 @@ fn route(skb: *mut __sk_buff, s: &mut Scratch6, to_client: bool) -> Option<u32> 
 /// checksum), then sends the packet out of `ifindex` with L2 addresses
 /// from the neighbour table.
 #[inline(never)]
-fn send(skb: *mut __sk_buff, ifindex: u32) -> Result<Verdict, Error> {
+pub(crate) fn send(skb: *mut __sk_buff, ifindex: u32) -> Result<Verdict, Error> {
     let ctx = &TcContext::new(skb);
     let hops: u8 = ctx.load(HOP_LIMIT_OFF).map_err(|_| Error::Truncated)?;
     if hops <= 1 {
