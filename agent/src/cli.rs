@@ -182,6 +182,12 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_AFFINITY_MAP_SIZE", default_value_t = sluice_common::maps::DEFAULT_AFFINITY_MAX)]
     pub affinity_map_size: u32,
 
+    /// Capacity of sl_maglev4 and of sl_maglev6 (one 64 KiB table per
+    /// frontend of a Maglev service); a service that finds no room is
+    /// balanced by flow hash until room frees, and reported.
+    #[arg(long, env = "SLUICE_MAGLEV_MAP_SIZE", default_value_t = sluice_common::maps::MAGLEV_MAX)]
+    pub maglev_map_size: u32,
+
     /// /healthz fails when a change has waited this long to reach the maps.
     #[arg(long, env = "SLUICE_HEALTHZ_MAX_PENDING", default_value = "30s")]
     pub healthz_max_pending: HumanDuration,

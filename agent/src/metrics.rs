@@ -39,6 +39,7 @@ pub struct Metrics {
     pub rejected: Family<ReasonLabel, Gauge>,
     pub manifest_problems: Family<ReasonLabel, Gauge>,
     pub refused: Family<ReasonLabel, Gauge>,
+    pub maglev_fallback: Gauge,
     pub map_write_errors: Counter,
     pub map_writes: Counter,
     pub conntrack_entries: Gauge,
@@ -82,6 +83,7 @@ impl Metrics {
             draining: Gauge::default(),
             rejected: Family::default(),
             manifest_problems: Family::default(),
+            maglev_fallback: Gauge::default(),
             refused: Family::default(),
             map_write_errors: Counter::default(),
             map_writes: Counter::default(),
@@ -144,6 +146,11 @@ impl Metrics {
             "manifest_problems",
             "Manifest files or documents of a dir: source not used (unparseable, over the size or nesting limits, duplicate definitions), by reason",
             m.manifest_problems.clone(),
+        );
+        registry.register(
+            "maglev_fallback_service_ports",
+            "Service ports that ask for Maglev but are balanced by flow hash: the Maglev table maps are full (--maglev-map-size)",
+            m.maglev_fallback.clone(),
         );
         registry.register(
             "refused_service_ports",

@@ -148,6 +148,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         backends: args.backends_map_size,
         conntrack: args.conntrack_map_size,
         affinity: args.affinity_map_size,
+        maglev: args.maglev_map_size,
     };
     let root = &args.bpf.bpf_root;
     let health = Arc::new(Health::new(

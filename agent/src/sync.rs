@@ -451,6 +451,9 @@ impl Sync {
                 })
                 .set(refused.get(reason).copied().unwrap_or(0));
         }
+        self.metrics
+            .maglev_fallback
+            .set(self.reconciler.maglev_fallback().len() as i64);
         let maps = self.reconciler.writer().maps();
         for stat in sluice_common::Stat::ALL {
             if let Ok(v) = maps.stat(stat) {

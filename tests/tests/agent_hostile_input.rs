@@ -173,3 +173,113 @@ fn hostile_manifests_cannot_stall_the_agent_or_flap_a_live_service() -> Result<(
     ensure!(problems("\"unparseable\"") >= 1.0, "{text}");
     Ok(())
 }
+
+/// A ClusterIP service `name` at `vip` on two endpoints (three entries
+/// of `sl_svc4`), with `annotations` under `metadata:`.
+fn small(name: &str, vip: &str, annotations: &str, b: Ipv4Addr) -> String {
+    service(name, vip, "10.96.9.9", b)
+        .replace("  externalIPs: [10.96.9.9]\n", "")
+        .replace(
+            &format!("  name: {name}\n  namespace: default\nspec:"),
+            &format!("  name: {name}\n  namespace: default\n{annotations}spec:"),
+        )
+        .replace(
+            &format!("- addresses: [\"{b}\"]\n"),
+            &format!("- addresses: [\"{b}\"]\n  conditions: {{ready: true}}\n- addresses: [\"10.20.9.9\"]\n"),
+        )
+}
+
+/// Issue 18, refusals: a service refused because the service map is full
+/// is programmed in the very reconcile that frees room (not at the next
+/// periodic resync), and a Maglev service that finds the table map full is
+/// balanced by flow hash, reported, and gets its table as soon as one
+/// frees.
+#[test]
+fn refused_services_take_freed_room_at_once_and_maglev_falls_back_cleanly() -> Result<()> {
+    let topo = Topology::new(1, 1)?;
+    let _backend = servers::tcp_greeter(&topo.backends[0].ns, 8080, "backend-0")?;
+    let b0 = topo.backends[0].ip;
+    let dir = ManifestDir::create()?;
+    dir.write("a.yaml", &small("a", "10.96.1.1", "", b0))?;
+    dir.write("b.yaml", &small("b", "10.96.1.2", "", b0))?;
+    dir.write("z.yaml", &small("z", "10.96.1.3", "", b0))?;
+    let maglev = "  annotations:\n    service.sluice.dev/lb-algorithm: maglev\n";
+    dir.write("m1.yaml", &small("m1", "10.96.2.1", maglev, b0))?;
+    dir.write("m2.yaml", &small("m2", "10.96.2.2", maglev, b0))?;
+    // Three entries each, placed in name order (a, b, m1, m2, z): 14
+    // entries hold all but z.
+    let mut agent = Agent::start(
+        &topo,
+        &format!("dir:{}", dir.path().display()),
+        &[
+            "--services-map-size",
+            "14",
+            "--maglev-map-size",
+            "2",
+            "--sync-period",
+            "1h",
+        ],
+    )?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    let list = agent.cli(&["lb", "list"])?;
+    ensure!(
+        list.contains("10.96.1.1:80")
+            && list.contains("10.96.1.2:80")
+            && !list.contains("10.96.1.3:80"),
+        "expected z refused:\n{list}"
+    );
+    ensure!(agent.metric("sluice_refused_service_ports{reason=\"maps_full\"}")? == 1.0);
+    // A third Maglev service finds the table map full.
+    dir.write("m3.yaml", &small("m3", "10.96.2.3", maglev, b0))?;
+    // (m3 needs 3 entries too: remove b to make room for it.)
+    dir.remove("b.yaml")?;
+    let client = &topo.clients[0].ns;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let list = agent.cli(&["lb", "list"])?;
+        let maglev_rows = list.lines().filter(|l| l.contains("[maglev]")).count();
+        if list.contains("10.96.2.3:80") {
+            ensure!(maglev_rows == 2, "three tables in a map of two:\n{list}");
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "m3 not programmed:\n{list}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ensure!(agent.metric("sluice_maglev_fallback_service_ports")? == 1.0);
+    let greeting = sluice_tests::clients::tcp_hello(
+        client,
+        std::net::SocketAddrV4::new(Ipv4Addr::new(10, 96, 2, 3), 80),
+    )?;
+    ensure!(greeting.starts_with("backend-0"), "{greeting}");
+    // z is still refused (m3 took b's room). Removing a frees room for z,
+    // and removing m1 frees a table for m3: both at once, not at the
+    // next resync (an hour away).
+    dir.remove("a.yaml")?;
+    dir.remove("m1.yaml")?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let list = agent.cli(&["lb", "list"])?;
+        let m3_maglev = list
+            .lines()
+            .any(|l| l.contains("10.96.2.3:80") && l.contains("[maglev]"));
+        if list.contains("10.96.1.3:80") && m3_maglev {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "room freed but not taken:\n{list}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ensure!(agent.metric("sluice_maglev_fallback_service_ports")? == 0.0);
+    ensure!(agent.metric("sluice_refused_service_ports{reason=\"maps_full\"}")? == 0.0);
+    let log = agent.log();
+    ensure!(
+        log.matches("Maglev table maps full").count() == 1,
+        "the fallback must be reported once:\n{log}"
+    );
+    Ok(())
+}

@@ -63,6 +63,7 @@ pub fn capacity(decl: &MapDecl, sizes: &MapSizes) -> u32 {
         Capacity::Backends => sizes.backends,
         Capacity::Conntrack => sizes.conntrack,
         Capacity::Affinity => sizes.affinity,
+        Capacity::Maglev => sizes.maglev,
         Capacity::Fixed(n) => n,
     }
 }

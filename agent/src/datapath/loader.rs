@@ -24,6 +24,7 @@ pub struct MapSizes {
     pub backends: u32,
     pub conntrack: u32,
     pub affinity: u32,
+    pub maglev: u32,
 }
 
 impl Default for MapSizes {
@@ -33,6 +34,7 @@ impl Default for MapSizes {
             backends: names::DEFAULT_BACKENDS_MAX,
             conntrack: names::DEFAULT_CONNTRACK_MAX,
             affinity: names::DEFAULT_AFFINITY_MAX,
+            maglev: names::MAGLEV_MAX,
         }
     }
 }

@@ -21,7 +21,7 @@ use std::{
 
 pub use drain::{drains, Drain, FlowCounts};
 pub use plan::{endpoint_of, Refusal, UnitPlan};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     conntrack,
@@ -42,6 +42,8 @@ pub struct Capacity {
     /// masters plus slots).
     pub service_entries: usize,
     pub backends: usize,
+    /// Maglev tables of each table map (`sl_maglev4`, and `sl_maglev6`).
+    pub maglev_tables: usize,
 }
 
 /// Which service ports a reconcile looks at.
@@ -63,6 +65,9 @@ pub struct Report {
     pub refused: Vec<(ServicePortName, Refusal)>,
     pub errors: Vec<WriteError>,
     pub backends_removed: usize,
+    /// Service ports balanced without their Maglev tables in this
+    /// reconcile because the table maps are full.
+    pub maglev_fallback: Vec<ServicePortName>,
 }
 
 /// What one conntrack scan did.
@@ -83,6 +88,11 @@ pub struct Reconciler {
     frontends_of: HashMap<u32, BTreeSet<FrontendKey>>,
     /// Service-map entries in `programmed`, per family.
     service_entries: FamilyCount,
+    /// Maglev tables in `programmed`, per family.
+    maglev_tables: FamilyCount,
+    /// Service ports that asked for Maglev but got the flow hash, for want
+    /// of room in the table maps.
+    maglev_fallback: BTreeSet<ServicePortName>,
     /// Which desired service port holds each frontend, and the reverse.
     owners: HashMap<FrontendKey, ServicePortName>,
     owned: HashMap<ServicePortName, Vec<FrontendKey>>,
@@ -177,6 +187,8 @@ impl Reconciler {
             backends_of: HashMap::new(),
             frontends_of: HashMap::new(),
             service_entries: FamilyCount::default(),
+            maglev_tables: FamilyCount::default(),
+            maglev_fallback: BTreeSet::new(),
             owners: HashMap::new(),
             owned: HashMap::new(),
             refused: BTreeMap::new(),
@@ -186,6 +198,7 @@ impl Reconciler {
             capacity: Capacity {
                 service_entries: sizes.services as usize,
                 backends: sizes.backends as usize,
+                maglev_tables: sizes.maglev as usize,
             },
         };
         for (id, b) in programmed.backends {
@@ -276,6 +289,9 @@ impl Reconciler {
     fn take_frontend(&mut self, key: &FrontendKey) -> Option<FrontendState> {
         let old = self.programmed.frontends.remove(key)?;
         self.service_entries.sub(key, 1 + old.slots.len());
+        if !old.maglev.is_empty() {
+            self.maglev_tables.sub(key, 1);
+        }
         if let Some(set) = self.frontends_of.get_mut(&old.svc_id) {
             set.remove(key);
             if set.is_empty() {
@@ -288,6 +304,9 @@ impl Reconciler {
     fn set_frontend(&mut self, key: FrontendKey, fe: FrontendState) {
         self.take_frontend(&key);
         self.service_entries.add(&key, 1 + fe.slots.len());
+        if !fe.maglev.is_empty() {
+            self.maglev_tables.add(&key, 1);
+        }
         self.frontends_of.entry(fe.svc_id).or_default().insert(key);
         self.programmed.frontends.insert(key, fe);
     }
@@ -341,6 +360,19 @@ impl Reconciler {
                 .collect(),
             Scope::Changed(set) => set.clone(),
         };
+        // Service ports waiting for room (refused, or balanced without
+        // their Maglev tables) are retried in every reconcile, after the
+        // others: what this one frees is theirs at once.
+        let waiting: BTreeSet<ServicePortName> = self
+            .refused
+            .iter()
+            .filter(|(_, why)| matches!(why, Refusal::MapsFull))
+            .map(|(name, _)| name)
+            .chain(&self.maglev_fallback)
+            .filter(|name| !names.contains(*name))
+            .cloned()
+            .collect();
+        names.extend(waiting.iter().cloned());
         names.extend(
             leftovers
                 .iter()
@@ -416,7 +448,8 @@ impl Reconciler {
             self.apply_unit(id, plan, now, &mut report);
         }
 
-        // D: desired units, in name order.
+        // D: desired units, in name order, those waiting for room last.
+        units.sort_by_key(|(name, _)| waiting.contains(*name));
         for (name, id) in units {
             let Some(svc) = desired.services.get(name) else {
                 continue;
@@ -444,6 +477,21 @@ impl Reconciler {
                 self.refuse(name, Refusal::MapsFull, &mut report);
                 continue;
             }
+            let mut plan = plan;
+            if !self.tables_fit(id, &plan) {
+                // Balanced like a service without the annotation, rather
+                // than refused: reported once, retried as room frees.
+                for (_, fe) in &mut plan.frontends {
+                    fe.maglev.clear();
+                    fe.flags &= !sluice_common::service::SVC_F_MAGLEV;
+                }
+                if self.maglev_fallback.insert(name.clone()) {
+                    warn!(service = %name, capacity = self.capacity.maglev_tables, "Maglev table maps full: balanced by flow hash until room frees");
+                }
+                report.maglev_fallback.push(name.clone());
+            } else if self.maglev_fallback.remove(name) {
+                info!(service = %name, "Maglev tables programmed");
+            }
             self.refused.remove(name);
             self.apply_unit(id, plan, now, &mut report);
         }
@@ -458,6 +506,45 @@ impl Reconciler {
         }
         self.refused.insert(name.clone(), why.clone());
         report.refused.push((name.clone(), why));
+    }
+
+    /// Whether the Maglev table maps have room for the tables of `plan`
+    /// in place of those the unit holds now.
+    fn tables_fit(&self, id: u32, plan: &UnitPlan) -> bool {
+        let mut freed = FamilyCount::default();
+        for k in self.unit_frontends(id) {
+            if self
+                .programmed
+                .frontends
+                .get(&k)
+                .is_some_and(|f| !f.maglev.is_empty())
+            {
+                freed.add(&k, 1);
+            }
+        }
+        let mut wanted = FamilyCount::default();
+        for (k, f) in &plan.frontends {
+            if !f.maglev.is_empty() {
+                wanted.add(k, 1);
+            }
+            // A table taken over from another unit frees its own.
+            if self
+                .programmed
+                .frontends
+                .get(k)
+                .is_some_and(|p| p.svc_id != id && !p.maglev.is_empty())
+            {
+                freed.add(k, 1);
+            }
+        }
+        let after = |now: usize, freed: usize, wanted: usize| now - freed.min(now) + wanted;
+        after(self.maglev_tables.v4, freed.v4, wanted.v4) <= self.capacity.maglev_tables
+            && after(self.maglev_tables.v6, freed.v6, wanted.v6) <= self.capacity.maglev_tables
+    }
+
+    /// Service ports balanced without their Maglev tables for want of room.
+    pub fn maglev_fallback(&self) -> &BTreeSet<ServicePortName> {
+        &self.maglev_fallback
     }
 
     /// Whether the maps have room for `plan` in place of what the unit

@@ -34,6 +34,8 @@ pub enum Capacity {
     Backends,
     Conntrack,
     Affinity,
+    /// `--maglev-map-size` (Maglev tables, each 64 KiB).
+    Maglev,
     Fixed(u32),
 }
 
@@ -209,7 +211,7 @@ pub const MAPS: [MapDecl; 20] = [
         MapKind::Hash,
         size_of::<Svc4Key>(),
         size_of::<MaglevTable>(),
-        Capacity::Fixed(names::MAGLEV_MAX),
+        Capacity::Maglev,
         true,
     ),
     decl(
@@ -217,7 +219,7 @@ pub const MAPS: [MapDecl; 20] = [
         MapKind::Hash,
         size_of::<Svc6Key>(),
         size_of::<MaglevTable>(),
-        Capacity::Fixed(names::MAGLEV_MAX),
+        Capacity::Maglev,
         true,
     ),
     decl(

@@ -355,6 +355,7 @@ pub fn map_sizes(max_n: usize) -> MapSizes {
         backends: d.backends.max(round(n * ENDPOINTS * 11 / 10)),
         conntrack: d.conntrack,
         affinity: d.affinity,
+        maglev: d.maglev,
     }
 }
 
