@@ -124,6 +124,7 @@ fn the_map_table_in_the_docs_follows_the_declaration() {
             Capacity::Backends => sizes.backends,
             Capacity::Conntrack => sizes.conntrack,
             Capacity::Affinity => sizes.affinity,
+            Capacity::Maglev => sizes.maglev,
             Capacity::Fixed(n) => n,
         };
         let shown: String = row[4]
