@@ -1,0 +1,203 @@
+//! Fragmented UDP datagrams to services, both families (issue 13, class
+//! 10): kube-proxy's conntrack reassembles them before NAT; sluice
+//! records each first fragment's ports by IP identity (`sl_frag4`,
+//! `sl_frag6`) and sends the later fragments after it, on the way in
+//! (DNAT, SNAT) and on the way back (reverse NAT, the SNAT reply).
+//!
+//! Datagrams of 4000 bytes cross 1500-byte links: the client's stack
+//! fragments the request (IPv4 with path MTU discovery off, IPv6 at the
+//! source), the backend's stack fragments its echo. Every pod and the
+//! outside host run with TX checksum offload off (`strict_checksums`),
+//! so a wrong checksum update anywhere shows as a lost datagram.
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+};
+
+use anyhow::{ensure, Context, Result};
+use sluice::model::{BackendState, FrontendKind, Proto};
+use sluice_common::Stat;
+use sluice_tests::{
+    clients::{self, Echo},
+    lb::{frontend, service, Lb},
+    servers::{self, Server},
+    topology::v6_of,
+    Topology,
+};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 53);
+const PORT: u16 = 53;
+const BACKEND_PORT: u16 = 5353;
+const NODE_PORT: u16 = 30053;
+/// Three fragments of a 1500-byte MTU each way.
+const SIZE: usize = 4000;
+const DATAGRAMS: usize = 40;
+
+fn ip(v6: bool, v4: Ipv4Addr) -> IpAddr {
+    if v6 {
+        IpAddr::V6(v6_of(v4))
+    } else {
+        IpAddr::V4(v4)
+    }
+}
+
+fn setup(v6: bool, clients: usize, backends: usize, external: bool) -> Result<Topology> {
+    let mut topo = Topology::new(clients, backends)?;
+    if external {
+        topo.add_external()?;
+    }
+    topo.strict_checksums()?;
+    if v6 {
+        topo.wait_ipv6_ready()?;
+    }
+    Ok(topo)
+}
+
+fn echo_servers(topo: &Topology, v6: bool) -> Result<Vec<Server>> {
+    topo.backends
+        .iter()
+        .map(|b| servers::udp_echo(&b.ns, BACKEND_PORT, &b.name, v6))
+        .collect()
+}
+
+fn all_active(topo: &Topology, v6: bool) -> Vec<(IpAddr, u16, BackendState)> {
+    topo.backends
+        .iter()
+        .map(|b| (b.addr(v6), BACKEND_PORT, BackendState::Active))
+        .collect()
+}
+
+/// Every echo came back whole (the client checked it byte for byte) from
+/// `frontend`: the backends that answered, with their counts.
+fn tally(
+    outcomes: Vec<std::io::Result<Echo>>,
+    frontend: SocketAddr,
+) -> Result<HashMap<String, usize>> {
+    let mut hits = HashMap::new();
+    for (i, o) in outcomes.into_iter().enumerate() {
+        let echo = o.with_context(|| format!("datagram {i}"))?;
+        ensure!(
+            echo.from == frontend,
+            "datagram {i}: answer from {}, not the frontend {frontend}",
+            echo.from
+        );
+        *hits.entry(echo.backend).or_default() += 1;
+    }
+    Ok(hits)
+}
+
+/// Two `#[test]`s, IPv4 and IPv6, running one scenario.
+macro_rules! both_families {
+    ($scenario:ident: $v4:ident, $v6:ident) => {
+        #[test]
+        fn $v4() -> Result<()> {
+            $scenario(false)
+        }
+
+        #[test]
+        fn $v6() -> Result<()> {
+            $scenario(true)
+        }
+    };
+}
+
+both_families!(cluster_ip: fragmented_udp_to_a_cluster_ip_reaches_both_backends_and_comes_back_whole,
+    v6_fragmented_udp_to_a_cluster_ip_reaches_both_backends_and_comes_back_whole);
+
+fn cluster_ip(v6: bool) -> Result<()> {
+    let topo = setup(v6, 1, 2, false)?;
+    let _servers = echo_servers(&topo, v6)?;
+    let mut lb = Lb::load(&topo)?;
+    let vip = ip(v6, VIP);
+    let fe = frontend(
+        FrontendKind::ClusterIp,
+        vip,
+        PORT,
+        Proto::Udp,
+        &all_active(&topo, v6),
+    );
+    lb.set(service("dns", PORT, Proto::Udp, vec![fe]));
+    let client = &topo.clients[0];
+    let outcomes = clients::udp_echoes(&client.ns, SocketAddr::new(vip, PORT), SIZE, DATAGRAMS)?;
+    let hits = tally(outcomes, SocketAddr::new(vip, PORT))?;
+    assert_eq!(hits.len(), 2, "both backends answer: {hits:?}");
+    for (backend, n) in &hits {
+        assert!(*n >= 8, "{backend} got {n} of {DATAGRAMS}: {hits:?}");
+    }
+    // Each request: a first fragment (a new flow) and two later ones that
+    // followed it in; each echo: two later fragments reverse-NATed after
+    // their first one.
+    assert_eq!(lb.stat(Stat::NewFlow)?, DATAGRAMS as u64);
+    let tracked = lb.stat(Stat::FragmentTracked)?;
+    assert!(
+        tracked >= 4 * DATAGRAMS as u64,
+        "later fragments followed their flow: {tracked}"
+    );
+    // Every first fragment is recorded at each hook it passes (client in,
+    // backend out; backend in, client out).
+    assert!(lb.stat(Stat::Fragment)? >= 4 * DATAGRAMS as u64);
+    assert_eq!(lb.stat(Stat::FragmentUnknown)?, 0);
+    assert_eq!(lb.stat(Stat::FragmentDropped)?, 0);
+    assert_eq!(lb.stat(Stat::NatFailed)?, 0);
+    // An unfragmented datagram still works, of course.
+    let small = clients::udp_echoes(&client.ns, SocketAddr::new(vip, PORT), 100, 1)?;
+    tally(small, SocketAddr::new(vip, PORT))?;
+    Ok(())
+}
+
+both_families!(node_port_snat: fragmented_udp_to_a_node_port_with_policy_cluster_is_snated_both_ways,
+    v6_fragmented_udp_to_a_node_port_with_policy_cluster_is_snated_both_ways);
+
+fn node_port_snat(v6: bool) -> Result<()> {
+    let topo = setup(v6, 0, 2, true)?;
+    let _servers = echo_servers(&topo, v6)?;
+    let mut lb = Lb::load(&topo)?;
+    let node = ip(v6, topo.node_address(0));
+    let mut np = frontend(
+        FrontendKind::NodePort,
+        node,
+        NODE_PORT,
+        Proto::Udp,
+        &all_active(&topo, v6),
+    );
+    np.snat = true;
+    lb.set(service("dns", PORT, Proto::Udp, vec![np]));
+    let ext = &topo.externals[0];
+    let target = SocketAddr::new(node, NODE_PORT);
+    let outcomes = clients::udp_echoes(&ext.ns, target, SIZE, DATAGRAMS)?;
+    let mut hits = HashMap::<String, usize>::new();
+    for (i, o) in outcomes.into_iter().enumerate() {
+        let echo = o.with_context(|| format!("datagram {i}"))?;
+        ensure!(
+            echo.from == target,
+            "datagram {i}: answer from {}",
+            echo.from
+        );
+        // Policy Cluster: the backend saw the node (its address on the
+        // backend's link, `.1`), not the client.
+        let b = topo.backend(&echo.backend).context("a known backend")?;
+        let [a, n, k, _] = b.ip.octets();
+        ensure!(
+            echo.peer == ip(v6, Ipv4Addr::new(a, n, k, 1)),
+            "datagram {i}: {} saw {}",
+            echo.backend,
+            echo.peer
+        );
+        *hits.entry(echo.backend).or_default() += 1;
+    }
+    assert_eq!(hits.len(), 2, "both backends answer: {hits:?}");
+    // Requests: two later fragments each SNATed after their first; echoes:
+    // two later fragments each turned back on the way in.
+    let tracked = lb.stat(Stat::FragmentTracked)?;
+    assert!(
+        tracked >= 4 * DATAGRAMS as u64,
+        "later fragments followed their SNATed flow: {tracked}"
+    );
+    assert!(lb.stat(Stat::SnatReply)? >= 3 * DATAGRAMS as u64);
+    assert_eq!(lb.stat(Stat::FragmentUnknown)?, 0);
+    assert_eq!(lb.stat(Stat::FragmentDropped)?, 0);
+    assert_eq!(lb.stat(Stat::SnatFailed)?, 0);
+    assert_eq!(lb.stat(Stat::NatFailed)?, 0);
+    Ok(())
+}
