@@ -189,7 +189,8 @@ pub struct Echo {
 /// of its own (a new source port: a new flow), to a `servers::udp_echo`
 /// at `addr`. A datagram larger than the MTU leaves in fragments, and so
 /// does its echo. Each outcome is the echo, or an error if none came back
-/// within the timeout or it did not carry the datagram byte for byte.
+/// within the timeout or it did not carry the datagram byte for byte; the
+/// first error ends the run (the rest would only wait out their timeouts).
 pub fn udp_echoes(
     ns: &Netns,
     addr: impl Into<SocketAddr>,
@@ -230,6 +231,13 @@ pub fn udp_echoes(
                     peer: peer.parse().map_err(|_| bad("peer address"))?,
                     from,
                 })
+            })
+            .scan(false, |failed, outcome| {
+                if *failed {
+                    return None;
+                }
+                *failed = outcome.is_err();
+                Some(outcome)
             })
             .collect()
     })

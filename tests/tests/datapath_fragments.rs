@@ -12,11 +12,12 @@
 
 use std::{
     collections::HashMap,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket},
+    time::{Duration, Instant},
 };
 
 use anyhow::{ensure, Context, Result};
-use sluice::model::{BackendState, FrontendKind, Proto};
+use sluice::model::{BackendState, FrontendKind, Proto, WhenEmpty};
 use sluice_common::Stat;
 use sluice_tests::{
     clients::{self, Echo},
@@ -25,6 +26,7 @@ use sluice_tests::{
     topology::v6_of,
     Topology,
 };
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 53);
 const PORT: u16 = 53;
@@ -199,5 +201,124 @@ fn node_port_snat(v6: bool) -> Result<()> {
     assert_eq!(lb.stat(Stat::FragmentDropped)?, 0);
     assert_eq!(lb.stat(Stat::SnatFailed)?, 0);
     assert_eq!(lb.stat(Stat::NatFailed)?, 0);
+    Ok(())
+}
+
+/// One IPv4 fragment of a UDP datagram, for a raw socket (`IP_HDRINCL`:
+/// the kernel fills in the header checksum and sends it as it is).
+fn fragment4(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    id: u16,
+    offset: usize,
+    more: bool,
+    data: &[u8],
+) -> Vec<u8> {
+    let total = 20 + data.len();
+    let frag_off = (offset / 8) as u16 | if more { 0x2000 } else { 0 };
+    let mut pkt = vec![0x45, 0];
+    pkt.extend_from_slice(&(total as u16).to_be_bytes());
+    pkt.extend_from_slice(&id.to_be_bytes());
+    pkt.extend_from_slice(&frag_off.to_be_bytes());
+    pkt.extend_from_slice(&[64, 17, 0, 0]);
+    pkt.extend_from_slice(&src.octets());
+    pkt.extend_from_slice(&dst.octets());
+    pkt.extend_from_slice(data);
+    pkt
+}
+
+/// A UDP datagram (no checksum, allowed in IPv4) from `sport` to `dport`
+/// cut into two fragments at byte 1480: (first, later).
+fn two_fragments(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    id: u16,
+    sport: u16,
+    dport: u16,
+    payload: &[u8],
+) -> (Vec<u8>, Vec<u8>) {
+    let mut datagram = Vec::new();
+    datagram.extend_from_slice(&sport.to_be_bytes());
+    datagram.extend_from_slice(&dport.to_be_bytes());
+    datagram.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    datagram.extend_from_slice(&[0, 0]);
+    datagram.extend_from_slice(payload);
+    (
+        fragment4(src, dst, id, 0, true, &datagram[..1480]),
+        fragment4(src, dst, id, 1480, false, &datagram[1480..]),
+    )
+}
+
+fn send_raw(packets: &[&[u8]], dst: Ipv4Addr) -> std::io::Result<()> {
+    let raw = Socket::new(
+        Domain::IPV4,
+        Type::RAW,
+        Some(Protocol::from(libc::IPPROTO_RAW)),
+    )?;
+    let to = SockAddr::from(SocketAddr::new(IpAddr::V4(dst), 0));
+    for p in packets {
+        raw.send_to(p, &to)?;
+    }
+    Ok(())
+}
+
+/// What sluice does with a later fragment it cannot place. Its first
+/// fragment not seen (here: sent after it, as a reordering network
+/// would): it passes untouched, so traffic that is no service's keeps
+/// kube-proxy's behaviour (the receiver reassembles it; Cilium would drop
+/// it). Its first fragment dropped (a drop-when-empty frontend without
+/// backends): it is dropped too, as a fragment cannot start a flow.
+#[test]
+fn later_fragments_without_their_first_pass_and_those_of_a_dropped_flow_are_dropped() -> Result<()>
+{
+    let topo = setup(false, 1, 1, false)?;
+    let b = &topo.backends[0];
+    let _server = servers::udp_echo(&b.ns, BACKEND_PORT, &b.name, false)?;
+    let mut lb = Lb::load(&topo)?;
+    let mut fe = frontend(
+        FrontendKind::ClusterIp,
+        IpAddr::V4(VIP),
+        PORT,
+        Proto::Udp,
+        &[],
+    );
+    fe.when_empty = WhenEmpty::Drop;
+    lb.set(service("dns", PORT, Proto::Udp, vec![fe]));
+    let client = &topo.clients[0];
+    let (src, backend) = (client.ip, b.ip);
+    let payload: Vec<u8> = (0..2000).map(|k| (k * 3) as u8).collect();
+
+    // Out of order to a pod, no service involved: the later fragment
+    // first, then the first one; the backend reassembles and echoes.
+    let expected = payload.clone();
+    let echoed = client.ns.run(move || -> std::io::Result<bool> {
+        let udp = UdpSocket::bind("0.0.0.0:0")?;
+        udp.set_read_timeout(Some(Duration::from_secs(3)))?;
+        let sport = udp.local_addr()?.port();
+        let (first, later) = two_fragments(src, backend, 0x5eed, sport, BACKEND_PORT, &expected);
+        send_raw(&[&later, &first], backend)?;
+        let mut buf = vec![0u8; 65_536];
+        let (n, _) = udp.recv_from(&mut buf)?;
+        Ok(buf[..n].ends_with(&expected))
+    })??;
+    assert!(echoed, "the reassembled datagram was echoed whole");
+    assert!(
+        lb.stat(Stat::FragmentUnknown)? >= 1,
+        "the reordered fragment is counted"
+    );
+    assert_eq!(lb.stat(Stat::FragmentDropped)?, 0);
+
+    // To a frontend that drops new flows: both fragments are dropped.
+    client.ns.run(move || -> std::io::Result<()> {
+        let (first, later) = two_fragments(src, VIP, 0xf00d, 40_000, PORT, &payload);
+        send_raw(&[&first, &later], VIP)
+    })??;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while lb.stat(Stat::FragmentDropped)? == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(lb.stat(Stat::NoBackendDrop)?, 1, "the first fragment");
+    assert_eq!(lb.stat(Stat::FragmentDropped)?, 1, "the later fragment");
+    assert_eq!(lb.stat(Stat::FragmentTracked)?, 0);
     Ok(())
 }
