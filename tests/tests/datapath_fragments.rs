@@ -89,6 +89,16 @@ fn tally(
     Ok(hits)
 }
 
+/// Waits (up to 2 s) until counter `stat` reaches `n`: packets the test
+/// sent may still be in the node's queues.
+fn wait_for(lb: &Lb, stat: Stat, n: u64) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while lb.stat(stat)? < n && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 /// Two `#[test]`s, IPv4 and IPv6, running one scenario.
 macro_rules! both_families {
     ($scenario:ident: $v4:ident, $v6:ident) => {
@@ -313,12 +323,40 @@ fn later_fragments_without_their_first_pass_and_those_of_a_dropped_flow_are_drop
         let (first, later) = two_fragments(src, VIP, 0xf00d, 40_000, PORT, &payload);
         send_raw(&[&first, &later], VIP)
     })??;
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while lb.stat(Stat::FragmentDropped)? == 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for(&lb, Stat::FragmentDropped, 1)?;
     assert_eq!(lb.stat(Stat::NoBackendDrop)?, 1, "the first fragment");
     assert_eq!(lb.stat(Stat::FragmentDropped)?, 1, "the later fragment");
     assert_eq!(lb.stat(Stat::FragmentTracked)?, 0);
+    Ok(())
+}
+
+both_families!(rejected: fragmented_udp_to_a_frontend_without_backends_is_refused,
+    v6_fragmented_udp_to_a_frontend_without_backends_is_refused);
+
+/// kube-proxy rejects the reassembled datagram with ICMP port
+/// unreachable; sluice answers its first fragment the same way (the quote
+/// names the client's socket) and drops the later ones.
+fn rejected(v6: bool) -> Result<()> {
+    let topo = setup(v6, 1, 0, false)?;
+    let mut lb = Lb::load(&topo)?;
+    let vip = ip(v6, VIP);
+    let fe = frontend(FrontendKind::ClusterIp, vip, PORT, Proto::Udp, &[]);
+    lb.set(service("dns", PORT, Proto::Udp, vec![fe]));
+    let to = SocketAddr::new(vip, PORT);
+    let outcome = topo.clients[0].ns.run(move || -> std::io::Result<usize> {
+        let socket = UdpSocket::bind(if v6 { "[::]:0" } else { "0.0.0.0:0" })?;
+        clients::allow_fragments(&socket, v6)?;
+        socket.set_read_timeout(Some(Duration::from_secs(3)))?;
+        socket.connect(to)?;
+        socket.send(&vec![1u8; SIZE])?;
+        socket.recv(&mut [0u8; 64])
+    })?;
+    match outcome {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+        other => anyhow::bail!("expected ECONNREFUSED, got {other:?}"),
+    }
+    assert_eq!(lb.stat(Stat::NoBackend)?, 1, "the first fragment");
+    wait_for(&lb, Stat::FragmentDropped, 2)?;
+    assert_eq!(lb.stat(Stat::FragmentDropped)?, 2, "the two later ones");
     Ok(())
 }
