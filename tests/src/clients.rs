@@ -186,7 +186,8 @@ pub struct Echo {
 }
 
 /// `n` UDP datagrams of `size` bytes from inside `ns`, each from a socket
-/// of its own (a new source port: a new flow), to a `servers::udp_echo`
+/// of its own, all open until the end (distinct source ports: distinct
+/// flows), to a `servers::udp_echo`
 /// at `addr`. A datagram larger than the MTU leaves in fragments, and so
 /// does its echo. Each outcome is the echo, or an error if none came back
 /// within the timeout or it did not carry the datagram byte for byte; the
@@ -199,11 +200,16 @@ pub fn udp_echoes(
 ) -> Result<Vec<io::Result<Echo>>> {
     let addr = addr.into();
     ns.run(move || {
+        let mut open = Vec::with_capacity(n);
         (0..n)
             .map(|i| -> io::Result<Echo> {
                 let socket = UdpSocket::bind(unspecified(&addr, 0))?;
                 allow_fragments(&socket, addr.is_ipv6())?;
                 socket.set_read_timeout(Some(TIMEOUT))?;
+                let socket = {
+                    open.push(socket);
+                    &open[open.len() - 1]
+                };
                 let payload: Vec<u8> = (0..size).map(|k| (k * 7 + i) as u8).collect();
                 // Not connected: an answer from any source is received and
                 // reported, so a test can check that it carries the frontend.
