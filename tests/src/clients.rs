@@ -149,6 +149,106 @@ pub fn udp_hello(ns: &Netns, addr: impl Into<SocketAddr>) -> Result<(String, Soc
     .with_context(|| format!("UDP hello to {addr}"))
 }
 
+/// Lets the kernel fragment this socket's IPv4 datagrams that exceed the
+/// path MTU (`IP_MTU_DISCOVER` = `IP_PMTUDISC_DONT`: no DF bit, no
+/// EMSGSIZE). IPv6 senders fragment at the source anyway.
+pub fn allow_fragments(socket: &impl std::os::fd::AsRawFd, v6: bool) -> io::Result<()> {
+    if v6 {
+        return Ok(());
+    }
+    let value: libc::c_int = libc::IP_PMTUDISC_DONT;
+    // SAFETY: a valid socket descriptor and an int option of the right size.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// One answer of a `servers::udp_echo` that came back whole.
+#[derive(Clone, Debug)]
+pub struct Echo {
+    /// The backend that answered.
+    pub backend: String,
+    /// The source address the backend saw.
+    pub peer: std::net::IpAddr,
+    /// Where the answer came from (the frontend, when reverse-NATed).
+    pub from: SocketAddr,
+}
+
+/// `n` UDP datagrams of `size` bytes from inside `ns`, each from a socket
+/// of its own, all open until the end (distinct source ports: distinct
+/// flows), to a `servers::udp_echo`
+/// at `addr`. A datagram larger than the MTU leaves in fragments, and so
+/// does its echo. Each outcome is the echo, or an error if none came back
+/// within the timeout or it did not carry the datagram byte for byte; the
+/// first error ends the run (the rest would only wait out their timeouts).
+pub fn udp_echoes(
+    ns: &Netns,
+    addr: impl Into<SocketAddr>,
+    size: usize,
+    n: usize,
+) -> Result<Vec<io::Result<Echo>>> {
+    let addr = addr.into();
+    ns.run(move || {
+        let mut open = Vec::with_capacity(n);
+        (0..n)
+            .map(|i| -> io::Result<Echo> {
+                let socket = UdpSocket::bind(unspecified(&addr, 0))?;
+                allow_fragments(&socket, addr.is_ipv6())?;
+                socket.set_read_timeout(Some(TIMEOUT))?;
+                let socket = {
+                    open.push(socket);
+                    &open[open.len() - 1]
+                };
+                let payload: Vec<u8> = (0..size).map(|k| (k * 7 + i) as u8).collect();
+                // Not connected: an answer from any source is received and
+                // reported, so a test can check that it carries the frontend.
+                socket.send_to(&payload, addr)?;
+                let mut buf = vec![0u8; 65_536];
+                let (len, from) = socket.recv_from(&mut buf)?;
+                let answer = &buf[..len];
+                let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_owned());
+                let nl = answer
+                    .iter()
+                    .position(|b| *b == b'\n')
+                    .ok_or_else(|| bad("no header line"))?;
+                let header = String::from_utf8_lossy(&answer[..nl]).into_owned();
+                let (backend, peer) = header
+                    .split_once(' ')
+                    .ok_or_else(|| bad("header without peer"))?;
+                if answer[nl + 1..] != payload[..] {
+                    return Err(bad(&format!(
+                        "echo of {} bytes differs from the {size} sent",
+                        len - nl - 1
+                    )));
+                }
+                Ok(Echo {
+                    backend: backend.to_owned(),
+                    peer: peer.parse().map_err(|_| bad("peer address"))?,
+                    from,
+                })
+            })
+            .scan(false, |failed, outcome| {
+                if *failed {
+                    return None;
+                }
+                *failed = outcome.is_err();
+                Some(outcome)
+            })
+            .collect()
+    })
+}
+
 /// What a prober thread returns: successes and failures.
 type ProbeOutcome = std::io::Result<(u64, Vec<String>)>;
 

@@ -2,7 +2,8 @@
 //! so a client knows which backend it reached.
 //!
 //! TCP: on accept, sends `<name>\n`, then echoes every line back until the
-//! client closes. UDP: answers every datagram with `<name>`. The plain
+//! client closes. UDP: answers every datagram with `<name>` (the echo
+//! server: with `<name> <peer>\n` and the datagram itself). The plain
 //! functions listen on IPv4, the `6` ones on IPv6 only (`IPV6_V6ONLY`), so
 //! that a dual-stack pod runs one of each on the same port.
 
@@ -188,6 +189,49 @@ fn udp_server(ns: &Netns, addr: SocketAddr, name: &str) -> Result<Server> {
                 Ok((_, from)) => {
                     accepted2.fetch_add(1, Ordering::Relaxed);
                     socket.send_to(name.as_bytes(), from)?;
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    });
+    Ok(Server {
+        stop,
+        accepted,
+        handle: Some(handle),
+    })
+}
+
+/// Starts a UDP echo server on `port` (`[::]` IPv6 only, or `0.0.0.0`)
+/// inside `ns`: every datagram is answered with `<name> <peer address>\n`
+/// followed by the datagram itself, so a large request gets a large
+/// answer, which the server's stack fragments (IPv4 path MTU discovery
+/// off, as `clients::udp_echoes` does).
+pub fn udp_echo(ns: &Netns, port: u16, name: &str, v6: bool) -> Result<Server> {
+    let addr = any(v6, port);
+    let socket: UdpSocket = ns
+        .run(move || -> std::io::Result<Socket> {
+            let socket = bound(addr, Type::DGRAM)?;
+            crate::clients::allow_fragments(&socket, v6)?;
+            Ok(socket)
+        })?
+        .with_context(|| format!("binding UDP {addr} in {}", ns.name()))?
+        .into();
+    socket.set_read_timeout(Some(POLL))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let accepted = Arc::new(AtomicU64::new(0));
+    let name = name.to_owned();
+    let (stop2, accepted2) = (stop.clone(), accepted.clone());
+    let handle = thread::spawn(move || {
+        let mut buf = vec![0u8; 65_536];
+        while !stop2.load(Ordering::Relaxed) {
+            match socket.recv_from(&mut buf) {
+                Ok((n, from)) => {
+                    accepted2.fetch_add(1, Ordering::Relaxed);
+                    let mut answer = format!("{name} {}\n", from.ip()).into_bytes();
+                    answer.extend_from_slice(&buf[..n]);
+                    socket.send_to(&answer, from)?;
                 }
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
                 Err(e) => return Err(e),

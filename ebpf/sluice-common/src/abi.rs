@@ -10,9 +10,9 @@ use core::mem::size_of;
 use crate::{
     maps as names,
     stats::{STATS2_MAX, STAT_COUNT},
-    Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry,
-    MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6, Svc4Key, Svc6Key,
-    SvcValue,
+    Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Frag4Key,
+    Frag6Key, FragPorts, MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6,
+    Svc4Key, Svc6Key, SvcValue,
 };
 
 /// The kernel map type (`enum bpf_map_type`).
@@ -90,7 +90,7 @@ pub const NO_PREALLOC_FLAG: u32 = 1;
 
 /// Every map the agent pins, in the order it creates them. (The per-CPU
 /// scratch maps are per program generation and never pinned.)
-pub const MAPS: [MapDecl; 20] = [
+pub const MAPS: [MapDecl; 22] = [
     decl(
         names::CONFIG,
         MapKind::Array,
@@ -253,6 +253,22 @@ pub const MAPS: [MapDecl; 20] = [
         1,
         Capacity::Fixed(names::LOCAL_IFS_MAX),
         true,
+    ),
+    decl(
+        names::FRAGMENTS_V4,
+        MapKind::LruHash,
+        size_of::<Frag4Key>(),
+        size_of::<FragPorts>(),
+        Capacity::Fixed(names::FRAGMENTS_MAX),
+        false,
+    ),
+    decl(
+        names::FRAGMENTS_V6,
+        MapKind::LruHash,
+        size_of::<Frag6Key>(),
+        size_of::<FragPorts>(),
+        Capacity::Fixed(names::FRAGMENTS_MAX),
+        false,
     ),
 ];
 

@@ -60,6 +60,14 @@ pub const LOCAL_MAX: u32 = 256;
 pub const LOCAL_IFS: &str = "sl_localif";
 /// Capacity of `sl_localif` (devices).
 pub const LOCAL_IFS_MAX: u32 = 16_384;
+/// The ports of fragmented IPv4 datagrams: `Frag4Key` -> `FragPorts`
+/// (LRU), so that later fragments follow their first one's flow.
+pub const FRAGMENTS_V4: &str = "sl_frag4";
+/// The ports of fragmented IPv6 datagrams: `Frag6Key` -> `FragPorts` (LRU).
+pub const FRAGMENTS_V6: &str = "sl_frag6";
+/// Capacity of `sl_frag4` and of `sl_frag6`: datagrams in flight (as
+/// Cilium's default). Preallocated (LRU).
+pub const FRAGMENTS_MAX: u32 = 8_192;
 
 // Every pinned map, with its layout and capacity, is declared once in
 // `crate::abi::MAPS`.

@@ -17,8 +17,11 @@ pub enum Stat {
     StaleReset = 4,
     /// A frontend had no selectable backend: ICMP port unreachable sent.
     NoBackend = 5,
-    /// A TCP/UDP fragment (IPv4, or IPv6 with a fragment header) passed
-    /// untouched: its ports are unknown, so it cannot be balanced.
+    /// The first fragment of a fragmented TCP/UDP datagram (IPv4, or IPv6
+    /// with a fragment header) was seen: its ports were recorded in
+    /// `sl_frag4`/`sl_frag6` for the datagram's later fragments (any
+    /// datagram, service or not; the first fragment itself then takes the
+    /// path of any packet of its flow).
     Fragment = 6,
     /// Recording a flow in conntrack failed; the packet was still NATed.
     CtInsertFailed = 7,
@@ -65,11 +68,13 @@ pub enum Stat {
     /// An ICMP error quoting a packet of an SNATed flow (sent from the
     /// node's SNAT port) was translated back for the client.
     IcmpSnatTranslated = 23,
-    /// A non-first IP fragment followed the backend its first fragment
-    /// was given (tracked by IP id).
+    /// A non-first IP fragment followed the conntrack entry of the flow
+    /// its first fragment belongs to (DNAT, SNAT, or a reply's reverse
+    /// NAT), found by the datagram's IP identity in `sl_frag4`/`sl_frag6`.
     FragmentTracked = 24,
-    /// A non-first IP fragment to a frontend whose first fragment was not
-    /// seen (out of order, or its entry evicted): it cannot be balanced.
+    /// A non-first TCP/UDP IP fragment whose first fragment was not seen
+    /// here (out of order, or its entry evicted): its ports are unknown,
+    /// so it passed untouched (any datagram, service or not).
     FragmentUnknown = 25,
     /// A packet to a cluster IP on a port or protocol the service does not
     /// serve: rejected, as kube-proxy does.
@@ -77,6 +82,12 @@ pub enum Stat {
     /// A packet to an address inside the service CIDRs that no service
     /// holds: dropped, as kube-proxy does.
     UnallocatedIp = 27,
+    // 28-31: taken by other issue 13 work.
+    /// A non-first IP fragment to a frontend whose flow is not followed
+    /// (its first fragment was dropped or rejected, or the flow's backend
+    /// changed between fragments): dropped like its first fragment, as a
+    /// fragment cannot start a flow.
+    FragmentDropped = 32,
 }
 
 /// Number of counters in `sl_stats` (its `max_entries`, fixed since ABI 4:
@@ -87,7 +98,7 @@ pub const STAT_COUNT: u32 = 23;
 pub const STATS2_MAX: u32 = 64;
 
 /// Number of counters in all.
-pub const STAT_TOTAL: usize = 28;
+pub const STAT_TOTAL: usize = 29;
 
 const _: () = assert!(STAT_TOTAL <= (STAT_COUNT + STATS2_MAX) as usize);
 
@@ -134,6 +145,7 @@ impl Stat {
         Stat::FragmentUnknown,
         Stat::UnservedPort,
         Stat::UnallocatedIp,
+        Stat::FragmentDropped,
     ];
 
     /// The name used in metrics and `sluice status`.
@@ -167,6 +179,7 @@ impl Stat {
             Stat::FragmentUnknown => "fragment_unknown",
             Stat::UnservedPort => "unserved_port",
             Stat::UnallocatedIp => "unallocated_ip",
+            Stat::FragmentDropped => "fragment_dropped",
         }
     }
 }

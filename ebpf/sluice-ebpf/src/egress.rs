@@ -23,7 +23,11 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
     let flow = match Flow4::parse(ctx)? {
         Parsed::Flow(flow) => flow,
         Parsed::OtherIpv4(ip) => return icmp::egress(ctx, &ip),
-        Parsed::Fragment | Parsed::Other => return Ok(Verdict::Next),
+        Parsed::UnknownFragment => {
+            count(Stat::FragmentUnknown);
+            return Ok(Verdict::Next);
+        }
+        Parsed::Other => return Ok(Verdict::Next),
     };
     let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) else {
         // During an upgrade's handover the old generation may know it.
@@ -44,5 +48,8 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
     note_reply(&flow, entry);
     nat::rewrite(ctx, &flow, Side::Src, frontend, port)?;
     count(Stat::ReplyNat);
+    if flow.later {
+        count(Stat::FragmentTracked);
+    }
     Ok(Verdict::Next)
 }

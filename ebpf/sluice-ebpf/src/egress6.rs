@@ -11,7 +11,7 @@ use crate::{
     conntrack::note_reply6,
     error::{settle, Error, Verdict},
     flow6::Parsed6,
-    icmp6,
+    frag, icmp6,
     maps::{self, count, Scratch6, CONNTRACK_V6},
     nat::Side,
     nat6,
@@ -32,7 +32,12 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     match s.flow.parse(ctx)? {
         Parsed6::Flow => {}
         Parsed6::Icmp => return Ok(icmp6::egress(skb, s)),
-        Parsed6::Fragment | Parsed6::ExtHeader | Parsed6::Other => return Ok(Verdict::Next),
+        Parsed6::ExtHeader | Parsed6::Other => return Ok(Verdict::Next),
+    }
+    // A fragment: record a first one's ports, or take a later one's.
+    if !frag::track6(s) {
+        count(Stat::FragmentUnknown);
+        return Ok(Verdict::Next);
     }
     s.flow.ct_key_into(&mut s.ct_key);
     let Some(entry) = CONNTRACK_V6.get_ptr_mut(&s.ct_key) else {
@@ -55,5 +60,8 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     note_reply6(flow, entry);
     nat6::rewrite(skb, flow, Side::Src, &frontend, port)?;
     count(Stat::ReplyNat);
+    if flow.later() {
+        count(Stat::FragmentTracked);
+    }
     Ok(Verdict::Next)
 }

@@ -5,9 +5,10 @@ use sluice_common::{Ct4Key, IPPROTO_TCP, IPPROTO_UDP};
 
 use crate::{
     error::Error,
+    frag,
     headers::{
-        EthHdr, Ipv4Hdr, TcpHdr, UdpHdr, ETH_LEN, ETH_P_IP, IPV4_LEN, IP_MF_OFFSET, TCP_ACK,
-        TCP_LEN, TCP_SYN, UDP_LEN,
+        EthHdr, Ipv4Hdr, TcpHdr, UdpHdr, ETH_LEN, ETH_P_IP, IPV4_LEN, IP_MF_OFFSET, IP_OFFSET,
+        TCP_ACK, TCP_LEN, TCP_SYN, UDP_LEN,
     },
 };
 
@@ -22,14 +23,18 @@ pub struct Flow4 {
     pub tcp_flags: u8,
     /// Offset of the L4 header (Ethernet + IPv4 header with options).
     pub l4_off: usize,
+    /// A non-first fragment: the ports are its first fragment's (from
+    /// `sl_frag4`), and it has no L4 header to read or rewrite.
+    pub later: bool,
 }
 
 pub enum Parsed {
     Flow(Flow4),
     /// An IPv4 packet of another protocol (its header, for ICMP).
     OtherIpv4(Ipv4Hdr),
-    /// An IPv4 fragment: ports unknown, so it cannot be balanced.
-    Fragment,
+    /// A non-first IPv4 fragment whose first fragment was not seen: its
+    /// ports are unknown, so it cannot be balanced.
+    UnknownFragment,
     /// Anything else (not IPv4, not TCP/UDP): not ours.
     Other,
 }
@@ -85,14 +90,34 @@ impl Flow4 {
         if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
             return Ok(Parsed::OtherIpv4(ip));
         }
-        if u16::from_be_bytes(ip.frag_off) & IP_MF_OFFSET != 0 {
-            return Ok(Parsed::Fragment);
-        }
         let ihl = ((ip.vihl & 0x0f) as usize) * 4;
         if ihl < IPV4_LEN {
             return Err(Error::Truncated);
         }
         let l4_off = ETH_LEN + ihl;
+        let frag = u16::from_be_bytes(ip.frag_off) & IP_MF_OFFSET;
+        let id_proto = (u16::from_be_bytes(ip.id) as u32) << 8 | proto as u32;
+        if frag & IP_OFFSET != 0 {
+            // A later fragment: the ports its first fragment recorded.
+            let ports = frag::ports4(
+                u32::from_ne_bytes(ip.src),
+                u32::from_ne_bytes(ip.dst),
+                id_proto,
+            );
+            if ports == 0 {
+                return Ok(Parsed::UnknownFragment);
+            }
+            return Ok(Parsed::Flow(Flow4 {
+                src: ip.src,
+                dst: ip.dst,
+                sport: (ports >> 16) as u16,
+                dport: ports as u16,
+                proto,
+                tcp_flags: 0,
+                l4_off,
+                later: true,
+            }));
+        }
         let (sport, dport, tcp_flags) = if proto == IPPROTO_TCP {
             if !ensure(ctx, l4_off + TCP_LEN) {
                 return Err(Error::Truncated);
@@ -106,14 +131,26 @@ impl Flow4 {
             let udp = read::<UdpHdr>(ctx, l4_off).ok_or(Error::Truncated)?;
             (udp.sport, udp.dport, 0)
         };
+        let (sport, dport) = (u16::from_be_bytes(sport), u16::from_be_bytes(dport));
+        if frag != 0 {
+            // The first fragment (offset 0, more fragments): its ports
+            // for the later ones. It is a packet of its flow like any.
+            frag::record4(
+                u32::from_ne_bytes(ip.src),
+                u32::from_ne_bytes(ip.dst),
+                id_proto,
+                (sport as u32) << 16 | dport as u32,
+            );
+        }
         Ok(Parsed::Flow(Flow4 {
             src: ip.src,
             dst: ip.dst,
-            sport: u16::from_be_bytes(sport),
-            dport: u16::from_be_bytes(dport),
+            sport,
+            dport,
             proto,
             tcp_flags,
             l4_off,
+            later: false,
         }))
     }
 

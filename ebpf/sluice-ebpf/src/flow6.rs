@@ -1,9 +1,10 @@
 //! Parsing one IPv6 TCP/UDP packet into the fields the datapath needs.
 //!
-//! Only TCP or UDP directly after the fixed 40-byte header is balanced:
-//! walking extension headers would need a bounded loop per packet for
-//! headers that service traffic practically never carries. Such packets,
-//! and fragments, pass untouched and are counted.
+//! Only TCP or UDP directly after the fixed 40-byte header, or after a
+//! fragment header directly after it, is balanced: walking extension
+//! headers would need a bounded loop per packet for headers that service
+//! traffic practically never carries. Such packets pass untouched and are
+//! counted. A fragment's ports come from its first fragment (`frag.rs`).
 
 use aya_ebpf::programs::TcContext;
 use sluice_common::{Ct6Key, Svc6Key, IPPROTO_TCP, IPPROTO_UDP};
@@ -12,9 +13,9 @@ use crate::{
     error::Error,
     flow::{ensure, read},
     headers::{
-        Ipv6Hdr, TcpHdr, UdpHdr, ETH_LEN, IPPROTO_ICMPV6, IPV6_LEN, NEXTHDR_AUTH, NEXTHDR_DEST,
-        NEXTHDR_FRAGMENT, NEXTHDR_HIP, NEXTHDR_HOP, NEXTHDR_MOBILITY, NEXTHDR_ROUTING,
-        NEXTHDR_SHIM6, TCP_ACK, TCP_LEN, TCP_SYN, UDP_LEN,
+        Frag6Hdr, Ipv6Hdr, TcpHdr, UdpHdr, ETH_LEN, FRAG6_LEN, IP6_OFFSET, IPPROTO_ICMPV6,
+        IPV6_LEN, NEXTHDR_AUTH, NEXTHDR_DEST, NEXTHDR_FRAGMENT, NEXTHDR_HIP, NEXTHDR_HOP,
+        NEXTHDR_MOBILITY, NEXTHDR_ROUTING, NEXTHDR_SHIM6, TCP_ACK, TCP_LEN, TCP_SYN, UDP_LEN,
     },
 };
 
@@ -32,17 +33,29 @@ pub struct Flow6 {
     pub sport: u16,
     pub dport: u16,
     pub proto: u8,
-    /// TCP flags byte; 0 for UDP.
+    /// TCP flags byte; 0 for UDP (and for a later fragment).
     pub tcp_flags: u8,
-    pub _pad: [u8; 2],
+    /// `FRAG_NONE`, or a fragment header follows the fixed header:
+    /// `FRAG_FIRST` (offset 0, the L4 header after it) or `FRAG_LATER`
+    /// (no L4 header: the ports are its first fragment's).
+    pub frag: u8,
+    pub _pad: u8,
+    /// The fragment header's identification (host order), when `frag`.
+    pub frag_id: u32,
 }
+
+/// `Flow6::frag`: no fragment header.
+pub const FRAG_NONE: u8 = 0;
+/// `Flow6::frag`: a fragment at offset 0, its L4 header after the
+/// fragment header.
+pub const FRAG_FIRST: u8 = 1;
+/// `Flow6::frag`: a fragment at a later offset, without L4 header.
+pub const FRAG_LATER: u8 = 2;
 
 /// What `Flow6::parse` found.
 pub enum Parsed6 {
     /// A TCP/UDP packet, now in the `Flow6`.
     Flow,
-    /// A fragment header follows the fixed header: ports unknown.
-    Fragment,
     /// Another extension header follows the fixed header: not balanced.
     ExtHeader,
     /// ICMPv6 (its errors may quote a DNATed packet: `icmp6.rs`).
@@ -69,10 +82,9 @@ impl Flow6 {
         if ip.vtcfl[0] >> 4 != 6 {
             return Ok(Parsed6::Other);
         }
-        let proto = ip.next_header;
+        let mut proto = ip.next_header;
         match proto {
-            IPPROTO_TCP | IPPROTO_UDP => {}
-            NEXTHDR_FRAGMENT => return Ok(Parsed6::Fragment),
+            IPPROTO_TCP | IPPROTO_UDP | NEXTHDR_FRAGMENT => {}
             NEXTHDR_HOP | NEXTHDR_ROUTING | NEXTHDR_AUTH | NEXTHDR_DEST | NEXTHDR_MOBILITY
             | NEXTHDR_HIP | NEXTHDR_SHIM6 => return Ok(Parsed6::ExtHeader),
             IPPROTO_ICMPV6 => return Ok(Parsed6::Icmp),
@@ -80,25 +92,68 @@ impl Flow6 {
         }
         self.src = ip.src;
         self.dst = ip.dst;
-        self.proto = proto;
-        if proto == IPPROTO_TCP {
-            if !ensure(ctx, L4_OFF6 + TCP_LEN) {
+        self.frag = FRAG_NONE;
+        self._pad = 0;
+        self.frag_id = 0;
+        let mut l4_off = L4_OFF6;
+        if proto == NEXTHDR_FRAGMENT {
+            if !ensure(ctx, L4_OFF6 + FRAG6_LEN) {
                 return Err(Error::Truncated);
             }
-            let tcp = read::<TcpHdr>(ctx, L4_OFF6).ok_or(Error::Truncated)?;
+            let fh = read::<Frag6Hdr>(ctx, L4_OFF6).ok_or(Error::Truncated)?;
+            proto = fh.next_header;
+            if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
+                return Ok(Parsed6::Other);
+            }
+            self.frag_id = u32::from_be_bytes(fh.id);
+            if u16::from_be_bytes(fh.frag_off) & IP6_OFFSET != 0 {
+                // No L4 header: `frag::track6` fills in the ports.
+                self.frag = FRAG_LATER;
+                self.proto = proto;
+                self.sport = 0;
+                self.dport = 0;
+                self.tcp_flags = 0;
+                return Ok(Parsed6::Flow);
+            }
+            self.frag = FRAG_FIRST;
+            l4_off = L4_OFF6 + FRAG6_LEN;
+        }
+        self.proto = proto;
+        if proto == IPPROTO_TCP {
+            if !ensure(ctx, l4_off + TCP_LEN) {
+                return Err(Error::Truncated);
+            }
+            let tcp = read::<TcpHdr>(ctx, l4_off).ok_or(Error::Truncated)?;
             self.sport = u16::from_be_bytes(tcp.sport);
             self.dport = u16::from_be_bytes(tcp.dport);
             self.tcp_flags = tcp.flags;
         } else {
-            if !ensure(ctx, L4_OFF6 + UDP_LEN) {
+            if !ensure(ctx, l4_off + UDP_LEN) {
                 return Err(Error::Truncated);
             }
-            let udp = read::<UdpHdr>(ctx, L4_OFF6).ok_or(Error::Truncated)?;
+            let udp = read::<UdpHdr>(ctx, l4_off).ok_or(Error::Truncated)?;
             self.sport = u16::from_be_bytes(udp.sport);
             self.dport = u16::from_be_bytes(udp.dport);
             self.tcp_flags = 0;
         }
         Ok(Parsed6::Flow)
+    }
+
+    /// Offset of the L4 header: after the fragment header in a first
+    /// fragment. (A later fragment has none; nothing reads it.)
+    #[inline(always)]
+    pub fn l4_off(&self) -> usize {
+        if self.frag == FRAG_NONE {
+            L4_OFF6
+        } else {
+            L4_OFF6 + FRAG6_LEN
+        }
+    }
+
+    /// A non-first fragment: no L4 header to read or rewrite.
+    #[inline(always)]
+    pub fn later(&self) -> bool {
+        self.frag == FRAG_LATER
     }
 
     /// Writes the conntrack key of this packet's own tuple into `key`.

@@ -12,6 +12,13 @@ pub const UDP_LEN: usize = 8;
 /// `frag_off` bits: more-fragments flag and offset mask.
 pub const IP_MF_OFFSET: u16 = 0x3fff;
 pub const IP_DF: u16 = 0x4000;
+/// `frag_off` bits: the fragment offset alone (non-zero: not the first).
+pub const IP_OFFSET: u16 = 0x1fff;
+/// Length of the IPv6 fragment header.
+pub const FRAG6_LEN: usize = 8;
+/// IPv6 fragment header `frag_off` bits: the offset (in bytes, a
+/// multiple of 8) and the more-fragments flag.
+pub const IP6_OFFSET: u16 = 0xfff8;
 
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
@@ -67,6 +74,17 @@ pub struct Ipv6Hdr {
     pub dst: [u8; 16],
 }
 
+/// The IPv6 fragment header (RFC 8200 4.5).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Frag6Hdr {
+    pub next_header: u8,
+    pub reserved: u8,
+    /// Offset (13 bits, in 8-byte units), 2 reserved bits, M flag.
+    pub frag_off: [u8; 2],
+    pub id: [u8; 4],
+}
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct TcpHdr {
@@ -93,5 +111,6 @@ pub struct UdpHdr {
 const _: () = assert!(core::mem::size_of::<EthHdr>() == ETH_LEN);
 const _: () = assert!(core::mem::size_of::<Ipv4Hdr>() == IPV4_LEN);
 const _: () = assert!(core::mem::size_of::<Ipv6Hdr>() == IPV6_LEN);
+const _: () = assert!(core::mem::size_of::<Frag6Hdr>() == FRAG6_LEN);
 const _: () = assert!(core::mem::size_of::<TcpHdr>() == TCP_LEN);
 const _: () = assert!(core::mem::size_of::<UdpHdr>() == UDP_LEN);

@@ -2,6 +2,9 @@
 //! frames go to `ingress6.rs`; `sl_ingress` picks by ethertype). The
 //! tracked-flow rules and slot choice are shared with IPv6 (`select.rs`).
 //!
+//! 0. A non-first fragment takes the ports its first fragment recorded
+//!    (`frag.rs`) and then follows its flow's conntrack entry (or is
+//!    dropped: it cannot start a flow); only its addresses are rewritten.
 //! 1. A packet to a port in the SNAT range may be the reply of an SNATed
 //!    flow: turned back and redirected to its client (`snat::reply`).
 //!    An ICMP error quoting a packet of an SNATed flow is turned back and
@@ -50,8 +53,8 @@ use crate::{
 pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
     let flow = match Flow4::parse(ctx)? {
         Parsed::Flow(flow) => flow,
-        Parsed::Fragment => {
-            count(Stat::Fragment);
+        Parsed::UnknownFragment => {
+            count(Stat::FragmentUnknown);
             return Ok(Verdict::Next);
         }
         // An ICMP error may be about an SNATed flow (`icmp::ingress`
@@ -111,19 +114,28 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
                         }
                     }
                     count(Stat::Established);
+                    if flow.later {
+                        count(Stat::FragmentTracked);
+                    }
                     if ct_flags & CT_F_SNAT != 0 {
                         return snat::forward(ctx.skb.skb, &flow, backend_id, entry);
                     }
                     nat::rewrite(ctx, &flow, Side::Dst, backend.addr_v4(), backend.port)?;
                     return Ok(Verdict::Next);
                 }
-                Tracked::Reset => {
+                Tracked::Reset if !flow.later => {
                     count(Stat::StaleReset);
                     return reject::tcp_reset(ctx.skb.skb, &flow);
                 }
-                Tracked::Reselect => reselected = true,
+                Tracked::Reset | Tracked::Reselect => reselected = true,
             }
         }
+    }
+    if flow.later {
+        // A later fragment cannot start a flow: its first fragment was
+        // dropped or rejected, or the flow changed in between.
+        count(Stat::FragmentDropped);
+        return Ok(Verdict::Drop);
     }
     if !reselected && orphan_snat_segment(flow.proto, flow.tcp_flags, master) {
         count(Stat::SnatFailed);

@@ -34,7 +34,7 @@ use crate::{
     conntrack::tcp_bits_of,
     error::{settle, Error, Verdict},
     flow6::{same_addr, Flow6, Parsed6},
-    icmp6, maglev,
+    frag, icmp6, maglev,
     maps::{self, count, Scratch6, AFFINITY_V6, CONNTRACK_V6},
     nat::Side,
     nat6, reject6,
@@ -56,10 +56,6 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     let ctx = &TcContext::new(skb);
     match s.flow.parse(ctx)? {
         Parsed6::Flow => {}
-        Parsed6::Fragment => {
-            count(Stat::Fragment);
-            return Ok(Verdict::Next);
-        }
         Parsed6::ExtHeader => {
             count(Stat::Ipv6ExtHeader);
             return Ok(Verdict::Next);
@@ -67,6 +63,11 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
         // An ICMPv6 error may be about an SNATed flow.
         Parsed6::Icmp => return Ok(icmp6::ingress(skb, s)),
         Parsed6::Other => return Ok(Verdict::Next),
+    }
+    // A fragment: record a first one's ports, or take a later one's.
+    if !frag::track6(s) {
+        count(Stat::FragmentUnknown);
+        return Ok(Verdict::Next);
     }
     let config = maps::config();
     if s.flow.dport >= config.snat_port_min
@@ -116,19 +117,27 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
                         }
                     }
                     count(Stat::Established);
+                    if flow.later() {
+                        count(Stat::FragmentTracked);
+                    }
                     if ct_flags & CT_F_SNAT != 0 {
                         return snat6::forward(skb, s, backend_id, entry);
                     }
                     nat6::rewrite(skb, flow, Side::Dst, &backend.addr, backend.port)?;
                     return Ok(Verdict::Next);
                 }
-                Tracked::Reset => {
+                Tracked::Reset if !flow.later() => {
                     count(Stat::StaleReset);
                     return Ok(reject6::tcp_reset(skb, flow));
                 }
-                Tracked::Reselect => reselected = true,
+                Tracked::Reset | Tracked::Reselect => reselected = true,
             }
         }
+    }
+    if s.flow.later() {
+        // A later fragment cannot start a flow (as on the IPv4 path).
+        count(Stat::FragmentDropped);
+        return Ok(Verdict::Drop);
     }
     if !reselected && orphan_snat_segment(s.flow.proto, s.flow.tcp_flags, master) {
         count(Stat::SnatFailed);

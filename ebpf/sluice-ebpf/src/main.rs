@@ -29,6 +29,7 @@ mod egress6;
 mod error;
 mod flow;
 mod flow6;
+mod frag;
 mod hash;
 mod headers;
 mod icmp;

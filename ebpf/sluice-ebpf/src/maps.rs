@@ -11,13 +11,13 @@ use sluice_common::{
     maps as names,
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX,
-        HANDOVER_MAX, LOCAL_IFS_MAX, LOCAL_MAX, MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX,
+        FRAGMENTS_MAX, HANDOVER_MAX, LOCAL_IFS_MAX, LOCAL_MAX, MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX,
         SOURCE_RANGES_MAX,
     },
     stats::{STATS2_MAX, STAT_COUNT},
-    Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry,
-    MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key,
-    SvcValue,
+    Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Frag4Key,
+    Frag6Key, FragPorts, MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6,
+    Stat, Svc4Key, Svc6Key, SvcValue,
 };
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -112,6 +112,15 @@ pub static LOCAL_V6: LpmTrie<[u8; 16], u8, { LOCAL_MAX as usize }> = LpmTrie::ne
 #[btf_map(name = "sl_localif")]
 pub static LOCAL_IFS: HashMap<u32, u8, { LOCAL_IFS_MAX as usize }, NO_PREALLOC> = HashMap::new();
 
+/// The ports of fragmented datagrams, by IP identity (`frag.rs`).
+#[btf_map(name = "sl_frag4")]
+pub static FRAGMENTS_V4: LruHashMap<Frag4Key, FragPorts, { FRAGMENTS_MAX as usize }> =
+    LruHashMap::new();
+
+#[btf_map(name = "sl_frag6")]
+pub static FRAGMENTS_V6: LruHashMap<Frag6Key, FragPorts, { FRAGMENTS_MAX as usize }> =
+    LruHashMap::new();
+
 /// Per-CPU room for temporaries too large for the 512-byte BPF stack: a
 /// conntrack entry under construction, FIB lookup parameters, a reply
 /// packet being built. One program run uses it at a time on a CPU (TC runs
@@ -148,6 +157,8 @@ pub struct Scratch6 {
     /// (`icmp6::ingress`).
     pub icmp_outer: Ipv6Hdr,
     pub icmp_inner: Ipv6Hdr,
+    /// The `sl_frag6` key of a fragmented datagram (`frag::track6`).
+    pub frag_key: Frag6Key,
 }
 
 #[btf_map(name = "sl_scratch6")]
@@ -187,6 +198,8 @@ const _: () = assert!(same("sl_srcrng6", names::SOURCE_RANGES_V6));
 const _: () = assert!(same("sl_progs", names::PROGS));
 const _: () = assert!(same("sl_maglev4", names::MAGLEV_V4));
 const _: () = assert!(same("sl_maglev6", names::MAGLEV_V6));
+const _: () = assert!(same("sl_frag4", names::FRAGMENTS_V4));
+const _: () = assert!(same("sl_frag6", names::FRAGMENTS_V6));
 
 // Every pinned map above is in the declaration table (its layout is
 // checked against it by agent/tests/abi_lock.rs).
@@ -208,6 +221,8 @@ const _: () = assert!(sluice_common::abi::declared(names::SOCK_REV));
 const _: () = assert!(sluice_common::abi::declared(names::PROGS));
 const _: () = assert!(sluice_common::abi::declared(names::MAGLEV_V4));
 const _: () = assert!(sluice_common::abi::declared(names::MAGLEV_V6));
+const _: () = assert!(sluice_common::abi::declared(names::FRAGMENTS_V4));
+const _: () = assert!(sluice_common::abi::declared(names::FRAGMENTS_V6));
 
 /// Adds one to a per-CPU counter.
 #[inline(always)]

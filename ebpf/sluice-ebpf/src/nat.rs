@@ -4,6 +4,10 @@
 //! it with `BPF_F_PSEUDO_HDR`; the kernel helpers also keep a
 //! `CHECKSUM_PARTIAL` skb (veth with TX offload) consistent. A UDP
 //! checksum of 0 means "none" and stays 0 (`BPF_F_MARK_MANGLED_0`).
+//!
+//! A non-first fragment (`Flow4::later`) has no L4 header: only its
+//! addresses and the IP header checksum change; the L4 checksum, in the
+//! first fragment, was updated for the whole datagram there.
 
 use aya_ebpf::{
     bindings::{__sk_buff, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
@@ -59,13 +63,15 @@ pub fn rewrite_skb(
     if old_addr != addr {
         let from = u32::from_ne_bytes(old_addr) as u64;
         let to = u32::from_ne_bytes(addr) as u64;
-        ctx.l4_csum_replace(csum_off, from, to, BPF_F_PSEUDO_HDR as u64 | mangled | 4)
-            .map_err(|_| Error::Nat)?;
+        if !flow.later {
+            ctx.l4_csum_replace(csum_off, from, to, BPF_F_PSEUDO_HDR as u64 | mangled | 4)
+                .map_err(|_| Error::Nat)?;
+        }
         ctx.l3_csum_replace(IP_CSUM_OFF, from, to, 4)
             .map_err(|_| Error::Nat)?;
         ctx.store(addr_off, &addr, 0).map_err(|_| Error::Nat)?;
     }
-    if old_port != port {
+    if old_port != port && !flow.later {
         let from = old_port.to_be() as u64;
         let to = port.to_be() as u64;
         ctx.l4_csum_replace(csum_off, from, to, mangled | 2)

@@ -17,7 +17,7 @@ use sluice_common::IPPROTO_UDP;
 
 use crate::{
     error::Error,
-    flow6::{same_addr, Flow6, L4_OFF6},
+    flow6::{same_addr, Flow6},
     headers::ETH_LEN,
     nat::Side,
 };
@@ -43,9 +43,20 @@ pub fn rewrite(
     port: u16,
 ) -> Result<(), Error> {
     let ctx = &TcContext::new(skb);
+    if flow.later() {
+        // No L4 header, and IPv6 has no header checksum: the address is
+        // all there is to rewrite (the first fragment's L4 checksum
+        // update covered the whole datagram).
+        let addr_off = match side {
+            Side::Src => IP6_SRC_OFF,
+            Side::Dst => IP6_DST_OFF,
+        };
+        return ctx.store(addr_off, addr, 0).map_err(|_| Error::Nat);
+    }
+    let l4_off = flow.l4_off();
     let (addr_off, port_off, old_port) = match side {
-        Side::Src => (IP6_SRC_OFF, L4_OFF6, flow.sport),
-        Side::Dst => (IP6_DST_OFF, L4_OFF6 + 2, flow.dport),
+        Side::Src => (IP6_SRC_OFF, l4_off, flow.sport),
+        Side::Dst => (IP6_DST_OFF, l4_off + 2, flow.dport),
     };
     let mut old = match side {
         Side::Src => flow.src,
@@ -53,7 +64,7 @@ pub fn rewrite(
     };
     let mut new = *addr;
     let udp = flow.proto == IPPROTO_UDP;
-    let csum_off = if udp { L4_OFF6 + 6 } else { L4_OFF6 + 16 };
+    let csum_off = if udp { l4_off + 6 } else { l4_off + 16 };
     if !same_addr(&old, &new) {
         // SAFETY: both buffers are 16-byte stack arrays (a multiple of 4,
         // as the helper requires) that live across the call.

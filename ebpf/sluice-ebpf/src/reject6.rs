@@ -9,7 +9,7 @@ use crate::{
     checksum::{bytes_of, fold, sum_words},
     error::{settle, Error, Verdict},
     flow::header,
-    flow6::{Flow6, L4_OFF6},
+    flow6::Flow6,
     headers::{
         EthHdr, Ipv6Hdr, TcpHdr, UdpHdr, ETH_LEN, ETH_P_IPV6, IPPROTO_ICMPV6, IPV6_LEN, TCP_ACK,
         TCP_FIN, TCP_LEN, TCP_RST, TCP_SYN, UDP_LEN,
@@ -85,7 +85,7 @@ fn try_tcp_reset(skb: *mut __sk_buff, flow: &Flow6) -> Result<Verdict, Error> {
     }
     let eth = header::<EthHdr>(ctx, 0)?;
     let payload_len: [u8; 2] = ctx.load(ETH_LEN + 4).map_err(|_| Error::Truncated)?;
-    let tcp = header::<TcpHdr>(ctx, L4_OFF6)?;
+    let tcp = header::<TcpHdr>(ctx, flow.l4_off())?;
 
     let (seq, ack, flags) = if tcp.flags & TCP_ACK != 0 {
         (tcp.ack, [0; 4], TCP_RST)
@@ -144,7 +144,13 @@ fn try_port_unreachable(skb: *mut __sk_buff, flow: &Flow6) -> Result<Verdict, Er
     // SAFETY: as in tcp_reset.
     let out = unsafe { &mut *(scratch.pkt.as_mut_ptr() as *mut Icmp6Packet) };
     out.inner_ip = header::<Ipv6Hdr>(ctx, ETH_LEN)?;
-    out.inner_l4 = header::<UdpHdr>(ctx, L4_OFF6)?;
+    out.inner_l4 = header::<UdpHdr>(ctx, flow.l4_off())?;
+    if flow.frag != 0 {
+        // A first fragment: quoted as the plain UDP datagram it starts
+        // (the quote has no room for the fragment header), which is what
+        // the client's stack matches its socket by.
+        out.inner_ip.next_header = IPPROTO_UDP;
+    }
     out.eth = swap_eth(&eth, ETH_P_IPV6);
     out.ip = reply_ip(flow.dst, flow.src, ICMP6_BODY, IPPROTO_ICMPV6);
     out.icmp = Icmp6Hdr {

@@ -216,6 +216,9 @@ pub fn reply(skb: *mut __sk_buff, flow: &Flow4, entry: *mut CtEntry) -> Result<V
     nat::rewrite(ctx, flow, Side::Src, frontend, frontend_port)?;
     nat::rewrite(ctx, flow, Side::Dst, client, client_port)?;
     count(Stat::SnatReply);
+    if flow.later {
+        count(Stat::FragmentTracked);
+    }
     send(ctx, ifindex)
 }
 

@@ -256,5 +256,8 @@ pub fn reply(skb: *mut __sk_buff, s: &mut Scratch6, entry: *mut CtEntry) -> Resu
     nat6::rewrite(skb, &s.flow, Side::Src, &s.snat_addr, frontend_port)?;
     nat6::rewrite(skb, &s.flow, Side::Dst, &s.ct_key.dst, client_port)?;
     count(Stat::SnatReply);
+    if s.flow.later() {
+        count(Stat::FragmentTracked);
+    }
     send(skb, ifindex)
 }
