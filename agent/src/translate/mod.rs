@@ -19,6 +19,8 @@ mod topology;
 #[cfg(test)]
 mod builders;
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod kube_proxy_cases;
 #[cfg(test)]
 mod tests;
