@@ -395,7 +395,11 @@ fn churn_with_agent_restarts_ends_with_exactly_the_final_state() -> Result<()> {
 
 /// Whether a new TCP connection from `ns` to `to` is dropped by the
 /// service-CIDR check (it times out and `unallocated_ip` grows).
-fn dropped_as_unallocated(topo: &Topology, ns: &sluice_tests::Netns, to: SocketAddrV4) -> Result<bool> {
+fn dropped_as_unallocated(
+    topo: &Topology,
+    ns: &sluice_tests::Netns,
+    to: SocketAddrV4,
+) -> Result<bool> {
     let count = || -> Result<u64> {
         Ok(sluice::datapath::Maps::open_pinned(topo.bpf.path())?
             .stat(sluice_common::Stat::UnallocatedIp)?)
@@ -463,13 +467,17 @@ fn service_cidr_objects_change_what_is_dropped_and_a_missing_resource_is_no_cidr
     // retrying with backoff, finds the object and its range is dropped.
     server.clear_faults();
     server.apply_yaml(SERVICE_CIDR)?;
-    agent.wait_until("the ServiceCIDR in sl_svcnet4", Duration::from_secs(40), |_| {
-        let maps = sluice::datapath::Maps::open_pinned(topo.bpf.path())?;
-        let (state, _) = sluice::datapath::read_map_state(&maps)?;
-        Ok(state
-            .service_nets
-            .contains_key(&(Ipv4Addr::new(10, 96, 1, 0).into(), 24)))
-    })?;
+    agent.wait_until(
+        "the ServiceCIDR in sl_svcnet4",
+        Duration::from_secs(40),
+        |_| {
+            let maps = sluice::datapath::Maps::open_pinned(topo.bpf.path())?;
+            let (state, _) = sluice::datapath::read_map_state(&maps)?;
+            Ok(state
+                .service_nets
+                .contains_key(&(Ipv4Addr::new(10, 96, 1, 0).into(), 24)))
+        },
+    )?;
     ensure!(
         dropped_as_unallocated(&topo, client, free)?,
         "not dropped inside the ServiceCIDR"

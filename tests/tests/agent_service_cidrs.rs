@@ -65,10 +65,10 @@ fn tcp_outcome(ns: &Netns, to: SocketAddr) -> (Option<ErrorKind>, Duration) {
 /// next receive reports (ICMP errors surface there).
 fn udp_outcome(ns: &Netns, to: SocketAddr) -> Result<Option<ErrorKind>> {
     let outcome = ns.run(move || -> std::io::Result<usize> {
-        let any: SocketAddr = if to.is_ipv4() {
-            "0.0.0.0:0".parse().expect("literal")
+        let any = if to.is_ipv4() {
+            SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0))
         } else {
-            "[::]:0".parse().expect("literal")
+            SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0))
         };
         let socket = UdpSocket::bind(any)?;
         socket.set_read_timeout(Some(Duration::from_secs(2)))?;
@@ -193,9 +193,15 @@ fn unserved_ports_are_rejected_and_unallocated_addresses_dropped_as_kube_proxy_d
     // The node's own processes (socket programs): the same answers.
     for vip in [IpAddr::V4(VIP4), IpAddr::V6(VIP6)] {
         let served = from_node(&topo, vip, 80)?;
-        ensure!(served.first().map(String::as_str) == Some("ok"), "{vip}:80 {served:?}");
+        ensure!(
+            served.first().map(String::as_str) == Some("ok"),
+            "{vip}:80 {served:?}"
+        );
         let out = from_node(&topo, vip, 81)?;
-        ensure!(out == ["error", "ECONNREFUSED"], "node to {vip}:81: {out:?}");
+        ensure!(
+            out == ["error", "ECONNREFUSED"],
+            "node to {vip}:81: {out:?}"
+        );
     }
     for free in [IpAddr::V4(FREE4), IpAddr::V6(FREE6)] {
         let out = from_node(&topo, free, 80)?;
@@ -211,14 +217,18 @@ fn unserved_ports_are_rejected_and_unallocated_addresses_dropped_as_kube_proxy_d
     // The ServiceCIDR object goes: its range is no longer dropped (the
     // cluster IP keeps rejecting unserved ports).
     dir.remove("cidr-v6.yaml")?;
-    agent.wait_until("the ServiceCIDR's range to leave sl_svcnet6", READY_TIMEOUT, |_| {
-        let maps = sluice::datapath::Maps::open_pinned(topo.bpf.path())?;
-        let (state, _) = sluice::datapath::read_map_state(&maps)?;
-        Ok(!state
-            .service_nets
-            .keys()
-            .any(|(a, len)| a.is_ipv6() && *len == 112))
-    })?;
+    agent.wait_until(
+        "the ServiceCIDR's range to leave sl_svcnet6",
+        READY_TIMEOUT,
+        |_| {
+            let maps = sluice::datapath::Maps::open_pinned(topo.bpf.path())?;
+            let (state, _) = sluice::datapath::read_map_state(&maps)?;
+            Ok(!state
+                .service_nets
+                .keys()
+                .any(|(a, len)| a.is_ipv6() && *len == 112))
+        },
+    )?;
     let unallocated = stat(&topo, Stat::UnallocatedIp)?;
     let _ = tcp_outcome(pod, v6(FREE6, 80));
     ensure!(
