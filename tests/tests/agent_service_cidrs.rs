@@ -89,6 +89,7 @@ fn refused_at_once(ns: &Netns, to: SocketAddr) -> Result<()> {
         took < Duration::from_millis(500),
         "TCP to {to} refused in {took:?}"
     );
+    eprintln!("TCP to {to} refused in {took:?}");
     Ok(())
 }
 
@@ -98,6 +99,7 @@ fn timed_out(ns: &Netns, to: SocketAddr) -> Result<()> {
         matches!(kind, Some(ErrorKind::TimedOut | ErrorKind::WouldBlock)),
         "TCP to {to}: {kind:?} after {took:?}, expected a timeout (dropped)"
     );
+    eprintln!("TCP to {to} dropped: timed out after {took:?}");
     Ok(())
 }
 
