@@ -223,6 +223,15 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_CLUSTER_CIDR", value_delimiter = ',')]
     pub cluster_cidr: Vec<String>,
 
+    /// The service CIDRs (`--service-cluster-ip-range`, the API server's
+    /// flag; comma separated, one per family), added to those of the
+    /// `networking.k8s.io/v1` ServiceCIDR objects, from which kube-proxy
+    /// learns them. A new flow to a cluster IP on a port its service does
+    /// not serve is rejected; one to an address of these ranges that no
+    /// service holds is dropped.
+    #[arg(long, env = "SLUICE_SERVICE_CLUSTER_IP_RANGE", value_delimiter = ',')]
+    pub service_cluster_ip_range: Vec<String>,
+
     /// kube-proxy's `--detect-local-mode`: how pods are told from other
     /// sources. Traffic to a cluster IP from a source that is not a pod is
     /// masqueraded, and pods reach every endpoint of an

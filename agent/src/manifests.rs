@@ -1,17 +1,21 @@
 //! Parsing a manifest directory: the files' contents in, Services,
-//! EndpointSlices and Nodes out. No I/O here: the caller lists and reads
+//! EndpointSlices, Nodes and ServiceCIDRs out. No I/O here: the caller lists and reads
 //! the files (see `is_manifest_file`).
 //!
 //! YAML files may hold several documents (`---`); JSON files one value or
 //! a stream of them. `kind: List` (and typed lists such as `ServiceList`)
-//! are unpacked. Kinds other than v1 Service, v1 Node and
-//! discovery.k8s.io/v1 EndpointSlice are ignored; a document that does not
+//! are unpacked. Kinds other than v1 Service, v1 Node,
+//! discovery.k8s.io/v1 EndpointSlice and networking.k8s.io/v1 ServiceCIDR
+//! are ignored; a document that does not
 //! parse is reported and the others are still used.
 
 use std::path::Path;
 
 use k8s_openapi::{
-    api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice},
+    api::{
+        core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice,
+        networking::v1::ServiceCIDR,
+    },
     serde::de::DeserializeOwned,
 };
 use serde::Deserialize;
@@ -26,6 +30,7 @@ pub struct Manifests {
     pub services: Vec<Service>,
     pub slices: Vec<EndpointSlice>,
     pub nodes: Vec<Node>,
+    pub service_cidrs: Vec<ServiceCIDR>,
     /// Documents that could not be used.
     pub problems: Vec<Problem>,
 }
@@ -336,6 +341,7 @@ fn add_value(value: Value, origin: &str, out: &mut Manifests) {
     let wanted = match kind.as_str() {
         "Service" | "Node" => "v1",
         "EndpointSlice" => "discovery.k8s.io/v1",
+        "ServiceCIDR" => "networking.k8s.io/v1",
         _ => {
             debug!(
                 origin,
@@ -356,6 +362,7 @@ fn add_value(value: Value, origin: &str, out: &mut Manifests) {
     match kind.as_str() {
         "Service" => push_typed(value, &label, &mut out.services, &mut out.problems),
         "Node" => push_typed(value, &label, &mut out.nodes, &mut out.problems),
+        "ServiceCIDR" => push_typed(value, &label, &mut out.service_cidrs, &mut out.problems),
         _ => push_typed(value, &label, &mut out.slices, &mut out.problems),
     }
 }

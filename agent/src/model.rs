@@ -245,4 +245,10 @@ pub struct DesiredState {
     /// interface-based local-traffic detection (`BridgeInterface`,
     /// `InterfaceNamePrefix`) recognises.
     pub local_ifaces: BTreeSet<u32>,
+    /// The service CIDRs as (network, prefix length): a new flow to an
+    /// address in them that is no cluster IP is dropped.
+    pub service_cidrs: BTreeSet<(IpAddr, u8)>,
+    /// Every service's cluster IPs: a new flow to one on a port or
+    /// protocol no frontend serves is rejected.
+    pub cluster_ips: BTreeSet<IpAddr>,
 }

@@ -248,6 +248,15 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         ipv6: args.ipv6,
         masquerade_all: args.masquerade_all,
         local,
+        service_cidrs: args
+            .service_cluster_ip_range
+            .iter()
+            .filter(|c| !c.trim().is_empty())
+            .map(|c| {
+                IpNet::parse(c)
+                    .ok_or_else(|| anyhow!("invalid --service-cluster-ip-range entry `{c}`"))
+            })
+            .collect::<Result<_>>()?,
     };
     let (checks_tx, checks_rx) = watch::channel(Default::default());
     tasks.spawn(crate::healthcheck::run(

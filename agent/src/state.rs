@@ -4,7 +4,7 @@
 //! another for what should be; the difference is what gets written.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
 };
 
@@ -42,7 +42,7 @@ impl FrontendState {
 pub type SourceRange = (IpAddr, u8);
 
 /// `sl_svc4`, `sl_svc6`, `sl_backends`, `sl_srcrng4`, `sl_srcrng6`,
-/// `sl_local4`, `sl_local6` and `sl_localif`.
+/// `sl_local4`, `sl_local6`, `sl_localif`, `sl_svcnet4` and `sl_svcnet6`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapState {
     pub frontends: HashMap<FrontendKey, FrontendState>,
@@ -53,6 +53,9 @@ pub struct MapState {
     pub local_sources: BTreeSet<SourceRange>,
     /// The pods' devices (`sl_localif`), by ifindex.
     pub local_ifaces: BTreeSet<u32>,
+    /// The service address space (`sl_svcnet4`, `sl_svcnet6`): service
+    /// CIDRs and cluster IPs (host routes), each with its `SVCNET_*` kind.
+    pub service_nets: BTreeMap<SourceRange, u8>,
 }
 
 impl MapState {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{
     sources::{Change, Converted, Kind, Update},
-    translate::{NodeInfo, ObjectKey, Problem, ServiceInfo, SliceInfo},
+    translate::{NodeInfo, ObjectKey, Problem, ServiceCidrInfo, ServiceInfo, SliceInfo},
 };
 
 /// What an update changed, for incremental translation.
@@ -17,16 +17,19 @@ pub struct Dirty {
     pub services: BTreeSet<ObjectKey>,
     /// The set of rejected objects changed (metrics, logs).
     pub rejected: bool,
+    /// The ServiceCIDR objects changed (the service address space).
+    pub cidrs: bool,
 }
 
 impl Dirty {
     pub fn is_empty(&self) -> bool {
-        !self.all && self.services.is_empty() && !self.rejected
+        !self.all && self.services.is_empty() && !self.rejected && !self.cidrs
     }
 
     pub fn merge(&mut self, other: Dirty) {
         self.all |= other.all;
         self.rejected |= other.rejected;
+        self.cidrs |= other.cidrs;
         self.services.extend(other.services);
     }
 }
@@ -37,6 +40,8 @@ pub struct Stores {
     pub slices: BTreeMap<ObjectKey, SliceInfo>,
     /// Node objects by name; translation uses the one named like this node.
     pub nodes: BTreeMap<ObjectKey, NodeInfo>,
+    /// ServiceCIDR objects by name.
+    pub service_cidrs: BTreeMap<ObjectKey, ServiceCidrInfo>,
     /// Slices of each service (by the service's key).
     pub slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
     /// Objects that could not be used at all, by kind and key.
@@ -63,6 +68,22 @@ struct Slices<'a> {
     index: &'a mut BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
 }
 struct Nodes<'a>(&'a mut BTreeMap<ObjectKey, NodeInfo>);
+struct ServiceCidrs<'a>(&'a mut BTreeMap<ObjectKey, ServiceCidrInfo>);
+
+impl Store<ServiceCidrInfo> for ServiceCidrs<'_> {
+    fn map(&mut self) -> &mut BTreeMap<ObjectKey, ServiceCidrInfo> {
+        self.0
+    }
+    fn touched(
+        &mut self,
+        _: &ObjectKey,
+        _: Option<&ServiceCidrInfo>,
+        _: Option<&ServiceCidrInfo>,
+        dirty: &mut Dirty,
+    ) {
+        dirty.cidrs = true;
+    }
+}
 
 impl Store<ServiceInfo> for Services<'_> {
     fn map(&mut self) -> &mut BTreeMap<ObjectKey, ServiceInfo> {
@@ -247,6 +268,13 @@ impl Stores {
                 c,
                 &mut dirty,
             ),
+            Update::ServiceCidrs(c) => apply_change(
+                kind,
+                &mut ServiceCidrs(&mut self.service_cidrs),
+                &mut self.rejected,
+                c,
+                &mut dirty,
+            ),
         }
         dirty
     }
@@ -254,6 +282,14 @@ impl Stores {
     /// Every kind has delivered its complete set once.
     pub fn all_synced(&self) -> bool {
         Kind::ALL.iter().all(|k| self.synced.contains(k))
+    }
+
+    /// The service CIDRs the ServiceCIDR objects declare, sorted.
+    pub fn service_cidrs(&self) -> std::collections::BTreeSet<crate::translate::IpNet> {
+        self.service_cidrs
+            .values()
+            .flat_map(|c| c.cidrs.iter().copied())
+            .collect()
     }
 
     /// This node's Node object, if known.

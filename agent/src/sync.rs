@@ -30,8 +30,8 @@ use crate::{
     sources::Envelope,
     stores::{Dirty, Stores},
     translate::{
-        translate_service, HealthCheck, NodeContext, ObjectKey, Problem, ProblemReason,
-        TranslateConfig,
+        translate_service, wanted_service_cidrs, HealthCheck, NodeContext, ObjectKey, Problem,
+        ProblemReason, TranslateConfig,
     },
 };
 
@@ -53,6 +53,10 @@ struct Desired {
     wants_node_ports: BTreeSet<ObjectKey>,
     health_checks: BTreeMap<ObjectKey, HealthCheck>,
     node: NodeContext,
+    /// Cluster IPs each service contributed, and how many services hold
+    /// each (two may claim one in a manifest directory).
+    cluster_ips_of: HashMap<ObjectKey, Vec<std::net::IpAddr>>,
+    cluster_ip_holders: HashMap<std::net::IpAddr, usize>,
 }
 
 impl Desired {
@@ -65,6 +69,10 @@ impl Desired {
         config: &TranslateConfig,
     ) -> BTreeSet<ServicePortName> {
         let mut changed = BTreeSet::new();
+        if dirty.all || dirty.cidrs {
+            let objects: Vec<_> = stores.service_cidrs().into_iter().collect();
+            self.state.service_cidrs = wanted_service_cidrs(&objects, config);
+        }
         let keys: Vec<ObjectKey> = if dirty.all {
             self.node = NodeContext::new(stores.node(&config.node_name), config);
             self.state.local_sources = self.node.local_sources.clone();
@@ -88,6 +96,9 @@ impl Desired {
                 .filter_map(|name| self.state.services.remove(&name).map(|svc| (name, svc)))
                 .collect();
             self.problems_of.remove(&key);
+            for ip in self.cluster_ips_of.remove(&key).unwrap_or_default() {
+                self.release_cluster_ip(ip);
+            }
             self.wants_node_ports.remove(&key);
             self.health_checks.remove(&key);
             let mut new_names = Vec::new();
@@ -95,6 +106,14 @@ impl Desired {
                 let t = translate_service(&key, svc, &stores.slices_of(&key), &self.node, config);
                 if t.wants_node_ports {
                     self.wants_node_ports.insert(key.clone());
+                }
+                for ip in &t.cluster_ips {
+                    *self.cluster_ip_holders.entry(*ip).or_default() += 1;
+                    self.state.cluster_ips.insert(*ip);
+                }
+                if !t.cluster_ips.is_empty() {
+                    self.cluster_ips_of
+                        .insert(key.clone(), t.cluster_ips.clone());
                 }
                 if let Some(hc) = t.health_check {
                     self.health_checks.insert(key.clone(), hc);
@@ -122,6 +141,17 @@ impl Desired {
         changed
     }
 
+    /// One service less holds cluster IP `ip`.
+    fn release_cluster_ip(&mut self, ip: std::net::IpAddr) {
+        if let Some(n) = self.cluster_ip_holders.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                self.cluster_ip_holders.remove(&ip);
+                self.state.cluster_ips.remove(&ip);
+            }
+        }
+    }
+
     /// The health check node ports to serve (the first service wins a port).
     fn health_checks(&self) -> HealthChecks {
         let mut out = HealthChecks::new();
@@ -145,6 +175,12 @@ impl Desired {
                 .slices
                 .values()
                 .flat_map(|s| s.problems.iter().cloned()),
+        );
+        all.extend(
+            stores
+                .service_cidrs
+                .values()
+                .flat_map(|c| c.problems.iter().cloned()),
         );
         all.extend(stores.rejected.values().cloned());
         all

@@ -392,3 +392,112 @@ fn churn_with_agent_restarts_ends_with_exactly_the_final_state() -> Result<()> {
     );
     Ok(())
 }
+
+/// Whether a new TCP connection from `ns` to `to` is dropped by the
+/// service-CIDR check (it times out and `unallocated_ip` grows).
+fn dropped_as_unallocated(
+    topo: &Topology,
+    ns: &sluice_tests::Netns,
+    to: SocketAddrV4,
+) -> Result<bool> {
+    let count = || -> Result<u64> {
+        Ok(sluice::datapath::Maps::open_pinned(topo.bpf.path())?
+            .stat(sluice_common::Stat::UnallocatedIp)?)
+    };
+    let before = count()?;
+    let _ = clients::tcp_hello(ns, to);
+    Ok(count()? > before)
+}
+
+const SERVICE_CIDR: &str = "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata:\n  name: extra\nspec:\n  cidrs: [\"10.96.1.0/24\"]\n";
+
+#[test]
+fn service_cidr_objects_change_what_is_dropped_and_a_missing_resource_is_no_cidrs() -> Result<()> {
+    let topo = Topology::new(1, 1)?;
+    let _server0 = servers::tcp_greeter(&topo.backends[0].ns, 8080, "backend-0")?;
+    let server = ApiServer::start_in(&topo.node)?;
+    server.apply_yaml(&yaml::service("stable", STABLE, 80, 8080))?;
+    server.apply_yaml(&yaml::slice(
+        "stable-1",
+        "stable",
+        8080,
+        &[(topo.backends[0].ip, READY)],
+    ))?;
+    // An API server without the v1 ServiceCIDR resource (before 1.33)
+    // answers 404, every time: the agent must still sync, with no CIDRs.
+    server.inject_fault(
+        Verb::List,
+        Some(ResourceKind::ServiceCidr),
+        10_000,
+        Fault::Status(404),
+    );
+    let dir = ManifestDir::create()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig)?;
+    let kubeconfig = kubeconfig.display().to_string();
+    let mut agent = Agent::start(&topo, "kube", &["--kubeconfig", kubeconfig.as_str()])?;
+    agent.wait_ready(READY_TIMEOUT)?;
+    let client = &topo.clients[0].ns;
+    let free = SocketAddrV4::new(Ipv4Addr::new(10, 96, 1, 99), 80);
+    ensure!(
+        clients::tcp_hello(client, stable())? == "backend-0",
+        "served port"
+    );
+    ensure!(
+        !dropped_as_unallocated(&topo, client, free)?,
+        "dropped without any service CIDR"
+    );
+    // The cluster IP still rejects an unserved port without CIDRs.
+    let refused = clients::tcp_hello(client, SocketAddrV4::new(STABLE, 81))
+        .expect_err("unserved port")
+        .chain()
+        .find_map(|c| c.downcast_ref::<std::io::Error>())
+        .map(std::io::Error::kind);
+    ensure!(
+        refused == Some(std::io::ErrorKind::ConnectionRefused),
+        "{refused:?}"
+    );
+
+    ensure!(
+        agent.log().contains("not served by the API server"),
+        "the 404 was not what let the agent sync"
+    );
+
+    // The resource appears (the API server upgraded): the watcher,
+    // retrying with backoff, finds the object and its range is dropped.
+    server.clear_faults();
+    server.apply_yaml(SERVICE_CIDR)?;
+    agent.wait_until(
+        "the ServiceCIDR in sl_svcnet4",
+        Duration::from_secs(40),
+        |_| {
+            let maps = sluice::datapath::Maps::open_pinned(topo.bpf.path())?;
+            let (state, _) = sluice::datapath::read_map_state(&maps)?;
+            Ok(state
+                .service_nets
+                .contains_key(&(Ipv4Addr::new(10, 96, 1, 0).into(), 24)))
+        },
+    )?;
+    ensure!(
+        dropped_as_unallocated(&topo, client, free)?,
+        "not dropped inside the ServiceCIDR"
+    );
+    ensure!(
+        clients::tcp_hello(client, stable())? == "backend-0",
+        "served port inside the CIDR"
+    );
+
+    // Deleted: routed again.
+    server.delete_kind(ResourceKind::ServiceCidr, "", "extra");
+    agent.wait_until("the ServiceCIDR gone", READY_TIMEOUT, |_| {
+        let maps = sluice::datapath::Maps::open_pinned(topo.bpf.path())?;
+        let (state, _) = sluice::datapath::read_map_state(&maps)?;
+        Ok(state.service_nets.len() == 1)
+    })?;
+    ensure!(
+        !dropped_as_unallocated(&topo, client, free)?,
+        "dropped after the ServiceCIDR went"
+    );
+    agent.stop()?;
+    Ok(())
+}

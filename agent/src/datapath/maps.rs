@@ -43,6 +43,8 @@ pub struct Maps {
     pub local_v4: LpmTrie<MapData, [u8; 4], u8>,
     pub local_v6: LpmTrie<MapData, [u8; 16], u8>,
     pub local_ifs: HashMap<MapData, u32, u8>,
+    pub svcnet_v4: LpmTrie<MapData, [u8; 4], u8>,
+    pub svcnet_v6: LpmTrie<MapData, [u8; 16], u8>,
 }
 
 fn convert<T>(name: &'static str, map: Map) -> Result<T, DatapathError>
@@ -77,6 +79,8 @@ impl Maps {
             local_v4: convert(names::LOCAL_V4, take(names::LOCAL_V4)?)?,
             local_v6: convert(names::LOCAL_V6, take(names::LOCAL_V6)?)?,
             local_ifs: convert(names::LOCAL_IFS, take(names::LOCAL_IFS)?)?,
+            svcnet_v4: convert(names::SVCNET_V4, take(names::SVCNET_V4)?)?,
+            svcnet_v6: convert(names::SVCNET_V6, take(names::SVCNET_V6)?)?,
         })
     }
 
@@ -107,6 +111,8 @@ impl Maps {
             local_v4: convert(names::LOCAL_V4, open(names::LOCAL_V4)?)?,
             local_v6: convert(names::LOCAL_V6, open(names::LOCAL_V6)?)?,
             local_ifs: convert(names::LOCAL_IFS, open(names::LOCAL_IFS)?)?,
+            svcnet_v4: convert(names::SVCNET_V4, open(names::SVCNET_V4)?)?,
+            svcnet_v6: convert(names::SVCNET_V6, open(names::SVCNET_V6)?)?,
         })
     }
 
@@ -284,6 +290,26 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
             source,
         })?;
         state.local_ifaces.insert(index);
+    }
+    for item in maps.svcnet_v4.iter() {
+        let (key, kind) = item.map_err(|source| DatapathError::Map {
+            name: names::SVCNET_V4,
+            source,
+        })?;
+        let prefix = key.prefix_len().min(32) as u8;
+        state
+            .service_nets
+            .insert((IpAddr::V4(Ipv4Addr::from(key.data())), prefix), kind);
+    }
+    for item in maps.svcnet_v6.iter() {
+        let (key, kind) = item.map_err(|source| DatapathError::Map {
+            name: names::SVCNET_V6,
+            source,
+        })?;
+        let prefix = key.prefix_len().min(128) as u8;
+        state
+            .service_nets
+            .insert((IpAddr::V6(Ipv6Addr::from(key.data())), prefix), kind);
     }
     for (key, table) in read_maglev(maps)? {
         let Some((frontend, _)) = key.frontend() else {

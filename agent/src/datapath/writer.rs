@@ -360,10 +360,50 @@ impl MapWriter {
         Ok(())
     }
 
+    /// Writes what the service address space says of `net` (`SVCNET_*`:
+    /// a service CIDR, or a cluster IP as a host route).
+    pub fn put_service_net(&mut self, net: SourceRange, kind: u8) -> Result<(), WriteError> {
+        match net.0 {
+            IpAddr::V4(a) => self
+                .maps
+                .svcnet_v4
+                .insert(&Key::new(u32::from(net.1), a.octets()), kind, 0)
+                .map_err(|e| WriteError::from_map(names::SVCNET_V4, e))?,
+            IpAddr::V6(a) => self
+                .maps
+                .svcnet_v6
+                .insert(&Key::new(u32::from(net.1), a.octets()), kind, 0)
+                .map_err(|e| WriteError::from_map(names::SVCNET_V6, e))?,
+        }
+        self.writes += 1;
+        Ok(())
+    }
+
     /// Unmarks device `ifindex`; a missing one counts as removed.
     pub fn delete_local_iface(&mut self, ifindex: u32) -> Result<(), WriteError> {
         let result = self.maps.local_ifs.remove(&ifindex);
         self.settle(names::LOCAL_IFS, result)
+    }
+
+    /// Removes an entry of the service address space; a missing one counts
+    /// as removed.
+    pub fn delete_service_net(&mut self, net: SourceRange) -> Result<(), WriteError> {
+        match net.0 {
+            IpAddr::V4(a) => {
+                let result = self
+                    .maps
+                    .svcnet_v4
+                    .remove(&Key::new(u32::from(net.1), a.octets()));
+                self.settle(names::SVCNET_V4, result)
+            }
+            IpAddr::V6(a) => {
+                let result = self
+                    .maps
+                    .svcnet_v6
+                    .remove(&Key::new(u32::from(net.1), a.octets()));
+                self.settle(names::SVCNET_V6, result)
+            }
+        }
     }
 
     /// Removes a session affinity entry; a missing one counts as removed.

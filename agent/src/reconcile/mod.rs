@@ -31,7 +31,7 @@ use crate::{
 };
 use ids::Ids;
 use sluice_common::{
-    maps::{self as names, MAX_SLOTS},
+    maps::{self as names, MAX_SLOTS, SVCNET_CIDR, SVCNET_CLUSTER_IP},
     Backend, Config, ABI_VERSION,
 };
 
@@ -210,6 +210,7 @@ impl Reconciler {
         r.programmed.source_ranges = programmed.source_ranges;
         r.programmed.local_sources = programmed.local_sources;
         r.programmed.local_ifaces = programmed.local_ifaces;
+        r.programmed.service_nets = programmed.service_nets;
         Ok(r)
     }
 
@@ -496,6 +497,9 @@ impl Reconciler {
             self.apply_unit(id, plan, now, &mut report);
         }
 
+        // E: the service address space, once the frontends serve.
+        self.sync_service_nets(desired, &mut report);
+
         report.writes = self.writer.writes() - before;
         report
     }
@@ -577,6 +581,43 @@ impl Reconciler {
         v4 <= self.capacity.service_entries
             && v6 <= self.capacity.service_entries
             && backends <= self.capacity.backends
+    }
+
+    /// Brings `sl_svcnet4`/`sl_svcnet6` to the service CIDRs and cluster
+    /// IPs of `desired`. Runs after the frontends are written: a new
+    /// service's cluster IP is a host route only once its ports are
+    /// served.
+    fn sync_service_nets(&mut self, desired: &DesiredState, report: &mut Report) {
+        let want = service_nets(desired);
+        if self.programmed.service_nets == want {
+            return;
+        }
+        for (net, kind) in &want {
+            if self.programmed.service_nets.get(net) == Some(kind) {
+                continue;
+            }
+            match self.writer.put_service_net(*net, *kind) {
+                Ok(()) => {
+                    self.programmed.service_nets.insert(*net, *kind);
+                }
+                Err(e) => report.errors.push(e),
+            }
+        }
+        let stale: Vec<SourceRange> = self
+            .programmed
+            .service_nets
+            .keys()
+            .filter(|net| !want.contains_key(net))
+            .copied()
+            .collect();
+        for net in stale {
+            match self.writer.delete_service_net(net) {
+                Ok(()) => {
+                    self.programmed.service_nets.remove(&net);
+                }
+                Err(e) => report.errors.push(e),
+            }
+        }
     }
 
     /// Brings `sl_local4`/`sl_local6` to `want`: new networks first, then
@@ -829,5 +870,55 @@ impl Reconciler {
         });
         report.took = now.elapsed();
         Ok(report)
+    }
+}
+
+/// The entries of `sl_svcnet4`/`sl_svcnet6` for `desired`: each service
+/// CIDR, and each cluster IP as a host route (a cluster IP wins over a
+/// CIDR of the same address and length).
+pub fn service_nets(desired: &DesiredState) -> BTreeMap<SourceRange, u8> {
+    let mut out: BTreeMap<SourceRange, u8> = desired
+        .service_cidrs
+        .iter()
+        .map(|net| (*net, SVCNET_CIDR))
+        .collect();
+    for ip in &desired.cluster_ips {
+        let len = if ip.is_ipv4() { 32 } else { 128 };
+        out.insert((*ip, len), SVCNET_CLUSTER_IP);
+    }
+    out
+}
+
+#[cfg(test)]
+mod service_net_tests {
+    use super::*;
+
+    #[test]
+    fn cluster_ips_are_host_routes_over_their_cidrs() {
+        let desired = DesiredState {
+            service_cidrs: [
+                ("10.96.0.0".parse().unwrap(), 16),
+                ("10.96.0.1".parse().unwrap(), 32),
+                ("fd00:96::".parse().unwrap(), 108),
+            ]
+            .into(),
+            cluster_ips: [
+                "10.96.0.1".parse().unwrap(),
+                "10.200.0.1".parse().unwrap(),
+                "fd00:96::a".parse().unwrap(),
+            ]
+            .into(),
+            ..DesiredState::default()
+        };
+        let got = service_nets(&desired);
+        let want: BTreeMap<SourceRange, u8> = [
+            (("10.96.0.0".parse().unwrap(), 16), SVCNET_CIDR),
+            (("10.96.0.1".parse().unwrap(), 32), SVCNET_CLUSTER_IP),
+            (("10.200.0.1".parse().unwrap(), 32), SVCNET_CLUSTER_IP),
+            (("fd00:96::".parse().unwrap(), 108), SVCNET_CIDR),
+            (("fd00:96::a".parse().unwrap(), 128), SVCNET_CLUSTER_IP),
+        ]
+        .into();
+        assert_eq!(got, want);
     }
 }

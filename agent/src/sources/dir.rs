@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::{node, service, slice, Change, Envelope, Update};
+use super::{node, service, service_cidr, slice, Change, Envelope, Update};
 use crate::{
     health::Health,
     manifests::{is_manifest_file, parse_file, Limits, Manifests},
@@ -188,6 +188,12 @@ impl DirState {
                     .filter(|o| mine("Node", &o.metadata))
                     .cloned(),
             );
+            out.service_cidrs.extend(
+                m.service_cidrs
+                    .iter()
+                    .filter(|o| mine("ServiceCIDR", &o.metadata))
+                    .cloned(),
+            );
         }
         // A duplicate inside one file: the first definition wins, as the
         // stores would keep only one.
@@ -210,6 +216,10 @@ fn object_keys(m: &Manifests) -> Vec<(&'static str, ObjectKey)> {
         m.slices.iter().map(|o| &o.metadata).collect(),
     ));
     out.extend(keys("Node", m.nodes.iter().map(|o| &o.metadata).collect()));
+    out.extend(keys(
+        "ServiceCIDR",
+        m.service_cidrs.iter().map(|o| &o.metadata).collect(),
+    ));
     out
 }
 
@@ -222,6 +232,9 @@ fn dedup_by_key(m: &mut Manifests) {
     });
     m.nodes
         .retain(|o| ObjectKey::from_meta(&o.metadata).is_none_or(|k| seen.insert(("Node", k))));
+    m.service_cidrs.retain(|o| {
+        ObjectKey::from_meta(&o.metadata).is_none_or(|k| seen.insert(("ServiceCIDR", k)))
+    });
 }
 
 /// Watches `dir` until `shutdown` turns true.
@@ -281,6 +294,7 @@ pub async fn run(
                     services = manifests.services.len(),
                     endpointslices = manifests.slices.len(),
                     nodes = manifests.nodes.len(),
+                    servicecidrs = manifests.service_cidrs.len(),
                     "read manifests"
                 );
                 let updates = [
@@ -292,6 +306,13 @@ pub async fn run(
                     )),
                     Update::Node(Change::Reset(
                         manifests.nodes.iter().filter_map(node).collect(),
+                    )),
+                    Update::ServiceCidrs(Change::Reset(
+                        manifests
+                            .service_cidrs
+                            .iter()
+                            .filter_map(service_cidr)
+                            .collect(),
                     )),
                 ];
                 for update in updates {

@@ -1,6 +1,6 @@
 //! The Kubernetes source: kube-rs watchers on Services (with kube-proxy's
-//! label selector), EndpointSlices and this node's Node, with the default
-//! backoff. Relists arrive as complete sets (`Change::Reset`), so deletes
+//! label selector), EndpointSlices, this node's Node and the ServiceCIDRs,
+//! with the default backoff. Relists arrive as complete sets (`Change::Reset`), so deletes
 //! missed while disconnected are not lost. Every watch event passes the
 //! resourceVersion guard: a stale event restarts the watcher with a fresh
 //! list instead of letting it resume from the past (incident 4).
@@ -11,6 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
 };
 use kube::{
     runtime::{
@@ -63,9 +64,14 @@ pub const API_ACCESS: &[ApiAccess] = &[
         resource: <Node as k8s_openapi::Resource>::URL_PATH_SEGMENT,
         verbs: &["list", "watch"],
     },
+    ApiAccess {
+        group: <ServiceCIDR as k8s_openapi::Resource>::GROUP,
+        resource: <ServiceCIDR as k8s_openapi::Resource>::URL_PATH_SEGMENT,
+        verbs: &["list", "watch"],
+    },
 ];
 
-/// Runs the three watchers until the receiver goes away.
+/// Runs the four watchers until the receiver goes away.
 pub async fn run(
     client: Client,
     node_name: String,
@@ -94,11 +100,23 @@ pub async fn run(
         convert: super::node,
         wrap: Update::Node,
     };
+    // kube-proxy (1.33+) learns the service CIDRs from these objects. An
+    // API server without the v1 resource (before 1.33, or the feature
+    // off) answers 404: that counts as an empty set, so the agent still
+    // syncs, and the watcher keeps retrying with backoff.
+    let service_cidrs = Watch {
+        kind: Kind::ServiceCidr,
+        api: Api::<ServiceCIDR>::all(client.clone()),
+        config: watcher::Config::default(),
+        convert: super::service_cidr,
+        wrap: Update::ServiceCidrs,
+    };
     let probe_api = Api::<Node>::all(client);
     tokio::join!(
         services.run(&tx, &health, &metrics),
         slices.run(&tx, &health, &metrics),
         nodes.run(&tx, &health, &metrics),
+        service_cidrs.run(&tx, &health, &metrics),
         probe(probe_api, &node_name, &health),
     );
 }
@@ -118,6 +136,16 @@ async fn probe(api: Api<Node>, node_name: &str, health: &Health) {
         if api.list_metadata(&params).await.is_ok() {
             health.api_ok_all();
         }
+    }
+}
+
+/// Whether a watch failed because the API server does not serve the
+/// resource at all.
+fn not_found(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(r))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(r)) => r.code == 404,
+        _ => false,
     }
 }
 
@@ -151,6 +179,8 @@ where
     /// One list+watch after another; returns when the receiver is gone.
     async fn run(&self, tx: &mpsc::Sender<Envelope>, health: &Health, metrics: &Metrics) {
         let kind = self.kind;
+        // The resource is not served (see `run`): reported once.
+        let mut absent = false;
         loop {
             let mut stream = watcher::watcher(self.api.clone(), self.config.clone())
                 .default_backoff()
@@ -162,6 +192,16 @@ where
                     Some(Ok(event)) => {
                         health.api_ok(kind);
                         event
+                    }
+                    Some(Err(e)) if kind == Kind::ServiceCidr && not_found(&e) => {
+                        if !absent {
+                            absent = true;
+                            info!(%kind, "not served by the API server: no service CIDRs");
+                            if !self.send(tx, health, Change::Reset(Vec::new())).await {
+                                return;
+                            }
+                        }
+                        continue;
                     }
                     Some(Err(e)) => {
                         health.api_error(kind);

@@ -9,24 +9,32 @@ pub mod kube;
 
 use std::fmt;
 
-use crate::translate::{NodeInfo, ObjectKey, Problem, ServiceInfo, SliceInfo};
+use crate::translate::{NodeInfo, ObjectKey, Problem, ServiceCidrInfo, ServiceInfo, SliceInfo};
 
-/// The three kinds of objects sluice reads.
+/// The kinds of objects sluice reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kind {
     Service,
     EndpointSlice,
     Node,
+    /// `networking.k8s.io/v1` ServiceCIDR: the service address space.
+    ServiceCidr,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
+    pub const ALL: [Kind; 4] = [
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::Node,
+        Kind::ServiceCidr,
+    ];
 
     pub const fn as_str(self) -> &'static str {
         match self {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
         }
     }
 }
@@ -64,6 +72,7 @@ pub enum Update {
     Services(Change<ServiceInfo>),
     Slices(Change<SliceInfo>),
     Node(Change<NodeInfo>),
+    ServiceCidrs(Change<ServiceCidrInfo>),
 }
 
 impl Update {
@@ -72,6 +81,7 @@ impl Update {
             Update::Services(_) => Kind::Service,
             Update::Slices(_) => Kind::EndpointSlice,
             Update::Node(_) => Kind::Node,
+            Update::ServiceCidrs(_) => Kind::ServiceCidr,
         }
     }
 
@@ -82,6 +92,7 @@ impl Update {
             Update::Services(Change::Reset(_))
                 | Update::Slices(Change::Reset(_))
                 | Update::Node(Change::Reset(_))
+                | Update::ServiceCidrs(Change::Reset(_))
         )
     }
 }
@@ -111,4 +122,10 @@ pub(crate) fn slice(
 
 pub(crate) fn node(n: &k8s_openapi::api::core::v1::Node) -> Option<Converted<NodeInfo>> {
     convert(n, |n| NodeInfo::from_node(n).map(Some))
+}
+
+pub(crate) fn service_cidr(
+    c: &k8s_openapi::api::networking::v1::ServiceCIDR,
+) -> Option<Converted<ServiceCidrInfo>> {
+    convert(c, |c| ServiceCidrInfo::from_service_cidr(c).map(Some))
 }

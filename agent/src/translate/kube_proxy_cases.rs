@@ -101,6 +101,7 @@ fn translate_case(c: &Case) -> Translation {
         ipv6: true,
         masquerade_all: false,
         local: LocalDetector::ClusterCidr(vec![IpNet::parse(CLUSTER_CIDR).unwrap()]),
+        service_cidrs: vec![],
     };
     let stores = Stores::from_objects(&[k8s_service(&c.svc)], &[slice], &[node], HERE);
     let mut t = translate(

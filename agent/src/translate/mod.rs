@@ -34,10 +34,10 @@ use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::Endpoin
 
 pub use local_traffic::LocalDetector;
 pub use objects::{
-    AddressFamily, Conditions, IpFamilies, IpNet, NodeInfo, ObjectKey, PortInfo, ServiceInfo,
-    ServiceType, SliceEndpoint, SliceInfo, SlicePort, DEFAULT_AFFINITY_TIMEOUT, DEFAULT_NAMESPACE,
-    LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, LABEL_TOPOLOGY_ZONE,
-    MAX_AFFINITY_TIMEOUT,
+    AddressFamily, Conditions, IpFamilies, IpNet, NodeInfo, ObjectKey, PortInfo, ServiceCidrInfo,
+    ServiceInfo, ServiceType, SliceEndpoint, SliceInfo, SlicePort, DEFAULT_AFFINITY_TIMEOUT,
+    DEFAULT_NAMESPACE, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME,
+    LABEL_TOPOLOGY_ZONE, MAX_AFFINITY_TIMEOUT,
 };
 pub use problems::{Problem, ProblemReason};
 
@@ -63,6 +63,9 @@ pub struct TranslateConfig {
     /// When it is on, flows to a cluster IP from sources outside the
     /// cluster are SNATed, as kube-proxy masquerades them.
     pub local: LocalDetector,
+    /// `--service-cluster-ip-range`: service CIDRs known without the
+    /// ServiceCIDR objects (both are used).
+    pub service_cidrs: Vec<IpNet>,
 }
 
 /// The result of one translation.
@@ -177,6 +180,10 @@ pub struct ServiceTranslation {
     /// Whether a port asks for node ports (see `node_port_problems`).
     pub wants_node_ports: bool,
     pub health_check: Option<HealthCheck>,
+    /// The service's cluster IPs of the families sluice balances, when it
+    /// has a port: kube-proxy's `cluster-ips` set (any port that is not
+    /// served on them is rejected).
+    pub cluster_ips: Vec<IpAddr>,
 }
 
 /// Translates one service with its EndpointSlices (in slice-name order).
@@ -217,6 +224,9 @@ pub fn translate_service(
                 format!("IPv6 endpoints of service {key} are not balanced"),
             ));
         }
+    }
+    if svc.has_ports {
+        out.cluster_ips = cluster.clone();
     }
     let slice_refs: Vec<&SliceInfo> = own_slices.iter().map(|(_, s)| *s).collect();
     let addrs = Addresses {
@@ -292,6 +302,18 @@ pub fn translate(
     node: Option<&NodeInfo>,
     config: &TranslateConfig,
 ) -> Translation {
+    translate_with_cidrs(services, slices, node, &[], config)
+}
+
+/// `translate` with the service CIDRs of the ServiceCIDR objects
+/// (`service_cidrs`, added to `config.service_cidrs`).
+pub fn translate_with_cidrs(
+    services: &BTreeMap<ObjectKey, ServiceInfo>,
+    slices: &BTreeMap<ObjectKey, SliceInfo>,
+    node: Option<&NodeInfo>,
+    service_cidrs: &[IpNet],
+    config: &TranslateConfig,
+) -> Translation {
     let ctx = NodeContext::new(node, config);
     let mut problems: Vec<Problem> = ctx.problems.clone();
 
@@ -307,6 +329,7 @@ pub fn translate(
 
     let mut desired = DesiredState {
         local_sources: ctx.local_sources.clone(),
+        service_cidrs: wanted_service_cidrs(service_cidrs, config),
         ..DesiredState::default()
     };
     let mut node_ports_wanted = false;
@@ -316,6 +339,7 @@ pub fn translate(
         problems.extend(t.problems);
         node_ports_wanted |= t.wants_node_ports;
         desired.services.extend(t.ports);
+        desired.cluster_ips.extend(t.cluster_ips);
     }
     if node_ports_wanted {
         problems.extend(ctx.node_port_problems(config));
@@ -323,6 +347,18 @@ pub fn translate(
     problems.sort();
     problems.dedup();
     Translation { desired, problems }
+}
+
+/// The service CIDRs to enforce: the flag's and the objects', of the
+/// families sluice balances.
+pub fn wanted_service_cidrs(objects: &[IpNet], config: &TranslateConfig) -> BTreeSet<(IpAddr, u8)> {
+    config
+        .service_cidrs
+        .iter()
+        .chain(objects)
+        .filter(|n| config.ipv6 || n.addr.is_ipv4())
+        .map(|n| (n.addr, n.prefix_len))
+        .collect()
 }
 
 /// Splits addresses into those frontends may use and the IPv6 ones that

@@ -18,6 +18,7 @@ use k8s_openapi::{
     api::{
         core::v1::{Node, Service, ServicePort, ServiceSpec},
         discovery::v1::{Endpoint as K8sEndpoint, EndpointConditions, EndpointSlice},
+        networking::v1::ServiceCIDR,
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
@@ -273,6 +274,9 @@ pub struct ServiceInfo {
     /// service's families.
     pub load_balancer_ips: Vec<IpAddr>,
     pub ports: Vec<PortInfo>,
+    /// `spec.ports` is not empty, usable or not (kube-proxy's cluster-ips
+    /// set holds the cluster IP of a service with an SCTP port too).
+    pub has_ports: bool,
     /// `internalTrafficPolicy: Local`.
     pub internal_traffic_local: bool,
     /// `externalTrafficPolicy: Local` on a NodePort or LoadBalancer
@@ -403,6 +407,7 @@ impl ServiceInfo {
             external_ips,
             load_balancer_ips,
             ports,
+            has_ports: spec.ports.as_ref().is_some_and(|p| !p.is_empty()),
             internal_traffic_local,
             external_traffic_local,
             session_affinity_timeout,
@@ -1024,6 +1029,46 @@ impl NodeInfo {
             zone,
             addresses,
             pod_cidrs,
+            problems: problems.into_vec(),
+        })
+    }
+}
+
+/// What sluice needs of a `networking.k8s.io/v1` ServiceCIDR: the service
+/// address ranges it adds (kube-proxy takes `spec.cidrs` of every object).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceCidrInfo {
+    /// `spec.cidrs`, host bits cleared.
+    pub cidrs: Vec<IpNet>,
+    /// What of the object was left out, and why.
+    pub problems: Vec<Problem>,
+}
+
+impl ServiceCidrInfo {
+    pub fn from_service_cidr(obj: &ServiceCIDR) -> Result<Self, Problem> {
+        let name = obj.metadata.name.clone().filter(|n| !n.is_empty());
+        let mut problems = Problems::new(format!(
+            "ServiceCIDR {}",
+            name.as_deref().unwrap_or("<unnamed>")
+        ));
+        if name.is_none() {
+            return Err(problems.error(ProblemReason::MissingField, "metadata.name is missing"));
+        }
+        let mut cidrs = Vec::new();
+        let raw = obj.spec.iter().flat_map(|s| s.cidrs.iter().flatten());
+        for raw in raw {
+            match IpNet::parse(raw) {
+                Some(net) => cidrs.push(net),
+                None => problems.push(
+                    ProblemReason::InvalidAddress,
+                    format!("spec.cidrs entry `{raw}` is not a CIDR; ignored"),
+                ),
+            }
+        }
+        cidrs.sort();
+        cidrs.dedup();
+        Ok(Self {
+            cidrs,
             problems: problems.into_vec(),
         })
     }

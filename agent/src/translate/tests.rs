@@ -1408,3 +1408,84 @@ fn frontends_and_backends_on_forbidden_addresses_are_refused() {
         );
     }
 }
+
+#[test]
+fn cluster_ips_of_services_with_ports_form_the_rejected_set() {
+    // kube-proxy's `cluster-ips` set: every cluster IP of a service it
+    // proxies, served ports or not (an SCTP-only port still counts), and
+    // none of a service labelled for another proxy or without ports.
+    let mut sctp = mk_service("default", "sctp", "10.96.0.11", &[port("s", "SCTP", 9)]);
+    spec_mut(&mut sctp).ports = Some(vec![port("s", "SCTP", 9)]);
+    let mut other = mk_service("default", "other", "10.96.0.12", &[port("http", "TCP", 80)]);
+    add_label(
+        &mut other.metadata,
+        "service.kubernetes.io/service-proxy-name",
+        "elsewhere",
+    );
+    let portless = mk_service("default", "portless", "10.96.0.13", &[]);
+    let mut dual = mk_service("default", "dual", "10.96.0.14", &[port("http", "TCP", 80)]);
+    spec_mut(&mut dual).cluster_ips = Some(vec!["10.96.0.14".into(), "fd00:96::14".into()]);
+    set_ip_families(&mut dual, &["IPv4", "IPv6"]);
+    let services = [web(), sctp, other, portless, dual];
+
+    let t = run_with(&services, &[], None, &cfg());
+    let want: std::collections::BTreeSet<IpAddr> =
+        [ip("10.96.0.10"), ip("10.96.0.11"), ip("10.96.0.14")].into();
+    assert_eq!(
+        t.desired.cluster_ips, want,
+        "IPv6 is off: no IPv6 cluster IP"
+    );
+
+    let v6 = TranslateConfig {
+        ipv6: true,
+        ..cfg()
+    };
+    let t = run_with(&services, &[], None, &v6);
+    assert!(t.desired.cluster_ips.contains(&ip("fd00:96::14")));
+    assert_eq!(t.desired.cluster_ips.len(), 4);
+}
+
+#[test]
+fn service_cidrs_join_the_flag_and_the_objects_of_balanced_families() {
+    let config = TranslateConfig {
+        service_cidrs: vec![
+            IpNet::parse("10.96.0.0/16").unwrap(),
+            IpNet::parse("fd00:96::/108").unwrap(),
+        ],
+        ..cfg()
+    };
+    let objects = [
+        IpNet::parse("10.97.0.0/24").unwrap(),
+        IpNet::parse("10.96.0.0/16").unwrap(),
+    ];
+    let nodes: Vec<Node> = Vec::new();
+    let stores = Stores::from_objects(&[web()], &[], &nodes, NODE);
+    let t = translate_with_cidrs(&stores.services, &stores.slices, None, &objects, &config);
+    let want: std::collections::BTreeSet<(IpAddr, u8)> =
+        [(ip("10.96.0.0"), 16), (ip("10.97.0.0"), 24)].into();
+    assert_eq!(t.desired.service_cidrs, want, "IPv6 is off");
+    let v6 = TranslateConfig {
+        ipv6: true,
+        ..config
+    };
+    let t = translate_with_cidrs(&stores.services, &stores.slices, None, &objects, &v6);
+    assert!(t.desired.service_cidrs.contains(&(ip("fd00:96::"), 108)));
+    // Without either source nothing is dropped.
+    assert!(run(&[web()], &[]).desired.service_cidrs.is_empty());
+}
+
+#[test]
+fn service_cidr_objects_are_trimmed_to_their_cidrs() {
+    use k8s_openapi::api::networking::v1::{ServiceCIDR, ServiceCIDRSpec};
+    let obj = ServiceCIDR {
+        metadata: meta("", "extra"),
+        spec: Some(ServiceCIDRSpec {
+            cidrs: Some(vec!["10.100.0.5/16".into(), "nonsense".into()]),
+        }),
+        status: None,
+    };
+    let info = ServiceCidrInfo::from_service_cidr(&obj).unwrap();
+    assert_eq!(info.cidrs, vec![IpNet::parse("10.100.0.0/16").unwrap()]);
+    assert_eq!(info.problems.len(), 1);
+    assert_eq!(info.problems[0].reason, ProblemReason::InvalidAddress);
+}

@@ -90,7 +90,7 @@ pub const NO_PREALLOC_FLAG: u32 = 1;
 
 /// Every map the agent pins, in the order it creates them. (The per-CPU
 /// scratch maps are per program generation and never pinned.)
-pub const MAPS: [MapDecl; 22] = [
+pub const MAPS: [MapDecl; 24] = [
     decl(
         names::CONFIG,
         MapKind::Array,
@@ -269,6 +269,22 @@ pub const MAPS: [MapDecl; 22] = [
         size_of::<FragPorts>(),
         Capacity::Fixed(names::FRAGMENTS_MAX),
         false,
+    ),
+    decl(
+        names::SVCNET_V4,
+        MapKind::LpmTrie,
+        4 + 4,
+        1,
+        Capacity::Fixed(names::SVCNET_MAX),
+        true,
+    ),
+    decl(
+        names::SVCNET_V6,
+        MapKind::LpmTrie,
+        4 + 16,
+        1,
+        Capacity::Fixed(names::SVCNET_MAX),
+        true,
     ),
 ];
 

@@ -68,6 +68,22 @@ pub const FRAGMENTS_V6: &str = "sl_frag6";
 /// Capacity of `sl_frag4` and of `sl_frag6`: datagrams in flight (as
 /// Cilium's default). Preallocated (LRU).
 pub const FRAGMENTS_MAX: u32 = 8_192;
+/// The service address space (`--service-cluster-ip-range`, ServiceCIDR
+/// objects) and the cluster IPs in use: LPM trie of an IPv4 network
+/// (`[u8; 4]`) -> `SVCNET_*` (a cluster IP is a /32 `SVCNET_CLUSTER_IP`
+/// entry, a service CIDR a `SVCNET_CIDR` one). A new flow that misses
+/// `sl_svc4` is rejected when its destination's longest match is a
+/// cluster IP (unserved port) and dropped when it is a CIDR (unallocated
+/// address), as kube-proxy's nftables `cluster-ips-check` chain does.
+pub const SVCNET_V4: &str = "sl_svcnet4";
+/// The IPv6 twin of `sl_svcnet4`: LPM trie of `[u8; 16]` -> `SVCNET_*`.
+pub const SVCNET_V6: &str = "sl_svcnet6";
+/// Capacity of `sl_svcnet4` and of `sl_svcnet6` (cluster IPs and CIDRs).
+pub const SVCNET_MAX: u32 = 65_536;
+/// `sl_svcnet*` value: an address range of the service CIDRs.
+pub const SVCNET_CIDR: u8 = 1;
+/// `sl_svcnet*` value: a cluster IP some service holds (a host route).
+pub const SVCNET_CLUSTER_IP: u8 = 2;
 
 // Every pinned map, with its layout and capacity, is declared once in
 // `crate::abi::MAPS`.

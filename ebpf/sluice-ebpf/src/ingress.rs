@@ -9,8 +9,10 @@
 //!    flow: turned back and redirected to its client (`snat::reply`).
 //!    An ICMP error quoting a packet of an SNATed flow is turned back and
 //!    redirected to the client the same way (`icmp::ingress`).
-//! 2. Not IPv4 TCP/UDP, or not a frontend (no master entry): pass, one
-//!    hash lookup spent.
+//! 2. Not IPv4 TCP/UDP: pass. Not a frontend (no master entry): a new
+//!    flow to a cluster IP is rejected (unserved port or protocol), one
+//!    to another address of the service CIDRs dropped (`sl_svcnet4`, as
+//!    kube-proxy's `cluster-ips-check`); anything else passes.
 //! 3. A forward conntrack entry exists: follow it to its backend (even a
 //!    terminating one) unless the backend or the frontend's owner changed,
 //!    or a SYN shows a new connection on a closed or non-active entry.
@@ -23,10 +25,15 @@
 //!    masquerades sources outside the cluster and this is one, or when the
 //!    client is its own backend (hairpin).
 
-use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_ns, programs::TcContext};
+use aya_ebpf::{
+    bindings::{__sk_buff, BPF_ANY},
+    helpers::bpf_ktime_get_ns,
+    programs::TcContext,
+};
 use sluice_common::{
     conntrack::{CT_F_SNAT, CT_REFRESH_NS},
     hash::pick_slot,
+    maps::SVCNET_CLUSTER_IP,
     service::{
         SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MAGLEV,
         SVC_F_MASQ_OUTSIDE, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
@@ -76,15 +83,12 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         }
     }
     let Some(master) = maps::service(&Svc4Key::new(flow.dst, flow.dport, flow.proto, 0)) else {
-        if flow.dport >= config.snat_port_min
+        // Maybe the reply of an SNATed flow that only the previous
+        // generation knows, during an upgrade's handover.
+        let snat_port = flow.dport >= config.snat_port_min
             && flow.dport <= config.snat_port_max
-            && config.snat_port_min != 0
-        {
-            // Maybe the reply of an SNATed flow that only the previous
-            // generation knows, during an upgrade's handover.
-            return Ok(Verdict::HandOver);
-        }
-        return Ok(Verdict::Next);
+            && config.snat_port_min != 0;
+        return unserved(ctx.skb.skb, &flow, snat_port);
     };
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -142,6 +146,45 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         return Ok(Verdict::Drop);
     }
     new_flow(ctx, &flow, master, now, reselected, &config)
+}
+
+/// A packet no frontend takes. kube-proxy (nftables, `cluster-ips-check`,
+/// `ct state new` in the forward and output hooks) rejects a new flow to
+/// a cluster IP on a port or protocol its service does not serve and
+/// drops one to an address of the service CIDRs that no service holds; a
+/// packet of a tracked flow (a service port removed under it) passes as
+/// before. Outside the service address space: during an upgrade's
+/// handover a packet to an SNAT port goes to the previous generation
+/// (`snat_port`), anything else passes. A separate BPF function, off the
+/// IPv4 frame.
+#[inline(never)]
+fn unserved(skb: *mut __sk_buff, flow: &Flow4, snat_port: bool) -> Result<Verdict, Error> {
+    let kind = maps::svcnet_v4(u32::from_ne_bytes(flow.dst));
+    if kind == 0 {
+        return Ok(if snat_port {
+            Verdict::HandOver
+        } else {
+            Verdict::Next
+        });
+    }
+    if CONNTRACK_V4.get_ptr(flow.ct_key()).is_some() {
+        return Ok(Verdict::Next);
+    }
+    if flow.later {
+        // Its first fragment was answered (or dropped) already.
+        count(Stat::FragmentDropped);
+        return Ok(Verdict::Drop);
+    }
+    if kind == SVCNET_CLUSTER_IP {
+        count(Stat::UnservedPort);
+        return if flow.proto == IPPROTO_TCP {
+            reject::tcp_reset(skb, flow)
+        } else {
+            reject::icmp_port_unreachable(skb, flow)
+        };
+    }
+    count(Stat::UnallocatedIp);
+    Ok(Verdict::Drop)
 }
 
 /// The session-affinity key of `flow`'s client and frontend.

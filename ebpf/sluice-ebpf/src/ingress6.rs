@@ -23,6 +23,7 @@ use aya_ebpf::{
 use sluice_common::{
     conntrack::{CT_F_SNAT, CT_REFRESH_NS},
     hash::{flow_hash_v6, pick_slot},
+    maps::SVCNET_CLUSTER_IP,
     service::{
         SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MAGLEV,
         SVC_F_MASQ_OUTSIDE, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
@@ -85,7 +86,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     }
     s.flow.svc_key_into(&mut s.svc_key, 0, SCOPE_EXTERNAL);
     let Some(master) = maps::service6(&s.svc_key) else {
-        return Ok(Verdict::Next);
+        return Ok(unserved(skb, s));
     };
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -144,6 +145,36 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
         return Ok(Verdict::Drop);
     }
     Ok(new_flow(skb, s, master, reselected))
+}
+
+/// A packet no frontend takes: `ingress::unserved` for IPv6 (a cluster
+/// IP's unserved port is rejected, an unallocated address of the service
+/// CIDRs dropped, new flows only; `sl_svcnet6`).
+#[inline(never)]
+fn unserved(skb: *mut __sk_buff, s: &mut Scratch6) -> Verdict {
+    let kind = maps::svcnet_v6(&mut s.local_key, &s.flow.dst);
+    if kind == 0 {
+        return Verdict::Next;
+    }
+    s.flow.ct_key_into(&mut s.ct_key);
+    if CONNTRACK_V6.get_ptr(&s.ct_key).is_some() {
+        return Verdict::Next;
+    }
+    if s.flow.later() {
+        // Its first fragment was answered (or dropped) already.
+        count(Stat::FragmentDropped);
+        return Verdict::Drop;
+    }
+    if kind == SVCNET_CLUSTER_IP {
+        count(Stat::UnservedPort);
+        return if s.flow.proto == IPPROTO_TCP {
+            reject6::tcp_reset(skb, &s.flow)
+        } else {
+            reject6::port_unreachable(skb, &s.flow)
+        };
+    }
+    count(Stat::UnallocatedIp);
+    Verdict::Drop
 }
 
 /// Picks a backend for a new flow, records it and DNATs the packet.

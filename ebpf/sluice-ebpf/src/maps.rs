@@ -12,7 +12,7 @@ use sluice_common::{
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX,
         FRAGMENTS_MAX, HANDOVER_MAX, LOCAL_IFS_MAX, LOCAL_MAX, MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX,
-        SOURCE_RANGES_MAX,
+        SOURCE_RANGES_MAX, SVCNET_MAX,
     },
     stats::{STATS2_MAX, STAT_COUNT},
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Frag4Key,
@@ -121,6 +121,12 @@ pub static FRAGMENTS_V4: LruHashMap<Frag4Key, FragPorts, { FRAGMENTS_MAX as usiz
 pub static FRAGMENTS_V6: LruHashMap<Frag6Key, FragPorts, { FRAGMENTS_MAX as usize }> =
     LruHashMap::new();
 
+#[btf_map(name = "sl_svcnet4")]
+pub static SVCNET_V4: LpmTrie<[u8; 4], u8, { SVCNET_MAX as usize }> = LpmTrie::new();
+
+#[btf_map(name = "sl_svcnet6")]
+pub static SVCNET_V6: LpmTrie<[u8; 16], u8, { SVCNET_MAX as usize }> = LpmTrie::new();
+
 /// Per-CPU room for temporaries too large for the 512-byte BPF stack: a
 /// conntrack entry under construction, FIB lookup parameters, a reply
 /// packet being built. One program run uses it at a time on a CPU (TC runs
@@ -200,6 +206,8 @@ const _: () = assert!(same("sl_maglev4", names::MAGLEV_V4));
 const _: () = assert!(same("sl_maglev6", names::MAGLEV_V6));
 const _: () = assert!(same("sl_frag4", names::FRAGMENTS_V4));
 const _: () = assert!(same("sl_frag6", names::FRAGMENTS_V6));
+const _: () = assert!(same("sl_svcnet4", names::SVCNET_V4));
+const _: () = assert!(same("sl_svcnet6", names::SVCNET_V6));
 
 // Every pinned map above is in the declaration table (its layout is
 // checked against it by agent/tests/abi_lock.rs).
@@ -223,6 +231,8 @@ const _: () = assert!(sluice_common::abi::declared(names::MAGLEV_V4));
 const _: () = assert!(sluice_common::abi::declared(names::MAGLEV_V6));
 const _: () = assert!(sluice_common::abi::declared(names::FRAGMENTS_V4));
 const _: () = assert!(sluice_common::abi::declared(names::FRAGMENTS_V6));
+const _: () = assert!(sluice_common::abi::declared(names::SVCNET_V4));
+const _: () = assert!(sluice_common::abi::declared(names::SVCNET_V6));
 
 /// Adds one to a per-CPU counter.
 #[inline(always)]
@@ -315,4 +325,24 @@ pub fn inside_v6(key: &mut Key<[u8; 16]>, src: &[u8; 16], ifindex: u32) -> bool 
     key.prefix_len = 128;
     key.data = *src;
     LOCAL_V6.get(&*key).is_some()
+}
+
+/// What `sl_svcnet4` says of IPv4 address `dst` (`SVCNET_*`, 0: outside
+/// the service address space). A separate BPF function: its key stays
+/// off the caller's frame.
+#[inline(never)]
+pub fn svcnet_v4(dst: u32) -> u8 {
+    let key = Key {
+        prefix_len: 32,
+        data: dst.to_ne_bytes(),
+    };
+    SVCNET_V4.get(&key).copied().unwrap_or(0)
+}
+
+/// `svcnet_v4` for IPv6 (the key is built in `key`, off the stack).
+#[inline(always)]
+pub fn svcnet_v6(key: &mut Key<[u8; 16]>, dst: &[u8; 16]) -> u8 {
+    key.prefix_len = 128;
+    key.data = *dst;
+    SVCNET_V6.get(&*key).copied().unwrap_or(0)
 }

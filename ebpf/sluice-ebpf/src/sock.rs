@@ -12,12 +12,14 @@
 
 use aya_ebpf::{
     bindings::{bpf_sock_addr, BPF_ANY},
+    btf_maps::lpm_trie::Key,
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_set_retval},
     programs::{SockAddrContext, SockContext},
     EbpfContext,
 };
 use sluice_common::{
     hash::{jhash_3words, pick_slot},
+    maps::SVCNET_CLUSTER_IP,
     service::{
         SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MAGLEV,
         SVC_F_NODE_DENIED,
@@ -268,6 +270,37 @@ fn socket_view(backend: &Backend, mapped: bool) -> [u8; 16] {
     out
 }
 
+/// A call to no frontend: like the TC path (`ingress::unserved`), a
+/// cluster IP's unserved port is refused and an unallocated address of the
+/// service CIDRs gets what a dropped connection would (a timeout, said at
+/// once, as for `Pick::Drop`); any other address goes ahead.
+#[inline(never)]
+fn unserved(at: &Target) -> i32 {
+    let kind = if at.v4 {
+        maps::svcnet_v4(u32::from_ne_bytes(at.v4_addr()))
+    } else {
+        let mut key = Key {
+            prefix_len: 128,
+            data: [0u8; 16],
+        };
+        maps::svcnet_v6(&mut key, &at.addr)
+    };
+    let errno = match kind {
+        0 => return ALLOW,
+        SVCNET_CLUSTER_IP => {
+            count(Stat::UnservedPort);
+            ECONNREFUSED
+        }
+        _ => {
+            count(Stat::UnallocatedIp);
+            ETIMEDOUT
+        }
+    };
+    // SAFETY: plain helper call; sets the errno the syscall returns.
+    unsafe { bpf_set_retval(-errno) };
+    REJECT
+}
+
 /// `connect()` (TCP, UDP) and, with `datagram`, `sendmsg()` on unconnected
 /// UDP sockets: a frontend address becomes a backend address.
 #[inline(always)]
@@ -296,7 +329,7 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         mapped,
     };
     let Some(mut master) = service(&at, 0, SCOPE_EXTERNAL) else {
-        return ALLOW;
+        return unserved(&at);
     };
     if master.flags & SVC_F_NODE_DENIED != 0 {
         // loadBalancerSourceRanges without a node address: kube-proxy

@@ -11,10 +11,17 @@ pub enum ResourceKind {
     EndpointSlice,
     /// core/v1 `Node`, cluster-scoped.
     Node,
+    /// networking.k8s.io/v1 `ServiceCIDR`, cluster-scoped.
+    ServiceCidr,
 }
 
 impl ResourceKind {
-    pub const ALL: [ResourceKind; 3] = [Self::Service, Self::EndpointSlice, Self::Node];
+    pub const ALL: [ResourceKind; 4] = [
+        Self::Service,
+        Self::EndpointSlice,
+        Self::Node,
+        Self::ServiceCidr,
+    ];
 
     /// `kind` of one object, e.g. `Service`.
     pub fn kind(self) -> &'static str {
@@ -22,6 +29,7 @@ impl ResourceKind {
             Self::Service => "Service",
             Self::EndpointSlice => "EndpointSlice",
             Self::Node => "Node",
+            Self::ServiceCidr => "ServiceCIDR",
         }
     }
 
@@ -31,6 +39,7 @@ impl ResourceKind {
             Self::Service => "ServiceList",
             Self::EndpointSlice => "EndpointSliceList",
             Self::Node => "NodeList",
+            Self::ServiceCidr => "ServiceCIDRList",
         }
     }
 
@@ -39,6 +48,7 @@ impl ResourceKind {
         match self {
             Self::Service | Self::Node => "v1",
             Self::EndpointSlice => "discovery.k8s.io/v1",
+            Self::ServiceCidr => "networking.k8s.io/v1",
         }
     }
 
@@ -47,6 +57,7 @@ impl ResourceKind {
         match self {
             Self::Service | Self::Node => "",
             Self::EndpointSlice => "discovery.k8s.io",
+            Self::ServiceCidr => "networking.k8s.io",
         }
     }
 
@@ -56,11 +67,12 @@ impl ResourceKind {
             Self::Service => "services",
             Self::EndpointSlice => "endpointslices",
             Self::Node => "nodes",
+            Self::ServiceCidr => "servicecidrs",
         }
     }
 
     pub fn namespaced(self) -> bool {
-        !matches!(self, Self::Node)
+        !matches!(self, Self::Node | Self::ServiceCidr)
     }
 
     /// The kind with this `apiVersion` and `kind`, if served.

@@ -147,6 +147,7 @@ fn supported_fields(kind: ResourceKind) -> &'static [&'static str] {
         ],
         ResourceKind::EndpointSlice => &["metadata.name", "metadata.namespace"],
         ResourceKind::Node => &["metadata.name", "metadata.namespace", "spec.unschedulable"],
+        ResourceKind::ServiceCidr => &["metadata.name"],
     }
 }
 
