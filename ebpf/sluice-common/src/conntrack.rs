@@ -165,13 +165,14 @@ pub enum CtKind {
     Reply = 2,
 }
 
-/// The client sent a SYN.
+/// The client sent a SYN (SCTP: an INIT chunk).
 pub const CT_F_SYN: u8 = 1 << 0;
 /// The client sent a FIN.
 pub const CT_F_TX_CLOSING: u8 = 1 << 1;
 /// The backend sent a FIN.
 pub const CT_F_RX_CLOSING: u8 = 1 << 2;
-/// Either side sent a RST.
+/// Either side sent a RST (SCTP: an ABORT or a SHUTDOWN COMPLETE chunk,
+/// the end of the association).
 pub const CT_F_RST: u8 = 1 << 3;
 /// The backend has answered at least once.
 pub const CT_F_SEEN_REPLY: u8 = 1 << 4;
@@ -193,6 +194,12 @@ pub mod timeouts {
     pub const TCP_CLOSING_S: u64 = 10;
     /// UDP (and any other) flow.
     pub const UDP_S: u64 = 60;
+    /// SCTP association that has seen traffic both ways (netfilter's
+    /// `nf_conntrack_sctp_timeout_established`: heartbeats, every 30 s by
+    /// default, keep a live association well inside it). Before the
+    /// backend answers, `TCP_SYN_S`; after ABORT or SHUTDOWN COMPLETE,
+    /// `TCP_CLOSING_S`.
+    pub const SCTP_ESTABLISHED_S: u64 = 210;
 }
 
 user_pod!(Ct4Key, Ct6Key, CtEntry);

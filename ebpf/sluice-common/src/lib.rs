@@ -19,6 +19,7 @@ pub mod affinity;
 pub mod backend;
 pub mod config;
 pub mod conntrack;
+pub mod crc32c;
 pub mod fragment;
 pub mod hash;
 pub mod maglev;
@@ -43,6 +44,8 @@ pub use stats::Stat;
 pub const IPPROTO_TCP: u8 = 6;
 /// IP protocol number of UDP.
 pub const IPPROTO_UDP: u8 = 17;
+/// IP protocol number of SCTP.
+pub const IPPROTO_SCTP: u8 = 132;
 
 /// Address family tag stored in values that hold a 16-byte address.
 pub const FAMILY_V4: u8 = 4;
