@@ -5,13 +5,13 @@ use sluice_common::{
     conntrack::{
         CT_F_RST, CT_F_RX_CLOSING, CT_F_SEEN_REPLY, CT_F_SYN, CT_F_TX_CLOSING, CT_REFRESH_NS,
     },
-    CtEntry, CtKind, IPPROTO_TCP,
+    CtEntry, CtKind, IPPROTO_SCTP, IPPROTO_TCP,
 };
 
 use crate::{
     flow::Flow4,
     flow6::Flow6,
-    headers::{TCP_FIN, TCP_RST, TCP_SYN},
+    headers::{SCTP_ABORT, SCTP_INIT, SCTP_SHUTDOWN_COMPLETE, TCP_FIN, TCP_RST, TCP_SYN},
     maps::{CONNTRACK_V4, CONNTRACK_V6},
 };
 
@@ -21,9 +21,13 @@ pub fn tcp_bits(flow: &Flow4) -> u8 {
     tcp_bits_of(flow.proto, flow.tcp_flags)
 }
 
-/// Conntrack flag bits of a client packet with `proto` and TCP `flags`.
+/// Conntrack flag bits of a client packet with `proto` and TCP `flags`
+/// (for SCTP, the first chunk's type: see `sctp_bits`).
 #[inline(always)]
 pub fn tcp_bits_of(proto: u8, flags: u8) -> u8 {
+    if proto == IPPROTO_SCTP {
+        return sctp_bits(flags) | if flags == SCTP_INIT { CT_F_SYN } else { 0 };
+    }
     if proto != IPPROTO_TCP {
         return 0;
     }
@@ -38,6 +42,19 @@ pub fn tcp_bits_of(proto: u8, flags: u8) -> u8 {
         bits |= CT_F_RST;
     }
     bits
+}
+
+/// SCTP's end of an association, from either side: an ABORT, or the
+/// SHUTDOWN COMPLETE that ends a graceful shutdown, marks the flow closed
+/// (as a RST does; only the first chunk is read: both are sent alone or
+/// last, and a missed one leaves the flow to its idle timeout).
+#[inline(always)]
+fn sctp_bits(chunk_type: u8) -> u8 {
+    if chunk_type == SCTP_ABORT || chunk_type == SCTP_SHUTDOWN_COMPLETE {
+        CT_F_RST
+    } else {
+        0
+    }
 }
 
 /// Records a backend packet on a reply entry, and on its forward entry
@@ -82,6 +99,9 @@ fn refresh_reply(proto: u8, tcp_flags: u8, entry: *mut CtEntry) -> Option<(u8, u
     }
     if proto == IPPROTO_TCP && tcp_flags & TCP_RST != 0 {
         flags |= CT_F_RST;
+    }
+    if proto == IPPROTO_SCTP {
+        flags |= sctp_bits(tcp_flags);
     }
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };

@@ -1,25 +1,26 @@
-//! Parsing one IPv4 TCP/UDP packet into the fields the datapath needs.
+//! Parsing one IPv4 TCP/UDP/SCTP packet into the fields the datapath needs.
 
 use aya_ebpf::programs::TcContext;
-use sluice_common::{Ct4Key, IPPROTO_TCP, IPPROTO_UDP};
+use sluice_common::{Ct4Key, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 
 use crate::{
     error::Error,
     frag,
     headers::{
-        EthHdr, Ipv4Hdr, TcpHdr, UdpHdr, ETH_LEN, ETH_P_IP, IPV4_LEN, IP_MF_OFFSET, IP_OFFSET,
-        TCP_ACK, TCP_LEN, TCP_SYN, UDP_LEN,
+        EthHdr, Ipv4Hdr, SctpHdr, TcpHdr, UdpHdr, ETH_LEN, ETH_P_IP, IPV4_LEN, IP_MF_OFFSET,
+        IP_OFFSET, SCTP_INIT, SCTP_LEN, TCP_ACK, TCP_LEN, TCP_SYN, UDP_LEN,
     },
 };
 
-/// An IPv4 TCP or UDP packet, addresses in network order, ports host order.
+/// An IPv4 TCP, UDP or SCTP packet, addresses in network order, ports host
+/// order.
 pub struct Flow4 {
     pub src: [u8; 4],
     pub dst: [u8; 4],
     pub sport: u16,
     pub dport: u16,
     pub proto: u8,
-    /// TCP flags byte; 0 for UDP.
+    /// TCP flags byte; for SCTP the type of the first chunk; 0 for UDP.
     pub tcp_flags: u8,
     /// Offset of the L4 header (Ethernet + IPv4 header with options).
     pub l4_off: usize,
@@ -35,7 +36,7 @@ pub enum Parsed {
     /// A non-first IPv4 fragment whose first fragment was not seen: its
     /// ports are unknown, so it cannot be balanced.
     UnknownFragment,
-    /// Anything else (not IPv4, not TCP/UDP): not ours.
+    /// Anything else (not IPv4, not TCP/UDP/SCTP): not ours.
     Other,
 }
 
@@ -87,7 +88,7 @@ impl Flow4 {
         }
         let ip = read::<Ipv4Hdr>(ctx, ETH_LEN).ok_or(Error::Truncated)?;
         let proto = ip.proto;
-        if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
+        if proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP {
             return Ok(Parsed::OtherIpv4(ip));
         }
         let ihl = ((ip.vihl & 0x0f) as usize) * 4;
@@ -96,6 +97,13 @@ impl Flow4 {
         }
         let l4_off = ETH_LEN + ihl;
         let frag = u16::from_be_bytes(ip.frag_off) & IP_MF_OFFSET;
+        if frag != 0 && proto == IPPROTO_SCTP {
+            // A fragmented SCTP packet passes untouched: its CRC32c covers
+            // the whole datagram, whose length the first fragment does
+            // not tell, so a port rewrite could not update it (SCTP splits
+            // its messages into chunks itself and sends with DF set).
+            return Ok(Parsed::OtherIpv4(ip));
+        }
         let id_proto = (u16::from_be_bytes(ip.id) as u32) << 8 | proto as u32;
         if frag & IP_OFFSET != 0 {
             // A later fragment: the ports its first fragment recorded.
@@ -124,6 +132,14 @@ impl Flow4 {
             }
             let tcp = read::<TcpHdr>(ctx, l4_off).ok_or(Error::Truncated)?;
             (tcp.sport, tcp.dport, tcp.flags)
+        } else if proto == IPPROTO_SCTP {
+            // The common header and the first chunk's type (an INIT
+            // opens an association, see `is_syn`).
+            if !ensure(ctx, l4_off + SCTP_LEN) {
+                return Err(Error::Truncated);
+            }
+            let sctp = read::<SctpHdr>(ctx, l4_off).ok_or(Error::Truncated)?;
+            (sctp.sport, sctp.dport, sctp.chunk_type)
         } else {
             if !ensure(ctx, l4_off + UDP_LEN) {
                 return Err(Error::Truncated);
@@ -160,16 +176,25 @@ impl Flow4 {
         Ct4Key::new(self.src, self.dst, self.sport, self.dport, self.proto)
     }
 
-    /// A TCP SYN without ACK: the first packet of a new connection.
+    /// A TCP SYN without ACK, or an SCTP INIT: the first packet of a new
+    /// connection or association.
     #[inline(always)]
     pub fn is_syn(&self) -> bool {
-        self.proto == IPPROTO_TCP && self.tcp_flags & TCP_SYN != 0 && self.tcp_flags & TCP_ACK == 0
+        opens(self.proto, self.tcp_flags)
     }
 
     #[inline(always)]
     pub fn has_tcp_flag(&self, flag: u8) -> bool {
         self.proto == IPPROTO_TCP && self.tcp_flags & flag != 0
     }
+}
+
+/// Whether a packet of `proto` with `tcp_flags` (the first chunk's type
+/// for SCTP) opens a connection: a TCP SYN without ACK, an SCTP INIT.
+#[inline(always)]
+pub fn opens(proto: u8, tcp_flags: u8) -> bool {
+    (proto == IPPROTO_TCP && tcp_flags & TCP_SYN != 0 && tcp_flags & TCP_ACK == 0)
+        || (proto == IPPROTO_SCTP && tcp_flags == SCTP_INIT)
 }
 
 /// The frame's ethertype, to pick the IPv4 or the IPv6 path. Read in

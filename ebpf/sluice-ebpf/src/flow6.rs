@@ -1,28 +1,29 @@
-//! Parsing one IPv6 TCP/UDP packet into the fields the datapath needs.
+//! Parsing one IPv6 TCP/UDP/SCTP packet into the fields the datapath needs.
 //!
-//! Only TCP or UDP directly after the fixed 40-byte header, or after a
-//! fragment header directly after it, is balanced: walking extension
+//! Only TCP, UDP or SCTP directly after the fixed 40-byte header, or TCP
+//! or UDP after a fragment header directly after it, is balanced (a
+//! fragmented SCTP packet passes: see `flow.rs`): walking extension
 //! headers would need a bounded loop per packet for headers that service
 //! traffic practically never carries. Such packets pass untouched and are
 //! counted. A fragment's ports come from its first fragment (`frag.rs`).
 
 use aya_ebpf::programs::TcContext;
-use sluice_common::{Ct6Key, Svc6Key, IPPROTO_TCP, IPPROTO_UDP};
+use sluice_common::{Ct6Key, Svc6Key, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 
 use crate::{
     error::Error,
-    flow::{ensure, read},
+    flow::{ensure, opens, read},
     headers::{
-        Frag6Hdr, Ipv6Hdr, TcpHdr, UdpHdr, ETH_LEN, FRAG6_LEN, IP6_OFFSET, IPPROTO_ICMPV6,
+        Frag6Hdr, Ipv6Hdr, SctpHdr, TcpHdr, UdpHdr, ETH_LEN, FRAG6_LEN, IP6_OFFSET, IPPROTO_ICMPV6,
         IPV6_LEN, NEXTHDR_AUTH, NEXTHDR_DEST, NEXTHDR_FRAGMENT, NEXTHDR_HIP, NEXTHDR_HOP,
-        NEXTHDR_MOBILITY, NEXTHDR_ROUTING, NEXTHDR_SHIM6, TCP_ACK, TCP_LEN, TCP_SYN, UDP_LEN,
+        NEXTHDR_MOBILITY, NEXTHDR_ROUTING, NEXTHDR_SHIM6, SCTP_LEN, TCP_LEN, UDP_LEN,
     },
 };
 
 /// Offset of the L4 header of every packet the IPv6 path handles.
 pub const L4_OFF6: usize = ETH_LEN + IPV6_LEN;
 
-/// An IPv6 TCP or UDP packet, addresses in network order, ports host order.
+/// An IPv6 TCP, UDP or SCTP packet, addresses in network order, ports host order.
 /// It lives in the per-CPU `Scratch6` (with the keys built from it), not
 /// on the stack: the IPv6 path runs on what the IPv4 path's frame leaves
 /// of the 512-byte stack.
@@ -33,7 +34,8 @@ pub struct Flow6 {
     pub sport: u16,
     pub dport: u16,
     pub proto: u8,
-    /// TCP flags byte; 0 for UDP (and for a later fragment).
+    /// TCP flags byte; for SCTP the type of the first chunk; 0 for UDP
+    /// (and for a later fragment).
     pub tcp_flags: u8,
     /// `FRAG_NONE`, or a fragment header follows the fixed header:
     /// `FRAG_FIRST` (offset 0, the L4 header after it) or `FRAG_LATER`
@@ -54,7 +56,7 @@ pub const FRAG_LATER: u8 = 2;
 
 /// What `Flow6::parse` found.
 pub enum Parsed6 {
-    /// A TCP/UDP packet, now in the `Flow6`.
+    /// A TCP/UDP/SCTP packet, now in the `Flow6`.
     Flow,
     /// Another extension header follows the fixed header: not balanced.
     ExtHeader,
@@ -84,7 +86,7 @@ impl Flow6 {
         }
         let mut proto = ip.next_header;
         match proto {
-            IPPROTO_TCP | IPPROTO_UDP | NEXTHDR_FRAGMENT => {}
+            IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP | NEXTHDR_FRAGMENT => {}
             NEXTHDR_HOP | NEXTHDR_ROUTING | NEXTHDR_AUTH | NEXTHDR_DEST | NEXTHDR_MOBILITY
             | NEXTHDR_HIP | NEXTHDR_SHIM6 => return Ok(Parsed6::ExtHeader),
             IPPROTO_ICMPV6 => return Ok(Parsed6::Icmp),
@@ -127,6 +129,14 @@ impl Flow6 {
             self.sport = u16::from_be_bytes(tcp.sport);
             self.dport = u16::from_be_bytes(tcp.dport);
             self.tcp_flags = tcp.flags;
+        } else if proto == IPPROTO_SCTP {
+            if !ensure(ctx, l4_off + SCTP_LEN) {
+                return Err(Error::Truncated);
+            }
+            let sctp = read::<SctpHdr>(ctx, l4_off).ok_or(Error::Truncated)?;
+            self.sport = u16::from_be_bytes(sctp.sport);
+            self.dport = u16::from_be_bytes(sctp.dport);
+            self.tcp_flags = sctp.chunk_type;
         } else {
             if !ensure(ctx, l4_off + UDP_LEN) {
                 return Err(Error::Truncated);
@@ -178,10 +188,10 @@ impl Flow6 {
         key._pad = [0; 2];
     }
 
-    /// A TCP SYN without ACK: the first packet of a new connection.
+    /// A TCP SYN without ACK, or an SCTP INIT (see `flow::opens`).
     #[inline(always)]
     pub fn is_syn(&self) -> bool {
-        self.proto == IPPROTO_TCP && self.tcp_flags & TCP_SYN != 0 && self.tcp_flags & TCP_ACK == 0
+        opens(self.proto, self.tcp_flags)
     }
 
     #[inline(always)]

@@ -8,6 +8,8 @@ pub const IPV4_LEN: usize = 20;
 pub const IPV6_LEN: usize = 40;
 pub const TCP_LEN: usize = 20;
 pub const UDP_LEN: usize = 8;
+/// The SCTP common header (12 bytes) and the first chunk's header (4).
+pub const SCTP_LEN: usize = 16;
 
 /// `frag_off` bits: more-fragments flag and offset mask.
 pub const IP_MF_OFFSET: u16 = 0x3fff;
@@ -24,6 +26,12 @@ pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
+
+/// SCTP chunk types the conntrack follows (RFC 9260 3.2): an INIT opens
+/// an association, an ABORT or a SHUTDOWN COMPLETE ends it.
+pub const SCTP_INIT: u8 = 1;
+pub const SCTP_ABORT: u8 = 6;
+pub const SCTP_SHUTDOWN_COMPLETE: u8 = 14;
 
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_ICMPV6: u8 = 58;
@@ -108,9 +116,24 @@ pub struct UdpHdr {
     pub check: [u8; 2],
 }
 
+/// The SCTP common header and the header of the packet's first chunk.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SctpHdr {
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+    pub vtag: [u8; 4],
+    /// CRC32c, stored little-endian (as Linux writes it).
+    pub check: [u8; 4],
+    pub chunk_type: u8,
+    pub chunk_flags: u8,
+    pub chunk_len: [u8; 2],
+}
+
 const _: () = assert!(core::mem::size_of::<EthHdr>() == ETH_LEN);
 const _: () = assert!(core::mem::size_of::<Ipv4Hdr>() == IPV4_LEN);
 const _: () = assert!(core::mem::size_of::<Ipv6Hdr>() == IPV6_LEN);
 const _: () = assert!(core::mem::size_of::<Frag6Hdr>() == FRAG6_LEN);
 const _: () = assert!(core::mem::size_of::<TcpHdr>() == TCP_LEN);
 const _: () = assert!(core::mem::size_of::<UdpHdr>() == UDP_LEN);
+const _: () = assert!(core::mem::size_of::<SctpHdr>() == SCTP_LEN);

@@ -21,7 +21,9 @@
 //! Not handled: errors generated on the client's side about replies.
 
 use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
-use sluice_common::{conntrack::CT_F_SNAT, Ct4Key, CtKind, Stat, IPPROTO_TCP, IPPROTO_UDP};
+use sluice_common::{
+    conntrack::CT_F_SNAT, Ct4Key, CtKind, Stat, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP,
+};
 
 use crate::{
     checksum::{adjust, words4},
@@ -56,14 +58,15 @@ pub fn egress(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Verdict, Error> {
     }
     let inner_off = l4_off + 8;
     let inner = header::<Ipv4Hdr>(ctx, inner_off)?;
-    if inner.proto != IPPROTO_TCP && inner.proto != IPPROTO_UDP {
+    if inner.proto != IPPROTO_TCP && inner.proto != IPPROTO_UDP && inner.proto != IPPROTO_SCTP {
         return Ok(Verdict::Next);
     }
     let inner_l4 = inner_off + ((inner.vihl & 0x0f) as usize) * 4;
     if inner_l4 > inner_off + 60 || inner.vihl & 0x0f < 5 {
         return Ok(Verdict::Next);
     }
-    // The first 8 bytes of TCP and UDP hold the ports alike.
+    // The first 8 bytes of TCP, UDP and SCTP hold the ports alike. (The
+    // quoted L4 checksum is left as it is, as for TCP and UDP here.)
     let ports = header::<UdpHdr>(ctx, inner_l4)?;
     let (sport, dport) = (
         u16::from_be_bytes(ports.sport),

@@ -25,7 +25,7 @@ use aya_ebpf::{
     helpers::{bpf_csum_diff, bpf_skb_load_bytes},
     programs::TcContext,
 };
-use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat, IPPROTO_TCP, IPPROTO_UDP};
+use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 
 use crate::{
     checksum::{adjust, sum_addr6, words4},
@@ -68,10 +68,10 @@ fn try_egress(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     }
     // Loaded with the helper: the quote may lie beyond the linear part.
     let inner: Ipv6Hdr = ctx.load(INNER).map_err(|_| Error::Truncated)?;
-    if inner.next_header != IPPROTO_TCP && inner.next_header != IPPROTO_UDP {
+    if !matches!(inner.next_header, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP) {
         return Ok(Verdict::Next);
     }
-    // The first 4 bytes of TCP and UDP are the ports alike.
+    // The first 4 bytes of TCP, UDP and SCTP are the ports alike.
     let ports: [u8; 4] = ctx.load(INNER_L4).map_err(|_| Error::Truncated)?;
     let sport = u16::from_be_bytes([ports[0], ports[1]]);
     let dport = u16::from_be_bytes([ports[2], ports[3]]);

@@ -17,7 +17,8 @@
 //!
 //! The TC programs are thin: they pick the family's `handle` function,
 //! which turns its typed result into a verdict, counting every error by
-//! reason (`error::settle`). See
+//! reason (`error::settle`), and settle an SCTP packet's CRC32c after its
+//! ports were rewritten (`sctp::fix`). See
 //! `docs/architecture.md` for the walk of one packet.
 #![no_std]
 #![no_main]
@@ -42,6 +43,7 @@ mod nat;
 mod nat6;
 mod reject;
 mod reject6;
+mod sctp;
 mod select;
 mod snat;
 mod snat6;
@@ -71,10 +73,12 @@ pub fn sl_ingress(ctx: TcContext) -> i32 {
     if flow::ether_type(&ctx) == Some(ETH_P_IPV6) {
         return jump(&ctx, PROG_INGRESS6);
     }
-    match ingress::handle(&ctx) {
+    let sctp = sctp::ports(ctx.skb.skb);
+    let code = match ingress::handle(&ctx) {
         Ok(Verdict::HandOver) => hand_over(&ctx, HANDOVER_INGRESS),
         other => settle(other).code(),
-    }
+    };
+    sctp::defer(&ctx, sctp, code, PROG_INGRESS6)
 }
 
 #[classifier]
@@ -82,22 +86,35 @@ pub fn sl_egress(ctx: TcContext) -> i32 {
     if flow::ether_type(&ctx) == Some(ETH_P_IPV6) {
         return jump(&ctx, PROG_EGRESS6);
     }
-    match egress::handle(&ctx) {
+    let sctp = sctp::ports(ctx.skb.skb);
+    let code = match egress::handle(&ctx) {
         Ok(Verdict::HandOver) => hand_over(&ctx, HANDOVER_EGRESS),
         other => settle(other).code(),
-    }
+    };
+    sctp::defer(&ctx, sctp, code, PROG_EGRESS6)
 }
 
-/// Entered only by tail call from `sl_ingress` (never attached).
+/// Entered only by tail call from `sl_ingress` (never attached): an IPv6
+/// frame, or an IPv4 SCTP packet whose checksum is to be settled
+/// (`sctp::defer`).
 #[classifier]
 pub fn sl_ingress6(ctx: TcContext) -> i32 {
-    ingress6::handle(ctx.skb.skb).code()
+    if let Some(code) = sctp::deferred(ctx.skb.skb) {
+        return code;
+    }
+    let sctp = sctp::ports(ctx.skb.skb);
+    sctp::fix(ctx.skb.skb, sctp, ingress6::handle(ctx.skb.skb).code())
 }
 
-/// Entered only by tail call from `sl_egress` (never attached).
+/// Entered only by tail call from `sl_egress` (never attached), as
+/// `sl_ingress6` is.
 #[classifier]
 pub fn sl_egress6(ctx: TcContext) -> i32 {
-    egress6::handle(ctx.skb.skb).code()
+    if let Some(code) = sctp::deferred(ctx.skb.skb) {
+        return code;
+    }
+    let sctp = sctp::ports(ctx.skb.skb);
+    sctp::fix(ctx.skb.skb, sctp, egress6::handle(ctx.skb.skb).code())
 }
 
 /// Tail-calls the IPv6 half at `index`. Returns only if the slot is empty
@@ -113,6 +130,7 @@ fn hand_over(ctx: &TcContext, index: u32) -> i32 {
 
 #[inline(always)]
 fn jump(ctx: &TcContext, index: u32) -> i32 {
+    sctp::not_deferred(ctx.skb.skb);
     // SAFETY: the target is a TC program over the same context; on
     // success control never comes back here.
     unsafe { PROGS.tail_call(ctx, index) };

@@ -3,17 +3,19 @@
 //! The L4 checksum covers the pseudo header, so an address change updates
 //! it with `BPF_F_PSEUDO_HDR`; the kernel helpers also keep a
 //! `CHECKSUM_PARTIAL` skb (veth with TX offload) consistent. A UDP
-//! checksum of 0 means "none" and stays 0 (`BPF_F_MARK_MANGLED_0`).
+//! checksum of 0 means "none" and stays 0 (`BPF_F_MARK_MANGLED_0`). SCTP's
+//! CRC32c covers no pseudo header: an address change leaves it alone, a
+//! port change updates it (`sctp::fix`, on the way out).
 //!
 //! A non-first fragment (`Flow4::later`) has no L4 header: only its
 //! addresses and the IP header checksum change; the L4 checksum, in the
 //! first fragment, was updated for the whole datagram there.
 
 use aya_ebpf::{
-    bindings::{__sk_buff, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    bindings::{__sk_buff, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_F_RECOMPUTE_CSUM},
     programs::TcContext,
 };
-use sluice_common::IPPROTO_TCP;
+use sluice_common::{IPPROTO_SCTP, IPPROTO_TCP};
 
 use crate::{error::Error, flow::Flow4, headers::ETH_LEN};
 
@@ -55,6 +57,7 @@ pub fn rewrite_skb(
         Side::Src => (IP_SRC_OFF, flow.l4_off, flow.src, flow.sport),
         Side::Dst => (IP_DST_OFF, flow.l4_off + 2, flow.dst, flow.dport),
     };
+    let sctp = flow.proto == IPPROTO_SCTP;
     let (csum_off, mangled) = if flow.proto == IPPROTO_TCP {
         (flow.l4_off + 16, 0)
     } else {
@@ -63,7 +66,7 @@ pub fn rewrite_skb(
     if old_addr != addr {
         let from = u32::from_ne_bytes(old_addr) as u64;
         let to = u32::from_ne_bytes(addr) as u64;
-        if !flow.later {
+        if !flow.later && !sctp {
             ctx.l4_csum_replace(csum_off, from, to, BPF_F_PSEUDO_HDR as u64 | mangled | 4)
                 .map_err(|_| Error::Nat)?;
         }
@@ -72,6 +75,13 @@ pub fn rewrite_skb(
         ctx.store(addr_off, &addr, 0).map_err(|_| Error::Nat)?;
     }
     if old_port != port && !flow.later {
+        if sctp {
+            // The CRC32c is settled on the way out (`sctp::fix`); the sum
+            // of a `CHECKSUM_COMPLETE` skb is recomputed.
+            return ctx
+                .store(port_off, &port.to_be(), BPF_F_RECOMPUTE_CSUM as u64)
+                .map_err(|_| Error::Nat);
+        }
         let from = old_port.to_be() as u64;
         let to = port.to_be() as u64;
         ctx.l4_csum_replace(csum_off, from, to, mangled | 2)

@@ -6,14 +6,18 @@
 //! a `CHECKSUM_PARTIAL` skb consistent). UDP differs from IPv4: a zero
 //! checksum is invalid in IPv6 (RFC 8200 8.1), so it is always updated
 //! (no `BPF_F_MARK_MANGLED_0`, which would skip a zero field), and a
-//! result of zero is written as 0xffff, its one's-complement twin.
+//! result of zero is written as 0xffff, its one's-complement twin. SCTP's
+//! CRC32c covers no pseudo header: an address change leaves it alone (the
+//! store then recomputes a `CHECKSUM_COMPLETE` skb's sum, which no L4
+//! checksum change makes up for), a port change updates it (`sctp::fix`,
+//! on the way out).
 
 use aya_ebpf::{
-    bindings::{__sk_buff, BPF_F_PSEUDO_HDR},
+    bindings::{__sk_buff, BPF_F_PSEUDO_HDR, BPF_F_RECOMPUTE_CSUM},
     helpers::bpf_csum_diff,
     programs::TcContext,
 };
-use sluice_common::IPPROTO_UDP;
+use sluice_common::{IPPROTO_SCTP, IPPROTO_UDP};
 
 use crate::{
     error::Error,
@@ -58,10 +62,22 @@ pub fn rewrite(
         Side::Src => (IP6_SRC_OFF, l4_off, flow.sport),
         Side::Dst => (IP6_DST_OFF, l4_off + 2, flow.dport),
     };
-    let mut old = match side {
-        Side::Src => flow.src,
-        Side::Dst => flow.dst,
-    };
+    if flow.proto == IPPROTO_SCTP {
+        // No checksum here: the CRC32c is settled on the way out
+        // (`sctp::fix`); the sum of a `CHECKSUM_COMPLETE` skb is recomputed.
+        let new = *addr;
+        let recompute = BPF_F_RECOMPUTE_CSUM as u64;
+        if !same_addr(&old_addr(flow, side), &new) {
+            ctx.store(addr_off, &new, recompute)
+                .map_err(|_| Error::Nat)?;
+        }
+        if old_port != port {
+            ctx.store(port_off, &port.to_be(), recompute)
+                .map_err(|_| Error::Nat)?;
+        }
+        return Ok(());
+    }
+    let mut old = old_addr(flow, side);
     let mut new = *addr;
     let udp = flow.proto == IPPROTO_UDP;
     let csum_off = if udp { l4_off + 6 } else { l4_off + 16 };
@@ -98,4 +114,13 @@ pub fn rewrite(
         }
     }
     Ok(())
+}
+
+/// The address `side` of the packet had before the rewrite.
+#[inline(always)]
+fn old_addr(flow: &Flow6, side: Side) -> [u8; 16] {
+    match side {
+        Side::Src => flow.src,
+        Side::Dst => flow.dst,
+    }
 }

@@ -161,7 +161,8 @@ pub fn tcp_reset(skb: *mut __sk_buff, flow: &Flow4) -> Result<Verdict, Error> {
     send_back(ctx, out, RST_LEN)
 }
 
-/// Answers a UDP datagram with ICMP destination/port unreachable (a
+/// Answers a UDP datagram or an SCTP packet with ICMP destination/port
+/// unreachable (a
 /// separate BPF function, like `tcp_reset`).
 #[inline(never)]
 pub fn icmp_port_unreachable(skb: *mut __sk_buff, flow: &Flow4) -> Result<Verdict, Error> {

@@ -125,8 +125,9 @@ fn try_tcp_reset(skb: *mut __sk_buff, flow: &Flow6) -> Result<Verdict, Error> {
     send_back(ctx, out, RST6_LEN)
 }
 
-/// Answers a UDP datagram with ICMPv6 port unreachable, quoting its IPv6
-/// and UDP headers (the client's stack finds its socket by them).
+/// Answers a UDP datagram or an SCTP packet with ICMPv6 port unreachable,
+/// quoting its IPv6 header and the first 8 bytes of its L4 header (the
+/// client's stack finds its socket by them).
 #[inline(never)]
 pub fn port_unreachable(skb: *mut __sk_buff, flow: &Flow6) -> Verdict {
     settle(try_port_unreachable(skb, flow))
@@ -135,7 +136,7 @@ pub fn port_unreachable(skb: *mut __sk_buff, flow: &Flow6) -> Verdict {
 #[inline(always)]
 fn try_port_unreachable(skb: *mut __sk_buff, flow: &Flow6) -> Result<Verdict, Error> {
     let ctx = &TcContext::new(skb);
-    if flow.proto != IPPROTO_UDP {
+    if flow.proto == IPPROTO_TCP {
         return Ok(Verdict::Drop);
     }
     let eth = header::<EthHdr>(ctx, 0)?;

@@ -5,7 +5,7 @@
 
 use sluice_common::{
     service::{SVC_F_DROP_EMPTY, SVC_F_SNAT},
-    AffinityValue, Backend, BackendState, SvcValue, IPPROTO_TCP, IPPROTO_UDP,
+    AffinityValue, Backend, BackendState, SvcValue, IPPROTO_TCP,
 };
 
 use crate::{
@@ -77,8 +77,10 @@ pub fn judge<P: Packet>(
         }
         // The backend was removed, or the frontend now belongs to another
         // service: a new connection or a UDP packet gets a fresh pick, an
-        // established TCP connection is reset.
-        _ if flow.is_syn() || flow.proto() == IPPROTO_UDP => Tracked::Reselect,
+        // established TCP connection is reset. An SCTP packet gets a fresh
+        // pick too: the new backend answers a packet of an association it
+        // does not know with an ABORT (RFC 9260 8.4), SCTP's reset.
+        _ if flow.is_syn() || flow.proto() != IPPROTO_TCP => Tracked::Reselect,
         _ => Tracked::Reset,
     }
 }
