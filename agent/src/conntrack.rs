@@ -21,7 +21,7 @@ use aya::{
 use sluice_common::{
     conntrack::{timeouts, CT_F_SEEN_REPLY},
     maps as names, AffinityValue, Backend, Ct4Key, Ct6Key, CtEntry, CtKind, SockEntry, SockRevKey,
-    IPPROTO_TCP,
+    IPPROTO_SCTP, IPPROTO_TCP,
 };
 
 use crate::datapath::{DatapathError, Maps};
@@ -64,12 +64,15 @@ impl CtKey for Ct6Key {
 
 /// How long an entry may stay idle.
 pub fn timeout<K: CtKey>(key: &K, entry: &CtEntry) -> Duration {
-    let secs = if key.proto() != IPPROTO_TCP {
+    let proto = key.proto();
+    let secs = if proto != IPPROTO_TCP && proto != IPPROTO_SCTP {
         timeouts::UDP_S
     } else if entry.is_closing() {
         timeouts::TCP_CLOSING_S
     } else if entry.flags & CT_F_SEEN_REPLY == 0 {
         timeouts::TCP_SYN_S
+    } else if proto == IPPROTO_SCTP {
+        timeouts::SCTP_ESTABLISHED_S
     } else {
         timeouts::TCP_ESTABLISHED_S
     };
@@ -217,7 +220,7 @@ pub fn scan<K: CtKey>(
 
 #[cfg(test)]
 mod tests {
-    use sluice_common::conntrack::{CT_F_RST, CT_F_RX_CLOSING, CT_F_TX_CLOSING};
+    use sluice_common::conntrack::{CT_F_RST, CT_F_RX_CLOSING, CT_F_SYN, CT_F_TX_CLOSING};
 
     use super::*;
 
@@ -322,6 +325,38 @@ mod tests {
             (101 + timeouts::UDP_S) * S,
         );
         assert_eq!(s.stale.len(), 2);
+    }
+
+    #[test]
+    fn sctp_follows_its_association() {
+        let backends = HashMap::from([(5, backend(1))]);
+        let at = |flags: u8, idle_s: u64| {
+            scan(
+                &flow(IPPROTO_SCTP, 5, flags, 100 * S),
+                &backends,
+                (100 + idle_s) * S,
+            )
+        };
+        // Established (the backend answered): live until its timeout.
+        let s = at(CT_F_SEEN_REPLY, timeouts::SCTP_ESTABLISHED_S);
+        assert_eq!((s.flows.get(&5), s.stale.len()), (Some(&1), 0));
+        assert_eq!(
+            at(CT_F_SEEN_REPLY, timeouts::SCTP_ESTABLISHED_S + 1)
+                .stale
+                .len(),
+            2
+        );
+        // An INIT nobody answered: the SYN timeout.
+        assert_eq!(at(CT_F_SYN, timeouts::TCP_SYN_S + 1).stale.len(), 2);
+        // ABORT or SHUTDOWN COMPLETE (CT_F_RST): no longer live, gone soon.
+        let s = at(CT_F_SEEN_REPLY | CT_F_RST, 1);
+        assert!(s.flows.is_empty() && s.stale.is_empty());
+        assert_eq!(
+            at(CT_F_SEEN_REPLY | CT_F_RST, timeouts::TCP_CLOSING_S + 1)
+                .stale
+                .len(),
+            2
+        );
     }
 
     /// The IPv6 twin of `flow`: client [fd00:10::2]:40000 -> [fd00:96::1]:80.

@@ -14,6 +14,7 @@ pub use sluice_common::{BackendState, FrontendKind};
 pub enum Proto {
     Tcp,
     Udp,
+    Sctp,
 }
 
 impl Proto {
@@ -22,6 +23,7 @@ impl Proto {
         match self {
             Proto::Tcp => sluice_common::IPPROTO_TCP,
             Proto::Udp => sluice_common::IPPROTO_UDP,
+            Proto::Sctp => sluice_common::IPPROTO_SCTP,
         }
     }
 
@@ -29,6 +31,7 @@ impl Proto {
         match n {
             sluice_common::IPPROTO_TCP => Some(Proto::Tcp),
             sluice_common::IPPROTO_UDP => Some(Proto::Udp),
+            sluice_common::IPPROTO_SCTP => Some(Proto::Sctp),
             _ => None,
         }
     }
@@ -38,6 +41,7 @@ impl Proto {
         match self {
             Proto::Tcp => "TCP",
             Proto::Udp => "UDP",
+            Proto::Sctp => "SCTP",
         }
     }
 }

@@ -220,9 +220,10 @@ fn bad_manifests_are_reported_and_do_not_disturb_good_services() -> Result<()> {
         "bad-svc.yaml",
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: bad\n  namespace: default\nspec:\n  clusterIP: 10.96.0.999\n  ports:\n  - port: 80\n",
     )?;
+    // A protocol the API would refuse (SCTP is served since issue 13).
     dir.write(
-        "sctp-svc.yaml",
-        "apiVersion: v1\nkind: Service\nmetadata:\n  name: sctp\n  namespace: default\nspec:\n  clusterIP: 10.96.0.61\n  ports:\n  - port: 80\n    protocol: SCTP\n",
+        "quic-svc.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: quic\n  namespace: default\nspec:\n  clusterIP: 10.96.0.61\n  ports:\n  - port: 80\n    protocol: QUIC\n",
     )?;
     let mut agent = Agent::start(&topo, &format!("dir:{}", dir.path().display()), &[])?;
     agent.wait_ready(READY_TIMEOUT)?;

@@ -166,6 +166,7 @@ fn parse_proto(p: Option<&str>) -> Result<Proto, &str> {
     match p {
         None | Some("TCP") => Ok(Proto::Tcp),
         Some("UDP") => Ok(Proto::Udp),
+        Some("SCTP") => Ok(Proto::Sctp),
         Some(other) => Err(other),
     }
 }
@@ -843,8 +844,6 @@ impl SliceInfo {
             let name = p.name.clone().unwrap_or_default();
             let proto = match parse_proto(p.protocol.as_deref()) {
                 Ok(proto) => proto,
-                // The service port reports SCTP; nothing to match here.
-                Err("SCTP") => continue,
                 Err(other) => {
                     problems.push(
                         ProblemReason::UnsupportedProtocol,
@@ -1283,8 +1282,15 @@ mod tests {
             .iter()
             .map(|p| (p.name.as_str(), p.proto))
             .collect();
-        assert_eq!(kept, vec![("dns", Proto::Udp), ("dns-tcp", Proto::Tcp)]);
-        assert_eq!(info.problems.len(), 2);
+        assert_eq!(
+            kept,
+            vec![
+                ("dns", Proto::Udp),
+                ("dns-tcp", Proto::Tcp),
+                ("sig", Proto::Sctp)
+            ]
+        );
+        assert_eq!(info.problems.len(), 1);
         assert!(info
             .problems
             .iter()
@@ -1497,7 +1503,7 @@ mod tests {
                 slice_port("zero", "TCP", 0),
                 slice_port("big", "TCP", 70000),
                 slice_port_none("all"),
-                slice_port("", "SCTP", 9),
+                slice_port("", "QUIC", 9),
             ],
             vec![
                 ep("10.0.0.1"),
@@ -1515,6 +1521,7 @@ mod tests {
             vec![
                 ProblemReason::InvalidPort,
                 ProblemReason::InvalidPort,
+                ProblemReason::UnsupportedProtocol,
                 ProblemReason::MissingField,
                 ProblemReason::InvalidAddress,
                 ProblemReason::InvalidAddress,

@@ -10,7 +10,7 @@ pub enum ProblemReason {
     InvalidAddress,
     /// A port number outside 1..=65535.
     InvalidPort,
-    /// A protocol other than TCP and UDP (SCTP, or an unknown spelling).
+    /// A protocol other than TCP, UDP and SCTP (an unknown spelling).
     UnsupportedProtocol,
     /// A field the object cannot be used without.
     MissingField,

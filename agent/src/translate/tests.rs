@@ -249,21 +249,48 @@ fn tcp_udp_sctp() {
         vec![ep("10.0.0.1")],
     );
     let t = run(&[svc], &[slice]);
+    // SCTP is served like TCP and UDP (kube-proxy serves it too).
     assert_eq!(
         t.desired.services.keys().cloned().collect::<Vec<_>>(),
         vec![
             spn("dns", "dns", Proto::Udp),
-            spn("dns", "dns-tcp", Proto::Tcp)
+            spn("dns", "dns-tcp", Proto::Tcp),
+            spn("dns", "sig", Proto::Sctp)
         ]
     );
     let f = frontend(&t, &spn("dns", "dns", Proto::Udp), "10.96.0.53:53/UDP");
     assert_eq!(backends(f), vec!["10.0.0.1:5353=active"]);
     let f = frontend(&t, &spn("dns", "dns-tcp", Proto::Tcp), "10.96.0.53:53/TCP");
     assert_eq!(backends(f), vec!["10.0.0.1:5354=active"]);
+    let f = frontend(&t, &spn("dns", "sig", Proto::Sctp), "10.96.0.53:3868/SCTP");
+    assert_eq!(backends(f), vec!["10.0.0.1:3868=active"]);
+    assert!(reasons(&t).is_empty(), "{:?}", reasons(&t));
+}
+
+#[test]
+fn an_unknown_protocol_is_reported_and_skipped() {
+    let svc = mk_service(
+        "default",
+        "odd",
+        "10.96.0.54",
+        &[port("dns", "UDP", 53), port("quic", "QUIC", 443)],
+    );
+    let slice = mk_slice(
+        "default",
+        "odd-1",
+        "odd",
+        &[slice_port("dns", "UDP", 5353)],
+        vec![ep("10.0.0.1")],
+    );
+    let t = run(&[svc], &[slice]);
+    assert_eq!(
+        t.desired.services.keys().cloned().collect::<Vec<_>>(),
+        vec![spn("odd", "dns", Proto::Udp)]
+    );
     assert_eq!(
         reasons(&t),
         vec![(
-            "Service default/dns".into(),
+            "Service default/odd".into(),
             ProblemReason::UnsupportedProtocol
         )]
     );
