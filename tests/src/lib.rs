@@ -1,7 +1,7 @@
 //! Test support for sluice, used by every integration test and by the demo:
 //! network namespaces as the node and its pods ([`netns`], [`topology`]),
 //! small servers and clients that run inside them ([`servers`],
-//! [`clients`]), and cleanup of what a killed test run left behind
+//! [`clients`], and crafted SCTP over raw sockets: [`sctp`]), and cleanup of what a killed test run left behind
 //! ([`sweep`]), and the benchmark behind `cargo xtask bench` ([`bench`]).
 //!
 //! All traffic stays inside namespaces this crate creates; nothing touches
@@ -17,6 +17,7 @@ pub mod clients;
 pub mod host;
 pub mod lb;
 pub mod netns;
+pub mod sctp;
 pub mod servers;
 pub mod sweep;
 pub mod topology;
