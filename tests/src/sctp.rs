@@ -37,6 +37,7 @@ pub const IPPROTO_SCTP: i32 = 132;
 /// Chunk types.
 pub const INIT: u8 = 1;
 pub const INIT_ACK: u8 = 2;
+pub const ABORT: u8 = 6;
 
 /// CRC32c (Castagnoli, reflected), computed bit by bit.
 pub fn crc32c(data: &[u8]) -> u32 {
@@ -119,6 +120,8 @@ pub struct Received {
     pub dst: Option<IpAddr>,
     pub packet: Packet,
     pub crc_ok: bool,
+    /// The checksum field as received (little-endian CRC32c).
+    pub checksum: u32,
 }
 
 /// A raw SCTP socket of the family of `v6`, in the calling thread's netns.
@@ -158,6 +161,7 @@ fn receive(sock: &UdpSocket, v6: bool) -> std::io::Result<Option<Received>> {
         dst,
         packet,
         crc_ok,
+        checksum: u32::from_le_bytes([payload[8], payload[9], payload[10], payload[11]]),
     }))
 }
 
@@ -284,4 +288,18 @@ pub fn init_exchange(
         Ok(answers)
     })?
     .context("SCTP INIT exchange")
+}
+
+/// Sends raw SCTP packets (wire form, checksum as given) to `to` from
+/// inside `ns`.
+pub fn send_raw(ns: &Netns, to: IpAddr, packets: &[Vec<u8>]) -> Result<()> {
+    let packets = packets.to_vec();
+    ns.run(move || -> std::io::Result<()> {
+        let sock = raw_socket(to.is_ipv6())?;
+        for p in &packets {
+            sock.send_to(p, SocketAddr::new(to, 0))?;
+        }
+        Ok(())
+    })?
+    .context("sending raw SCTP")
 }

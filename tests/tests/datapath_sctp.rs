@@ -6,8 +6,10 @@
 //! differs from the target port (so the CRC32c must follow both rewrites)
 //! spread over two backends; a NodePort with externalTrafficPolicy Cluster
 //! from a host outside the node (SNAT to the node, port and address
-//! rewritten both ways); and, through the real agent, one Service with a
-//! TCP and an SCTP port on the same number, both served.
+//! rewritten both ways); the association's life in conntrack (INIT, reply,
+//! ABORT) and a zero checksum (CRC offload) left alone; and, through the
+//! real agent, one Service with a TCP and an SCTP port on the same number,
+//! both served.
 
 use std::{
     collections::BTreeMap,
@@ -17,12 +19,15 @@ use std::{
 
 use anyhow::{ensure, Result};
 use sluice::model::{BackendState, FrontendKind, Proto};
-use sluice_common::Stat;
+use sluice_common::{
+    conntrack::{CT_F_RST, CT_F_SEEN_REPLY, CT_F_SYN},
+    CtKind, Stat, IPPROTO_SCTP,
+};
 use sluice_tests::{
     agent::{Agent, ManifestDir},
     clients,
     lb::{frontend, service, Lb},
-    sctp::{init_exchange, Received, Responder, INIT},
+    sctp::{client_tag, init_exchange, send_raw, Packet, Received, Responder, ABORT, INIT},
     servers,
     topology::v6_of,
     Topology,
@@ -225,6 +230,101 @@ fn node_port(v6: bool) -> Result<()> {
         );
     }
     ensure!(lb.stat(Stat::SnatReply)? >= 10, "replies un-SNATed");
+    ensure!(lb.stat(Stat::NatFailed)? == 0 && lb.stat(Stat::TailCallFailed)? == 0);
+    Ok(())
+}
+
+both_families!(association: sctp_abort_closes_the_flow_and_a_zero_checksum_is_left_for_the_offload,
+    v6_sctp_abort_closes_the_flow_and_a_zero_checksum_is_left_for_the_offload);
+
+/// The flags of the forward conntrack entry of the SCTP flow from `sport`.
+fn forward_flags(lb: &Lb, v6: bool, sport: u16) -> Result<Option<u8>> {
+    let maps = lb.maps()?;
+    let fwd = CtKind::Forward as u8;
+    let found = if v6 {
+        sluice::conntrack::read_all6(&maps)?
+            .into_iter()
+            .find(|(k, e)| k.sport == sport && k.proto == IPPROTO_SCTP && e.kind == fwd)
+            .map(|(_, e)| e.flags)
+    } else {
+        sluice::conntrack::read_all(&maps)?
+            .into_iter()
+            .find(|(k, e)| k.sport == sport && k.proto == IPPROTO_SCTP && e.kind == fwd)
+            .map(|(_, e)| e.flags)
+    };
+    Ok(found)
+}
+
+fn association(v6: bool) -> Result<()> {
+    let topo = Topology::new(1, 1)?;
+    if v6 {
+        topo.wait_ipv6_ready()?;
+    }
+    let b = &topo.backends[0];
+    let responder = Responder::start(&b.ns, v6, TARGET, 1 << 24)?;
+    let mut lb = Lb::load(&topo)?;
+    let vip = ip(v6, VIP);
+    let fe = frontend(
+        FrontendKind::ClusterIp,
+        vip,
+        PORT,
+        Proto::Sctp,
+        &active(&[b.addr(v6)], TARGET),
+    );
+    lb.set(service("diameter", PORT, Proto::Sctp, vec![fe]));
+    let client = &topo.clients[0];
+    let at = SocketAddr::new(vip, PORT);
+
+    // INIT and INIT-ACK: an open association, answered.
+    let answers = init_exchange(&client.ns, at, &[41000], WAIT)?;
+    check_answers(&answers, &[41000], at)?;
+    let flags = forward_flags(&lb, v6, 41000)?.unwrap_or_default();
+    ensure!(
+        flags & (CT_F_SYN | CT_F_SEEN_REPLY) == CT_F_SYN | CT_F_SEEN_REPLY && flags & CT_F_RST == 0,
+        "after INIT/INIT-ACK: flags {flags:#x}"
+    );
+    // The client aborts: the flow is closed (no longer live for a drain).
+    let abort = Packet {
+        sport: 41000,
+        dport: PORT,
+        vtag: answers[&41000].packet.init_tag,
+        chunk: ABORT,
+        init_tag: 0,
+    };
+    send_raw(&client.ns, vip, &[abort.encode()])?;
+    // An INIT whose checksum field is 0, as Linux leaves it for CRC
+    // offload: rewritten, and its checksum left for the offload to fill.
+    let mut offloaded = Packet {
+        sport: 41001,
+        dport: PORT,
+        vtag: 0,
+        chunk: INIT,
+        init_tag: client_tag(41001),
+    }
+    .encode();
+    offloaded[8..12].fill(0);
+    send_raw(&client.ns, vip, &[offloaded])?;
+    std::thread::sleep(Duration::from_millis(300));
+
+    let flags = forward_flags(&lb, v6, 41000)?.unwrap_or_default();
+    ensure!(flags & CT_F_RST != 0, "after ABORT: flags {flags:#x}");
+    let seen = responder.seen();
+    let aborted = seen
+        .iter()
+        .find(|g| g.packet.chunk == ABORT)
+        .ok_or_else(|| anyhow::anyhow!("the ABORT did not reach the backend: {seen:?}"))?;
+    ensure!(
+        aborted.crc_ok && aborted.packet.dport == TARGET,
+        "ABORT at the backend: {aborted:?}"
+    );
+    let zero = seen
+        .iter()
+        .find(|g| g.packet.sport == 41001)
+        .ok_or_else(|| anyhow::anyhow!("the offloaded INIT did not reach the backend"))?;
+    ensure!(
+        zero.packet.dport == TARGET && zero.checksum == 0,
+        "an offloaded INIT keeps its zero checksum: {zero:?}"
+    );
     ensure!(lb.stat(Stat::NatFailed)? == 0 && lb.stat(Stat::TailCallFailed)? == 0);
     Ok(())
 }
