@@ -16,8 +16,10 @@
 //! product is computed with 16 multiplications in GF(2)[x]/P, one per bit
 //! of `n`, by the constants `x^(8 * 2^k)` (the "CRC shift" of zlib's
 //! `crc32_combine`), each a fixed 32-step loop, and no branch on data:
-//! bounded, and one path for the BPF verifier (about 4,000 instructions). Everything here works in the reflected bit order of CRC32c:
-//! bit 31 of a `u32` is the coefficient of `x^0`.
+//! bounded, and one path for the BPF verifier (a few thousand
+//! instructions, walked once per call site). Everything here works in the
+//! reflected bit order of CRC32c: bit 31 of a `u32` is the coefficient of
+//! `x^0`.
 
 /// The CRC32c polynomial, reflected.
 pub const POLY: u32 = 0x82f6_3b78;
