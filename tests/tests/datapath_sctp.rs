@@ -7,7 +7,9 @@
 //! spread over two backends; a NodePort with externalTrafficPolicy Cluster
 //! from a host outside the node (SNAT to the node, port and address
 //! rewritten both ways); the association's life in conntrack (INIT, reply,
-//! ABORT) and a zero checksum (CRC offload) left alone; and, through the
+//! ABORT) and a zero checksum (CRC offload) left alone; kube-proxy's
+//! `cluster-ips-check` (an unserved port refused, an unallocated service
+//! IP dropped); and, through the
 //! real agent, one Service with a TCP and an SCTP port on the same number,
 //! both served.
 
@@ -326,6 +328,66 @@ fn association(v6: bool) -> Result<()> {
         "an offloaded INIT keeps its zero checksum: {zero:?}"
     );
     ensure!(lb.stat(Stat::NatFailed)? == 0 && lb.stat(Stat::TailCallFailed)? == 0);
+    Ok(())
+}
+
+both_families!(unserved: sctp_to_an_unserved_port_is_refused_and_to_an_unallocated_ip_dropped,
+    v6_sctp_to_an_unserved_port_is_refused_and_to_an_unallocated_ip_dropped);
+
+/// kube-proxy's `cluster-ips-check` for SCTP: a new flow to a cluster IP on
+/// a port no service serves gets ICMP port unreachable, one to another
+/// address of the service CIDRs is dropped; the served port still works.
+fn unserved(v6: bool) -> Result<()> {
+    let topo = Topology::new(1, 1)?;
+    if v6 {
+        topo.wait_ipv6_ready()?;
+    }
+    let b = &topo.backends[0];
+    let responder = Responder::start(&b.ns, v6, TARGET, 1 << 24)?;
+    let mut lb = Lb::load(&topo)?;
+    let vip = ip(v6, VIP);
+    let fe = frontend(
+        FrontendKind::ClusterIp,
+        vip,
+        PORT,
+        Proto::Sctp,
+        &active(&[b.addr(v6)], TARGET),
+    );
+    lb.desired.service_cidrs.insert((
+        ip(v6, Ipv4Addr::new(10, 96, 0, 0)),
+        if v6 { 64 } else { 24 },
+    ));
+    lb.desired.cluster_ips.insert(vip);
+    let report = lb.set(service("diameter", PORT, Proto::Sctp, vec![fe]));
+    ensure!(report.errors.is_empty(), "{:?}", report.errors);
+    let client = &topo.clients[0];
+
+    let unserved = init_exchange(
+        &client.ns,
+        SocketAddr::new(vip, PORT + 1),
+        &[42000],
+        WAIT / 3,
+    )?;
+    ensure!(
+        unserved.is_empty(),
+        "an unserved port answered: {unserved:?}"
+    );
+    ensure!(lb.stat(Stat::UnservedPort)? >= 1, "refused as unserved");
+    let unallocated = ip(v6, Ipv4Addr::new(10, 96, 0, 133));
+    let dropped = init_exchange(
+        &client.ns,
+        SocketAddr::new(unallocated, PORT),
+        &[42001],
+        WAIT / 3,
+    )?;
+    ensure!(
+        dropped.is_empty(),
+        "an unallocated address answered: {dropped:?}"
+    );
+    ensure!(lb.stat(Stat::UnallocatedIp)? >= 1, "dropped as unallocated");
+    ensure!(inits(&responder).is_empty(), "neither reached the backend");
+    let served = init_exchange(&client.ns, SocketAddr::new(vip, PORT), &[42002], WAIT)?;
+    check_answers(&served, &[42002], SocketAddr::new(vip, PORT))?;
     Ok(())
 }
 
