@@ -108,6 +108,51 @@ fn from_node(topo: &Topology, addr: IpAddr, port: u16) -> Result<Vec<String>> {
     HostClient::once(topo, "tcp", &addr.to_string(), port)
 }
 
+/// One ICMP echo request from `ns` to `to` over a raw socket: the (type,
+/// code) of the first ICMP message from `to` within a second, if any.
+fn ping(ns: &Netns, to: Ipv4Addr) -> Result<Option<(u8, u8)>> {
+    ns.run(move || -> std::io::Result<Option<(u8, u8)>> {
+        use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+        let sock = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))?;
+        sock.set_read_timeout(Some(Duration::from_millis(200)))?;
+        // Echo request, id 0x5c1c, sequence 1, no payload.
+        let mut echo = [8u8, 0, 0, 0, 0x5c, 0x1c, 0, 1];
+        let sum = echo
+            .chunks(2)
+            .fold(0u32, |s, w| s + u32::from(u16::from_be_bytes([w[0], w[1]])));
+        let sum = !(((sum & 0xffff) + (sum >> 16)) as u16);
+        echo[2..4].copy_from_slice(&sum.to_be_bytes());
+        sock.send_to(&echo, &SockAddr::from(SocketAddr::from((to, 0))))?;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < deadline {
+            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 1500];
+            let n = match sock.recv(&mut buf) {
+                Ok(n) => n,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    continue
+                }
+                Err(e) => return Err(e),
+            };
+            // SAFETY: recv initialised the first n bytes.
+            let pkt: Vec<u8> = buf[..n]
+                .iter()
+                .map(|b| unsafe { b.assume_init() })
+                .collect();
+            let ihl = usize::from(pkt.first().copied().unwrap_or(0) & 0x0f) * 4;
+            if pkt.len() < ihl + 2 || pkt[12..16] != to.octets() {
+                continue;
+            }
+            let (kind, code) = (pkt[ihl], pkt[ihl + 1]);
+            if kind == 8 {
+                continue; // our own request, looped back on some setups
+            }
+            return Ok(Some((kind, code)));
+        }
+        Ok(None)
+    })?
+    .context("ping")
+}
+
 #[test]
 fn unserved_ports_are_rejected_and_unallocated_addresses_dropped_as_kube_proxy_does() -> Result<()>
 {
@@ -172,6 +217,23 @@ fn unserved_ports_are_rejected_and_unallocated_addresses_dropped_as_kube_proxy_d
         stat(&topo, Stat::UnallocatedIp)? > unallocated + 1,
         "unallocated_ip not counted for both families"
     );
+
+    // A ping (an ICMP query: a new flow in conntrack's eyes) to the cluster
+    // IP gets port unreachable from it, as nft's `reject`; one to a free
+    // address of the CIDRs gets nothing, and both are counted.
+    let (unserved, unallocated) = (
+        stat(&topo, Stat::UnservedPort)?,
+        stat(&topo, Stat::UnallocatedIp)?,
+    );
+    let got = ping(pod, VIP4)?;
+    ensure!(
+        got == Some((3, 3)),
+        "ping to the cluster IP: {got:?}, expected ICMP port unreachable (3, 3) from it"
+    );
+    let got = ping(pod, FREE4)?;
+    ensure!(got.is_none(), "ping to a free service IP answered: {got:?}");
+    ensure!(stat(&topo, Stat::UnservedPort)? > unserved);
+    ensure!(stat(&topo, Stat::UnallocatedIp)? > unallocated);
 
     // Outside the CIDRs: routed as before (nothing counted, the backend
     // pod itself answers).

@@ -19,6 +19,13 @@
 //! error is routed to the client as an SNAT reply is.
 //!
 //! Not handled: errors generated on the client's side about replies.
+//!
+//! Every other IPv4 packet that is not TCP, UDP or SCTP also arrives here
+//! (`ingress`): a query (ping, ...) or a packet of another protocol to a
+//! cluster IP is answered with ICMP port unreachable, and one to another
+//! address of the service CIDRs dropped, as kube-proxy's
+//! `cluster-ips-check` does for every new flow no service rule took
+//! (`cluster_ips_check`).
 
 use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
 use sluice_common::{
@@ -116,8 +123,73 @@ pub fn egress(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Verdict, Error> {
     Ok(Verdict::Next)
 }
 
-/// An IPv4 ICMP error arriving at the node: translated and sent on to the
-/// client when it is about an SNATed flow, otherwise passed. A separate
+/// ICMP types that open a flow in conntrack's eyes (echo, timestamp,
+/// information and address mask requests): the only ICMP packets
+/// kube-proxy's `ct state new` rules see.
+#[inline(always)]
+fn is_query(kind: u8) -> bool {
+    matches!(kind, 8 | 13 | 15 | 17)
+}
+
+/// kube-proxy's `cluster-ips-check` for an IPv4 packet that is not TCP,
+/// UDP or SCTP (`sl_ingress` calls it after `ingress` passed the packet):
+/// an ICMP query or a packet of another protocol to a cluster IP gets ICMP
+/// port unreachable (nft's `reject`), one to another address of the
+/// service CIDRs is dropped, anything else (ICMP errors and replies
+/// included: no new flows) passes. A later fragment has no header to
+/// quote: dropped where its first one was refused. A separate BPF
+/// function, beside `ingress` rather than under it (stack).
+#[inline(never)]
+pub fn cluster_ips_check(skb: *mut __sk_buff) -> Verdict {
+    settle(try_cluster_ips_check(skb))
+}
+
+#[inline(always)]
+fn try_cluster_ips_check(skb: *mut __sk_buff) -> Result<Verdict, Error> {
+    let ctx = &TcContext::new(skb);
+    let ip: Ipv4Hdr = ctx.load(ETH_LEN).map_err(|_| Error::Truncated)?;
+    let ihl = ((ip.vihl & 0x0f) as usize) * 4;
+    if ihl < IPV4_LEN {
+        return Ok(Verdict::Next);
+    }
+    let l4_off = ETH_LEN + ihl;
+    let first = u16::from_be_bytes(ip.frag_off) & IP_OFFSET == 0;
+    if ip.proto == IPPROTO_ICMP && first {
+        let kind: u8 = ctx.load(l4_off).map_err(|_| Error::Truncated)?;
+        if !is_query(kind) {
+            return Ok(Verdict::Next);
+        }
+    }
+    let kind = maps::svcnet_v4(u32::from_ne_bytes(ip.dst));
+    if kind == 0 {
+        return Ok(Verdict::Next);
+    }
+    if kind != sluice_common::maps::SVCNET_CLUSTER_IP {
+        count(Stat::UnallocatedIp);
+        return Ok(Verdict::Drop);
+    }
+    if !first {
+        count(Stat::FragmentDropped);
+        return Ok(Verdict::Drop);
+    }
+    count(Stat::UnservedPort);
+    let flow = crate::flow::Flow4 {
+        src: ip.src,
+        dst: ip.dst,
+        sport: 0,
+        dport: 0,
+        proto: ip.proto,
+        tcp_flags: 0,
+        l4_off,
+        later: false,
+    };
+    crate::reject::icmp_port_unreachable(skb, &flow)
+}
+
+/// An IPv4 packet that is not TCP, UDP or SCTP arriving at the node: an
+/// ICMP error is translated and sent on to the client when it is about an
+/// SNATed flow, otherwise passed; anything else meets the
+/// `cluster_ips_check`. A separate
 /// BPF function (its frame stays off `sl_ingress`'s, which the SNAT chain
 /// fills), returning a `Verdict` (see `error::settle`).
 #[inline(never)]
@@ -132,13 +204,13 @@ fn try_ingress(skb: *mut __sk_buff) -> Result<Verdict, Error> {
     // linear part.
     let ip: Ipv4Hdr = ctx.load(ETH_LEN).map_err(|_| Error::Truncated)?;
     let ihl = ((ip.vihl & 0x0f) as usize) * 4;
-    if ip.proto != IPPROTO_ICMP
-        || ihl < IPV4_LEN
-        || u16::from_be_bytes(ip.frag_off) & IP_MF_OFFSET != 0
-    {
+    if ihl < IPV4_LEN {
         return Ok(Verdict::Next);
     }
     let l4_off = ETH_LEN + ihl;
+    if ip.proto != IPPROTO_ICMP || u16::from_be_bytes(ip.frag_off) & IP_MF_OFFSET != 0 {
+        return Ok(Verdict::Next);
+    }
     // The end of the IP packet (the frame may carry padding).
     let end = ETH_LEN + u16::from_be_bytes(ip.tot_len) as usize;
     let kind: u8 = ctx.load(l4_off).map_err(|_| Error::Truncated)?;

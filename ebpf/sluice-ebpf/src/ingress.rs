@@ -66,7 +66,12 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         }
         // An ICMP error may be about an SNATed flow (`icmp::ingress`
         // checks the protocol: the header stays off this frame).
-        Parsed::OtherIpv4(_) => return Ok(icmp::ingress(ctx.skb.skb)),
+        Parsed::OtherIpv4(_) => {
+            return Ok(match icmp::ingress(ctx.skb.skb) {
+                Verdict::Next => icmp::cluster_ips_check(ctx.skb.skb),
+                done => done,
+            })
+        }
         Parsed::Other => return Ok(Verdict::Next),
     };
     let config = maps::config();
