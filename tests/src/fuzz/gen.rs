@@ -15,7 +15,7 @@ impl Rng {
         Self(seed ^ 0x9e37_79b9_7f4a_7c15 | 1)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
@@ -26,12 +26,12 @@ impl Rng {
 
     /// Uniform in `0..n` (`n` > 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        (self.next_u64() % n.max(1) as u64) as usize
     }
 
     /// True with probability `percent`/100.
     pub fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
+        self.next_u64() % 100 < percent
     }
 
     pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
@@ -39,7 +39,7 @@ impl Rng {
     }
 
     pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
+        (0..n).map(|_| self.next_u64() as u8).collect()
     }
 }
 
@@ -163,7 +163,7 @@ impl Generator {
             1 => self.rng.pick(&self.target.backends).1,
             2 => lo + (self.rng.below(usize::from(hi - lo) + 1) as u16),
             3 => *self.rng.pick(&[0, 1, 53, 80, 443, lo - 1, hi, lo]),
-            _ => self.rng.next() as u16,
+            _ => self.rng.next_u64() as u16,
         }
     }
 
@@ -175,7 +175,7 @@ impl Generator {
     pub fn generate(&mut self) -> Vec<Packet> {
         let family6 = self.rng.chance(40);
         let mut out = match self.rng.below(20) {
-            0..=5 => vec![self.to_frontend(family6)],
+            0..=5 => vec![self.towards_frontend(family6)],
             6..=8 => self.known_flow(),
             9..=10 => self.icmp_about_known(),
             11..=12 => self.fragment_train(family6),
@@ -201,7 +201,7 @@ impl Generator {
         }
     }
 
-    fn to_frontend(&mut self, family6: bool) -> Packet {
+    fn towards_frontend(&mut self, family6: bool) -> Packet {
         let fes: Vec<(IpAddr, u16, u8)> = self
             .target
             .frontends
@@ -237,7 +237,7 @@ impl Generator {
         } else {
             self.addr(family6)
         };
-        let sport = self.rng.next() as u16 | 1024;
+        let sport = self.rng.next_u64() as u16 | 1024;
         let data = self.ip_packet(src, dst, proto, sport, dport);
         self.packet(true, data, "to-frontend")
     }
@@ -247,7 +247,7 @@ impl Generator {
     fn known_flow(&mut self) -> Vec<Packet> {
         if self.known.is_empty() {
             let v6 = self.rng.chance(40);
-            return vec![self.to_frontend(v6)];
+            return vec![self.towards_frontend(v6)];
         }
         let k = self.rng.pick(&self.known).clone();
         let t = k.reply;
@@ -337,8 +337,8 @@ impl Generator {
             let mut quote = inner[p::ETH_LEN..].to_vec();
             let cut = self.rng.below(quote.len() + 1);
             quote.truncate(cut);
-            let ty = self.rng.next() as u8 % 16;
-            let code = self.rng.next() as u8 % 6;
+            let ty = self.rng.next_u64() as u8 % 16;
+            let code = self.rng.next_u64() as u8 % 6;
             self.icmp_packet(src, dst, ty, code, 0, &quote)
         } else {
             self.ip_packet(src, dst, proto, sport, dport)
@@ -358,7 +358,7 @@ impl Generator {
         let payload = self.rng.bytes(n);
         match proto {
             p::TCP => {
-                let flags = self.rng.next() as u8;
+                let flags = self.rng.next_u64() as u8;
                 let flags = match self.rng.below(4) {
                     0 => 0x02,
                     1 => 0x10 | (flags & 0x09),
@@ -382,7 +382,7 @@ impl Generator {
                 );
                 if self.rng.chance(8) {
                     // Length mismatch (the checksum then covers a lie).
-                    let len = self.rng.next() as u16;
+                    let len = self.rng.next_u64() as u16;
                     u[4..6].copy_from_slice(&len.to_be_bytes());
                 }
                 u
@@ -395,7 +395,7 @@ impl Generator {
                     &d,
                     ty,
                     0,
-                    self.rng.next() as u32,
+                    self.rng.next_u64() as u32,
                     &payload,
                 )
             }
@@ -484,7 +484,7 @@ impl Generator {
                 let id = if fragment {
                     id as u16
                 } else {
-                    self.rng.next() as u16
+                    self.rng.next_u64() as u16
                 };
                 let mut f = p::eth(p::ETH_P_IP);
                 f.extend(p::ipv4_header(
@@ -511,13 +511,14 @@ impl Generator {
                                 let off = if self.rng.chance(50) {
                                     0
                                 } else {
-                                    self.rng.next() as u16 & 0xfff8
+                                    self.rng.next_u64() as u16 & 0xfff8
                                 };
                                 let mut b = vec![0u8; 6];
                                 b[0..2].copy_from_slice(
                                     &(off | u16::from(self.rng.chance(50))).to_be_bytes(),
                                 );
-                                b[2..6].copy_from_slice(&(self.rng.next() as u32).to_be_bytes());
+                                b[2..6]
+                                    .copy_from_slice(&(self.rng.next_u64() as u32).to_be_bytes());
                                 b
                             }
                             _ => {
@@ -568,7 +569,7 @@ impl Generator {
     /// of order or with the first missing.
     fn fragment_train(&mut self, family6: bool) -> Vec<Packet> {
         let t = if self.rng.chance(70) {
-            self.to_frontend(family6)
+            self.towards_frontend(family6)
         } else {
             self.random(family6)
         };
@@ -582,7 +583,7 @@ impl Generator {
             l4.extend(more);
             // Checksum no longer covers it: the fragments carry it anyway.
         }
-        let id = self.rng.next() as u32 & if self.rng.chance(50) { 0xff } else { u32::MAX };
+        let id = self.rng.next_u64() as u32 & if self.rng.chance(50) { 0xff } else { u32::MAX };
         let cut = 8 * (1 + self.rng.below((l4.len() - 1) / 8).max(1) - 1).max(1);
         let cut = cut.min(l4.len() - 1) & !7;
         let cut = cut.max(8);

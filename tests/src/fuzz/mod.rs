@@ -418,8 +418,7 @@ impl Harness {
     pub fn run_batch(&mut self, batch: &[Packet]) -> Result<Vec<Known>> {
         let stats_before = self.stats()?;
         let mut frontend_tuples: HashSet<Tuple> = HashSet::new();
-        let (mut untouched_passed, mut egress_modified, mut ingress_redirected) =
-            (0u64, 0u64, 0u64);
+        let (mut untouched_passed, mut egress_modified, mut ingress_sent) = (0u64, 0u64, 0u64);
         for pkt in batch {
             if pkt.ingress {
                 if let Some(t) = lenient_tuple(&pkt.data) {
@@ -435,8 +434,10 @@ impl Harness {
             if !pkt.ingress && modified {
                 egress_modified += 1;
             }
-            if pkt.ingress && verdict == REDIRECT {
-                ingress_redirected += 1;
+            // Counted before the send, which drops a packet whose TTL
+            // would expire (as a router does).
+            if pkt.ingress && verdict != UNSPEC {
+                ingress_sent += 1;
             }
         }
         self.report.batches += 1;
@@ -552,9 +553,9 @@ impl Harness {
             egress_modified,
         )?;
         explain(
-            "snat_reply + icmp_snat_translated <= redirected ingress packets".into(),
+            "snat_reply + icmp_snat_translated <= redirected or dropped ingress packets".into(),
             delta(Stat::SnatReply) + delta(Stat::IcmpSnatTranslated),
-            ingress_redirected,
+            ingress_sent,
         )?;
 
         if after.ct4.len() + after.ct6.len() > CT_LIMIT {

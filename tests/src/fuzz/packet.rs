@@ -49,6 +49,7 @@ pub fn eth(ether_type: u16) -> Vec<u8> {
 }
 
 /// An IPv4 header (with `options`, padded to 4 bytes) and its checksum.
+#[allow(clippy::too_many_arguments)]
 pub fn ipv4_header(
     src: [u8; 4],
     dst: [u8; 4],
@@ -60,7 +61,7 @@ pub fn ipv4_header(
     frag_off: u16,
 ) -> Vec<u8> {
     let mut opts = options.to_vec();
-    while opts.len() % 4 != 0 {
+    while !opts.len().is_multiple_of(4) {
         opts.push(0);
     }
     opts.truncate(40);
@@ -410,7 +411,7 @@ pub fn hex(b: &[u8]) -> String {
 
 pub fn unhex(s: &str) -> Option<Vec<u8>> {
     let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())
