@@ -26,7 +26,7 @@ const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
 pub const BPF_TCX_INGRESS: u32 = 46;
 pub const BPF_TCX_EGRESS: u32 = 47;
 
-fn sys_bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> io::Result<i64> {
+pub(crate) fn sys_bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> io::Result<i64> {
     // SAFETY: a 128-byte `union bpf_attr` filled for `cmd`; every buffer
     // it points to outlives the call.
     let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), 128u32) };
@@ -36,11 +36,11 @@ fn sys_bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> io::Result<i64> {
     Ok(rc)
 }
 
-fn put(attr: &mut [u8; 128], offset: usize, bytes: &[u8]) {
+pub(crate) fn put(attr: &mut [u8; 128], offset: usize, bytes: &[u8]) {
     attr[offset..offset + bytes.len()].copy_from_slice(bytes);
 }
 
-fn fd(rc: i64) -> io::Result<OwnedFd> {
+pub(crate) fn fd(rc: i64) -> io::Result<OwnedFd> {
     let fd = i32::try_from(rc).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
     // SAFETY: a fresh fd from the kernel.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })

@@ -14,6 +14,7 @@ pub mod bench;
 pub mod bpf;
 pub mod build;
 pub mod clients;
+pub mod fuzz;
 pub mod host;
 pub mod lb;
 pub mod netns;

@@ -36,7 +36,7 @@ use crate::{
     checksum::{adjust, words4},
     conntrack::v4,
     error::{settle, Error, Verdict},
-    flow::{header, MAX_L4_OFF},
+    flow::MAX_L4_OFF,
     headers::{Ipv4Hdr, UdpHdr, ETH_LEN, IPPROTO_ICMP, IPV4_LEN, IP_MF_OFFSET},
     maps::{self, count, CONNTRACK_V4},
     snat,
@@ -64,7 +64,10 @@ pub fn egress(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Verdict, Error> {
         return Ok(Verdict::Next);
     }
     let inner_off = l4_off + 8;
-    let inner = header::<Ipv4Hdr>(ctx, inner_off)?;
+    // Loaded by helper, not read in place: with IP options in the outer
+    // header and in the quote, the quoted ports lie beyond the bound of
+    // direct packet reads (`flow::MAX_L4_OFF`).
+    let inner: Ipv4Hdr = ctx.load(inner_off).map_err(|_| Error::Truncated)?;
     if inner.proto != IPPROTO_TCP && inner.proto != IPPROTO_UDP && inner.proto != IPPROTO_SCTP {
         return Ok(Verdict::Next);
     }
@@ -74,7 +77,7 @@ pub fn egress(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Verdict, Error> {
     }
     // The first 8 bytes of TCP, UDP and SCTP hold the ports alike. (The
     // quoted L4 checksum is left as it is, as for TCP and UDP here.)
-    let ports = header::<UdpHdr>(ctx, inner_l4)?;
+    let ports: UdpHdr = ctx.load(inner_l4).map_err(|_| Error::Truncated)?;
     let (sport, dport) = (
         u16::from_be_bytes(ports.sport),
         u16::from_be_bytes(ports.dport),

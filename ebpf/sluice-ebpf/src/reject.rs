@@ -170,8 +170,14 @@ pub fn icmp_port_unreachable(skb: *mut __sk_buff, flow: &Flow4) -> Result<Verdic
     let eth = header::<EthHdr>(ctx, 0)?;
     let mut inner_ip = header::<Ipv4Hdr>(ctx, ETH_LEN)?;
     let inner_l4 = header::<UdpHdr>(ctx, flow.l4_off)?;
-    // The quoted header is sent without its options.
-    inner_ip.vihl = 0x45;
+    // The quoted header is sent without its options, so its checksum is
+    // computed again (found by the fuzzer: the quote kept the checksum
+    // of the header with options).
+    if inner_ip.vihl != 0x45 {
+        inner_ip.vihl = 0x45;
+        inner_ip.check = [0; 2];
+        inner_ip.check = fold(sum_words::<IPV4_LEN>(bytes_of(&inner_ip), 0));
+    }
 
     let scratch = crate::maps::scratch().ok_or(Error::Reject)?;
     // SAFETY: as in tcp_reset.
