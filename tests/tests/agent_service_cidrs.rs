@@ -153,6 +153,41 @@ fn ping(ns: &Netns, to: Ipv4Addr) -> Result<Option<(u8, u8)>> {
     .context("ping")
 }
 
+/// `ping` for IPv6: the (type, code) of the first ICMPv6 message from `to`
+/// within a second (the kernel fills in the checksum of a raw ICMPv6
+/// socket, and gives no IPv6 header on receive).
+fn ping6(ns: &Netns, to: Ipv6Addr) -> Result<Option<(u8, u8)>> {
+    ns.run(move || -> std::io::Result<Option<(u8, u8)>> {
+        use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+        let sock = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
+        sock.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let echo = [128u8, 0, 0, 0, 0x5c, 0x1c, 0, 1];
+        sock.send_to(&echo, &SockAddr::from(SocketAddr::from((to, 0))))?;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < deadline {
+            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 1500];
+            let (n, from) = match sock.recv_from(&mut buf) {
+                Ok(got) => got,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    continue
+                }
+                Err(e) => return Err(e),
+            };
+            if from.as_socket().map(|a| a.ip()) != Some(IpAddr::V6(to)) || n < 2 {
+                continue;
+            }
+            // SAFETY: recv_from initialised the first n bytes.
+            let (kind, code) = unsafe { (buf[0].assume_init(), buf[1].assume_init()) };
+            if kind == 128 {
+                continue;
+            }
+            return Ok(Some((kind, code)));
+        }
+        Ok(None)
+    })?
+    .context("ping6")
+}
+
 #[test]
 fn unserved_ports_are_rejected_and_unallocated_addresses_dropped_as_kube_proxy_does() -> Result<()>
 {
@@ -232,6 +267,16 @@ fn unserved_ports_are_rejected_and_unallocated_addresses_dropped_as_kube_proxy_d
     );
     let got = ping(pod, FREE4)?;
     ensure!(got.is_none(), "ping to a free service IP answered: {got:?}");
+    let got = ping6(pod, VIP6)?;
+    ensure!(
+        got == Some((1, 4)),
+        "ping to the IPv6 cluster IP: {got:?}, expected ICMPv6 port unreachable (1, 4) from it"
+    );
+    let got = ping6(pod, FREE6)?;
+    ensure!(
+        got.is_none(),
+        "ping to a free IPv6 service IP answered: {got:?}"
+    );
     ensure!(stat(&topo, Stat::UnservedPort)? > unserved);
     ensure!(stat(&topo, Stat::UnallocatedIp)? > unallocated);
 

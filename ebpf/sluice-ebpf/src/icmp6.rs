@@ -123,6 +123,49 @@ fn try_egress(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     Ok(Verdict::Next)
 }
 
+/// kube-proxy's `cluster-ips-check` for an IPv6 packet that is not TCP,
+/// UDP or SCTP (`sl_ingress6` calls it for other protocols, and for
+/// ICMPv6 that `ingress` passed): an echo request or a packet of another
+/// protocol to a cluster IP gets ICMPv6 port unreachable, one to another
+/// address of the service CIDRs is dropped, anything else (ICMPv6 errors,
+/// replies, neighbour discovery: no new flows) passes.
+#[inline(never)]
+pub fn cluster_ips_check(skb: *mut __sk_buff, s: &mut Scratch6) -> Verdict {
+    settle(try_cluster_ips_check(skb, s))
+}
+
+#[inline(always)]
+fn try_cluster_ips_check(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
+    let ctx = &TcContext::new(skb);
+    load_into(skb, ETH_LEN, &mut s.icmp_outer)?;
+    let proto = s.icmp_outer.next_header;
+    if proto == IPPROTO_ICMPV6 {
+        let kind: u8 = ctx.load(L4_OFF6).map_err(|_| Error::Truncated)?;
+        // Echo request: the one ICMPv6 query conntrack opens a flow for.
+        if kind != 128 {
+            return Ok(Verdict::Next);
+        }
+    }
+    let kind = maps::svcnet_v6(&mut s.local_key, &s.icmp_outer.dst);
+    if kind == 0 {
+        return Ok(Verdict::Next);
+    }
+    if kind != sluice_common::maps::SVCNET_CLUSTER_IP {
+        count(Stat::UnallocatedIp);
+        return Ok(Verdict::Drop);
+    }
+    count(Stat::UnservedPort);
+    s.flow.src = s.icmp_outer.src;
+    s.flow.dst = s.icmp_outer.dst;
+    s.flow.proto = proto;
+    s.flow.sport = 0;
+    s.flow.dport = 0;
+    s.flow.tcp_flags = 0;
+    s.flow.frag = crate::flow6::FRAG_NONE;
+    s.flow.frag_id = 0;
+    Ok(crate::reject6::port_unreachable(skb, &s.flow))
+}
+
 /// An ICMPv6 message arriving at the node: translated and sent on to the
 /// client when it is an error about an SNATed flow, otherwise passed.
 #[inline(never)]

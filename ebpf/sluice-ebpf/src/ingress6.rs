@@ -62,8 +62,13 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
             return Ok(Verdict::Next);
         }
         // An ICMPv6 error may be about an SNATed flow.
-        Parsed6::Icmp => return Ok(icmp6::ingress(skb, s)),
-        Parsed6::Other => return Ok(Verdict::Next),
+        Parsed6::Icmp => {
+            return Ok(match icmp6::ingress(skb, s) {
+                Verdict::Next => icmp6::cluster_ips_check(skb, s),
+                done => done,
+            })
+        }
+        Parsed6::Other => return Ok(icmp6::cluster_ips_check(skb, s)),
     }
     // A fragment: record a first one's ports, or take a later one's.
     if !frag::track6(s) {
