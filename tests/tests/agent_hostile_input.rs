@@ -174,8 +174,9 @@ fn hostile_manifests_cannot_stall_the_agent_or_flap_a_live_service() -> Result<(
     Ok(())
 }
 
-/// A ClusterIP service `name` at `vip` on two endpoints (three entries
-/// of `sl_svc4`), with `annotations` under `metadata:`.
+/// A ClusterIP service `name` at `vip` on two endpoints, `b` and one that
+/// is not ready (kept in a slot, never picked): three entries of
+/// `sl_svc4`. With `annotations` under `metadata:`.
 fn small(name: &str, vip: &str, annotations: &str, b: Ipv4Addr) -> String {
     service(name, vip, "10.96.9.9", b)
         .replace("  externalIPs: [10.96.9.9]\n", "")
@@ -184,8 +185,8 @@ fn small(name: &str, vip: &str, annotations: &str, b: Ipv4Addr) -> String {
             &format!("  name: {name}\n  namespace: default\n{annotations}spec:"),
         )
         .replace(
-            &format!("- addresses: [\"{b}\"]\n"),
-            &format!("- addresses: [\"{b}\"]\n  conditions: {{ready: true}}\n- addresses: [\"10.20.9.9\"]\n"),
+            &format!("- addresses: [\"{b}\"]\n  conditions: {{ready: true}}\n"),
+            &format!("- addresses: [\"{b}\"]\n  conditions: {{ready: true}}\n- addresses: [\"10.20.9.9\"]\n  conditions: {{ready: false}}\n"),
         )
 }
 
