@@ -149,6 +149,92 @@ pub fn udp_hello(ns: &Netns, addr: impl Into<SocketAddr>) -> Result<(String, Soc
     .with_context(|| format!("UDP hello to {addr}"))
 }
 
+/// Which IPv6 extension headers `ext_headers` puts on a socket's packets.
+#[derive(Clone, Copy, Debug)]
+pub struct ExtHeaders {
+    /// A hop-by-hop options header (`IPV6_HOPOPTS`).
+    pub hop_by_hop: bool,
+    /// A destination options header (`IPV6_DSTOPTS`; Linux puts it before
+    /// a fragment header when there is no routing header).
+    pub dst_opts: bool,
+}
+
+impl ExtHeaders {
+    /// Both: hop-by-hop, then destination options, before the L4 header.
+    pub const BOTH: ExtHeaders = ExtHeaders {
+        hop_by_hop: true,
+        dst_opts: true,
+    };
+}
+
+/// Makes every packet the socket sends carry real IPv6 extension headers
+/// (each an 8-byte header holding one PadN option), set with the sticky
+/// socket options. A listening TCP socket passes them on to the
+/// connections it accepts (their SYN-ACK included). Needs CAP_NET_RAW.
+pub fn ext_headers(socket: &impl std::os::fd::AsRawFd, which: ExtHeaders) -> io::Result<()> {
+    // Next header (filled in by the kernel), length 0 (8 bytes), PadN of
+    // 4 bytes.
+    let header: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
+    let options = [
+        (which.hop_by_hop, libc::IPV6_HOPOPTS),
+        (which.dst_opts, libc::IPV6_DSTOPTS),
+    ];
+    for (on, option) in options {
+        if !on {
+            continue;
+        }
+        // SAFETY: a valid socket descriptor and a buffer of the given size.
+        let rc = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::IPPROTO_IPV6,
+                option,
+                header.as_ptr().cast(),
+                header.len() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// `tcp_hello` from a socket whose packets carry the extension headers
+/// `which` (`ext_headers`).
+pub fn tcp_hello_ext(ns: &Netns, addr: impl Into<SocketAddr>, which: ExtHeaders) -> Result<String> {
+    let addr = addr.into();
+    ns.run(move || -> io::Result<String> {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        ext_headers(&socket, which)?;
+        socket.connect_timeout(&addr.into(), TIMEOUT)?;
+        hello(socket.into())
+    })?
+    .with_context(|| format!("TCP hello with extension headers to {addr}"))
+}
+
+/// A UDP datagram of `size` bytes from a socket whose packets carry the
+/// extension headers `which` (`ext_headers`): the answer and where it
+/// came from.
+pub fn udp_hello_ext(
+    ns: &Netns,
+    addr: impl Into<SocketAddr>,
+    size: usize,
+    which: ExtHeaders,
+) -> Result<(String, SocketAddr)> {
+    let addr = addr.into();
+    ns.run(move || -> io::Result<(String, SocketAddr)> {
+        let socket = UdpSocket::bind(unspecified(&addr, 0))?;
+        ext_headers(&socket, which)?;
+        socket.set_read_timeout(Some(TIMEOUT))?;
+        socket.send_to(&vec![7u8; size], addr)?;
+        let mut buf = [0u8; 512];
+        let (n, from) = socket.recv_from(&mut buf)?;
+        Ok((String::from_utf8_lossy(&buf[..n]).into_owned(), from))
+    })?
+    .with_context(|| format!("UDP datagram with extension headers to {addr}"))
+}
+
 /// Lets the kernel fragment this socket's IPv4 datagrams that exceed the
 /// path MTU (`IP_MTU_DISCOVER` = `IP_PMTUDISC_DONT`: no DF bit, no
 /// EMSGSIZE). IPv6 senders fragment at the source anyway.

@@ -21,7 +21,10 @@ use std::{
 use anyhow::{Context, Result};
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::netns::Netns;
+use crate::{
+    clients::{ext_headers, ExtHeaders},
+    netns::Netns,
+};
 
 /// A running server; stops on drop.
 pub struct Server {
@@ -58,6 +61,17 @@ pub fn tcp_greeter6(ns: &Netns, port: u16, name: &str) -> Result<Server> {
     tcp_server(ns, any(true, port), name, false)
 }
 
+/// `tcp_greeter6` whose packets (SYN-ACK on) carry the IPv6 extension
+/// headers `which` (`clients::ext_headers`).
+pub fn tcp_greeter6_ext(ns: &Netns, port: u16, name: &str, which: ExtHeaders) -> Result<Server> {
+    serve_tcp(ns, any(true, port), name, false, Some(which))
+}
+
+/// `udp_greeter6` whose answers carry the IPv6 extension headers `which`.
+pub fn udp_greeter6_ext(ns: &Netns, port: u16, name: &str, which: ExtHeaders) -> Result<Server> {
+    serve_udp(ns, any(true, port), name, Some(which))
+}
+
 fn any(v6: bool, port: u16) -> SocketAddr {
     if v6 {
         SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))
@@ -88,6 +102,15 @@ fn bound(addr: SocketAddr, ty: Type) -> std::io::Result<Socket> {
     Ok(socket)
 }
 
+/// `bound`, with extension headers on the socket's packets.
+fn bound_ext(addr: SocketAddr, ty: Type, ext: Option<ExtHeaders>) -> std::io::Result<Socket> {
+    let socket = bound(addr, ty)?;
+    if let Some(which) = ext {
+        ext_headers(&socket, which)?;
+    }
+    Ok(socket)
+}
+
 /// Like `tcp_greeter`, but the greeting is `<name> <client address>`: what
 /// source address the backend saw (to tell SNAT from a preserved client).
 pub fn tcp_whoami(ns: &Netns, port: u16, name: &str) -> Result<Server> {
@@ -100,8 +123,18 @@ pub fn tcp_whoami6(ns: &Netns, port: u16, name: &str) -> Result<Server> {
 }
 
 fn tcp_server(ns: &Netns, addr: SocketAddr, name: &str, with_peer: bool) -> Result<Server> {
+    serve_tcp(ns, addr, name, with_peer, None)
+}
+
+fn serve_tcp(
+    ns: &Netns,
+    addr: SocketAddr,
+    name: &str,
+    with_peer: bool,
+    ext: Option<ExtHeaders>,
+) -> Result<Server> {
     let listener: TcpListener = ns
-        .run(move || bound(addr, Type::STREAM))?
+        .run(move || bound_ext(addr, Type::STREAM, ext))?
         .with_context(|| format!("binding TCP {addr} in {}", ns.name()))?
         .into();
     listener.set_nonblocking(true)?;
@@ -173,8 +206,12 @@ pub fn udp_greeter6(ns: &Netns, port: u16, name: &str) -> Result<Server> {
 }
 
 fn udp_server(ns: &Netns, addr: SocketAddr, name: &str) -> Result<Server> {
+    serve_udp(ns, addr, name, None)
+}
+
+fn serve_udp(ns: &Netns, addr: SocketAddr, name: &str, ext: Option<ExtHeaders>) -> Result<Server> {
     let socket: UdpSocket = ns
-        .run(move || bound(addr, Type::DGRAM))?
+        .run(move || bound_ext(addr, Type::DGRAM, ext))?
         .with_context(|| format!("binding UDP {addr} in {}", ns.name()))?
         .into();
     socket.set_read_timeout(Some(POLL))?;

@@ -1,6 +1,7 @@
 //! IPv6 and dual-stack services in the datapath: balancing and reverse NAT
 //! over `sl_svc6`/`sl_ct6`, graceful termination, reject, a service with
-//! one VIP of each family, and what the IPv6 path leaves alone.
+//! one VIP of each family, extension headers walked to the L4 header,
+//! and what the IPv6 path leaves alone.
 //!
 //! Every topology here runs with TX checksum offload off in the pods
 //! (`strict_checksums`), so that each rewritten or generated packet's
@@ -17,7 +18,7 @@ use anyhow::{bail, ensure, Context, Result};
 use sluice::model::{BackendState, Proto};
 use sluice_common::Stat;
 use sluice_tests::{
-    clients::{self, Stream},
+    clients::{self, ExtHeaders, Stream},
     lb::{cluster_ip6, cluster_ips, vip, vip6, Lb},
     servers::{self, Server},
     Netns, Topology,
@@ -421,5 +422,250 @@ fn v6_packet_too_big_reaches_the_client_as_about_the_vip() -> Result<()> {
         lb.stat(Stat::IcmpTranslated)? >= 1,
         "no ICMPv6 error was translated, so the test did not exercise PMTU"
     );
+    Ok(())
+}
+
+/// Both ends' packets carry a hop-by-hop and a destination options header
+/// (the client's SYN and data, the backends' SYN-ACK and data): the
+/// datapath walks them to the TCP header, balances the connections over
+/// both backends and reverse-NATs the answers, as conntrack does.
+#[test]
+fn v6_tcp_with_hop_by_hop_and_destination_options_is_balanced_and_answered_from_the_vip(
+) -> Result<()> {
+    let topo = setup(1, 2)?;
+    let _servers = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_greeter6_ext(&b.ns, 8080, &b.name, ExtHeaders::BOTH))
+        .collect::<Result<Vec<_>>>()?;
+    let mut lb = Lb::load(&topo)?;
+    lb.set(cluster_ip6(
+        "web6",
+        VIP6,
+        80,
+        Proto::Tcp,
+        &all6(&topo, BackendState::Active),
+    ));
+    let mut hits = HashMap::<String, usize>::new();
+    for _ in 0..40 {
+        let backend =
+            clients::tcp_hello_ext(&topo.clients[0].ns, vip6(VIP6, 80), ExtHeaders::BOTH)?;
+        *hits.entry(backend).or_default() += 1;
+    }
+    assert_eq!(hits.len(), 2, "both backends serve: {hits:?}");
+    // A handshake completes only if the SYN-ACK came back from the VIP.
+    assert_eq!(lb.stat(Stat::NewFlow)?, 40);
+    assert!(lb.stat(Stat::ReplyNat)? >= 40);
+    // SYN and SYN-ACK of each connection at least.
+    assert!(lb.stat(Stat::Ipv6ExtWalked)? >= 80);
+    assert_eq!(lb.stat(Stat::Ipv6ExtHeader)?, 0, "nothing left unbalanced");
+    assert_eq!(lb.stat(Stat::NatFailed)?, 0);
+    Ok(())
+}
+
+/// The same for UDP: datagrams and answers with a hop-by-hop and a
+/// destination options header, balanced, answered from the VIP.
+#[test]
+fn v6_udp_with_hop_by_hop_and_destination_options_is_balanced_and_answered_from_the_vip(
+) -> Result<()> {
+    let topo = setup(1, 2)?;
+    let _servers = topo
+        .backends
+        .iter()
+        .map(|b| servers::udp_greeter6_ext(&b.ns, 5353, &b.name, ExtHeaders::BOTH))
+        .collect::<Result<Vec<_>>>()?;
+    let mut lb = Lb::load(&topo)?;
+    let backends: Vec<_> = topo
+        .backends
+        .iter()
+        .map(|b| (b.ip6, 5353, BackendState::Active))
+        .collect();
+    lb.set(cluster_ip6("dns6", VIP6, 53, Proto::Udp, &backends));
+    let mut seen = HashMap::<String, usize>::new();
+    for _ in 0..40 {
+        let (answer, from) =
+            clients::udp_hello_ext(&topo.clients[0].ns, vip6(VIP6, 53), 64, ExtHeaders::BOTH)?;
+        assert!(answer.starts_with("backend-"), "{answer}");
+        assert_eq!(
+            from,
+            SocketAddr::from(vip6(VIP6, 53)),
+            "answered from the VIP"
+        );
+        *seen.entry(answer).or_default() += 1;
+    }
+    assert_eq!(seen.len(), 2, "both backends answer: {seen:?}");
+    assert_eq!(lb.stat(Stat::NewFlow)?, 40);
+    assert_eq!(lb.stat(Stat::ReplyNat)?, 40);
+    assert!(lb.stat(Stat::Ipv6ExtWalked)? >= 80, "requests and answers");
+    assert_eq!(lb.stat(Stat::Ipv6ExtHeader)?, 0);
+    Ok(())
+}
+
+/// A datagram that leaves the client in fragments with a destination
+/// options header before each fragment header (where Linux puts
+/// `IPV6_DSTOPTS` without a routing header): the first fragment picks
+/// the backend behind the walk, the later ones follow it.
+#[test]
+fn v6_fragments_behind_destination_options_are_balanced() -> Result<()> {
+    let topo = setup(1, 1)?;
+    let b = &topo.backends[0];
+    let _server = servers::udp_greeter6(&b.ns, 5353, &b.name)?;
+    let mut lb = Lb::load(&topo)?;
+    lb.set(cluster_ip6(
+        "dns6",
+        VIP6,
+        53,
+        Proto::Udp,
+        &[(b.ip6, 5353, BackendState::Active)],
+    ));
+    let dst_only = ExtHeaders {
+        hop_by_hop: false,
+        dst_opts: true,
+    };
+    // 3000 bytes over a 1500-byte link: three fragments.
+    let (answer, from) =
+        clients::udp_hello_ext(&topo.clients[0].ns, vip6(VIP6, 53), 3000, dst_only)?;
+    assert_eq!(
+        answer, b.name,
+        "the fragmented datagram reached the backend"
+    );
+    assert_eq!(from, SocketAddr::from(vip6(VIP6, 53)));
+    assert_eq!(lb.stat(Stat::NewFlow)?, 1, "one datagram, one flow");
+    assert!(
+        lb.stat(Stat::Fragment)? >= 1,
+        "its first fragment was recorded"
+    );
+    assert!(
+        lb.stat(Stat::FragmentTracked)? >= 2,
+        "its later ones followed"
+    );
+    assert_eq!(lb.stat(Stat::FragmentUnknown)?, 0);
+    assert!(
+        lb.stat(Stat::Ipv6ExtWalked)? >= 3,
+        "every fragment had its destination options walked"
+    );
+    assert_eq!(lb.stat(Stat::Ipv6ExtHeader)?, 0);
+    Ok(())
+}
+
+/// One's-complement sum of `data` (as 16-bit big-endian words) onto `sum`.
+fn sum16(data: &[u8], mut sum: u32) -> u32 {
+    for pair in data.chunks(2) {
+        let hi = u32::from(pair[0]) << 8;
+        sum += hi | pair.get(1).map_or(0, |&lo| u32::from(lo));
+    }
+    sum
+}
+
+/// An IPv6 UDP datagram `src:port -> dst:port_dst` with a type 0 routing
+/// header (one address, `waypoint`) and `segments_left`, for a raw socket.
+/// The UDP checksum is over the final destination: `waypoint` while a
+/// segment is left, `dst` (where the header leads) when none is.
+fn routed_udp(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    waypoint: Ipv6Addr,
+    segments_left: u8,
+    sport: u16,
+    dport: u16,
+) -> Vec<u8> {
+    let payload = b"routed";
+    let udp_len = 8 + payload.len();
+    let mut pkt = Vec::new();
+    pkt.extend_from_slice(&[0x60, 0, 0, 0]);
+    pkt.extend_from_slice(&((24 + udp_len) as u16).to_be_bytes());
+    pkt.extend_from_slice(&[43, 64]); // routing header next, hop limit
+    pkt.extend_from_slice(&src.octets());
+    pkt.extend_from_slice(&dst.octets());
+    // Routing header: UDP next, 24 bytes, type 0, segments left, reserved.
+    pkt.extend_from_slice(&[17, 2, 0, segments_left, 0, 0, 0, 0]);
+    pkt.extend_from_slice(&waypoint.octets());
+    let mut udp = Vec::new();
+    udp.extend_from_slice(&sport.to_be_bytes());
+    udp.extend_from_slice(&dport.to_be_bytes());
+    udp.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    udp.extend_from_slice(&[0, 0]);
+    udp.extend_from_slice(payload);
+    let last = if segments_left > 0 { waypoint } else { dst };
+    let mut sum = sum16(&src.octets(), 0);
+    sum = sum16(&last.octets(), sum);
+    sum += udp_len as u32 + 17;
+    sum = sum16(&udp, sum);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let check = match !(sum as u16) {
+        0 => 0xffff,
+        c => c,
+    };
+    udp[6..8].copy_from_slice(&check.to_be_bytes());
+    pkt.extend_from_slice(&udp);
+    pkt
+}
+
+/// A routing header with a segment left means the destination in the
+/// fixed header is a waypoint, not the final one: such a datagram to the
+/// VIP passes untouched (counted), while the same datagram with no
+/// segment left (its destination final) is walked, balanced and answered
+/// from the VIP.
+#[test]
+fn v6_routing_header_with_segments_left_passes_untouched() -> Result<()> {
+    let topo = setup(1, 1)?;
+    let b = &topo.backends[0];
+    let server = servers::udp_greeter6(&b.ns, 5353, &b.name)?;
+    let mut lb = Lb::load(&topo)?;
+    lb.set(cluster_ip6(
+        "dns6",
+        VIP6,
+        53,
+        Proto::Udp,
+        &[(b.ip6, 5353, BackendState::Active)],
+    ));
+    let client = &topo.clients[0];
+    let src = client.ip6;
+    let elsewhere = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 1);
+    let (passed, answer) = client
+        .ns
+        .run(move || -> Result<(u64, (String, SocketAddr))> {
+            // The answer comes to this port; the raw socket sends from it.
+            let receiver = UdpSocket::bind("[::]:40053")?;
+            receiver.set_read_timeout(Some(Duration::from_secs(1)))?;
+            let raw = socket2::Socket::new(
+                socket2::Domain::IPV6,
+                socket2::Type::RAW,
+                Some(socket2::Protocol::from(libc::IPPROTO_RAW)),
+            )?;
+            let to: socket2::SockAddr = SocketAddr::from(vip6(VIP6, 0)).into();
+            let mut buf = [0u8; 512];
+            raw.send_to(&routed_udp(src, VIP6, elsewhere, 1, 40053, 53), &to)?;
+            let passed = match receiver.recv_from(&mut buf) {
+                Ok(_) => bail!("a datagram with a segment left was answered"),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => 0,
+                Err(e) => return Err(e.into()),
+            };
+            raw.send_to(&routed_udp(src, VIP6, elsewhere, 0, 40053, 53), &to)?;
+            receiver.set_read_timeout(Some(Duration::from_secs(3)))?;
+            let (n, from) = receiver
+                .recv_from(&mut buf)
+                .context("no answer to the datagram with no segment left")?;
+            Ok((
+                passed,
+                (String::from_utf8_lossy(&buf[..n]).into_owned(), from),
+            ))
+        })??;
+    assert_eq!(passed, 0);
+    assert_eq!(answer.0, b.name);
+    assert_eq!(
+        answer.1,
+        SocketAddr::from(vip6(VIP6, 53)),
+        "answered from the VIP"
+    );
+    assert_eq!(server.served(), 1, "only the datagram with no segment left");
+    assert_eq!(lb.stat(Stat::NewFlow)?, 1);
+    assert!(
+        lb.stat(Stat::Ipv6ExtHeader)? >= 1,
+        "the routed one was counted"
+    );
+    assert!(lb.stat(Stat::Ipv6ExtWalked)? >= 1);
     Ok(())
 }

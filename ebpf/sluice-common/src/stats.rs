@@ -51,11 +51,12 @@ pub enum Stat {
     /// An ICMP error quoting a DNATed packet was translated back for the
     /// client (path MTU discovery).
     IcmpTranslated = 19,
-    /// An IPv6 packet whose fixed header is followed by an extension
-    /// header (other than a fragment header) passed untouched: the IPv6
-    /// datapath balances only TCP/UDP directly after the fixed header.
-    /// Counts every such packet arriving at the node, service or not (MLD
-    /// reports carry a hop-by-hop header).
+    /// An IPv6 packet whose extension headers the datapath does not walk
+    /// to an L4 header passed untouched: ESP or No Next Header in the
+    /// chain, HIP or Shim6, a routing header with segments left (the
+    /// destination is not final), a chain longer than the walk's limit,
+    /// or extension headers behind a fragment header. Counts every such
+    /// packet arriving at the node, service or not.
     Ipv6ExtHeader = 20,
     /// An IPv6 packet could not enter the IPv6 program (`sl_progs` slot
     /// empty: an agent that never finished loading): passed untouched.
@@ -88,6 +89,12 @@ pub enum Stat {
     /// changed between fragments): dropped like its first fragment, as a
     /// fragment cannot start a flow.
     FragmentDropped = 32,
+    // 33-39: taken by other issue 13 work.
+    /// An IPv6 TCP/UDP/SCTP/ICMPv6 packet whose L4 header was found by
+    /// walking extension headers (hop-by-hop, destination options, a
+    /// routing header with no segments left, AH, mobility) before it:
+    /// handled like any (service or not).
+    Ipv6ExtWalked = 40,
 }
 
 /// Number of counters in `sl_stats` (its `max_entries`, fixed since ABI 4:
@@ -98,7 +105,7 @@ pub const STAT_COUNT: u32 = 23;
 pub const STATS2_MAX: u32 = 64;
 
 /// Number of counters in all.
-pub const STAT_TOTAL: usize = 29;
+pub const STAT_TOTAL: usize = 30;
 
 const _: () = assert!(STAT_TOTAL <= (STAT_COUNT + STATS2_MAX) as usize);
 
@@ -146,6 +153,7 @@ impl Stat {
         Stat::UnservedPort,
         Stat::UnallocatedIp,
         Stat::FragmentDropped,
+        Stat::Ipv6ExtWalked,
     ];
 
     /// The name used in metrics and `sluice status`.
@@ -180,6 +188,7 @@ impl Stat {
             Stat::UnservedPort => "unserved_port",
             Stat::UnallocatedIp => "unallocated_ip",
             Stat::FragmentDropped => "fragment_dropped",
+            Stat::Ipv6ExtWalked => "ipv6_ext_walked",
         }
     }
 }

@@ -62,7 +62,14 @@ pub const MAX_L4_OFF: usize = ETH_LEN + 60;
 /// another stack frame.
 #[inline(always)]
 pub(crate) fn read<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
-    if off > MAX_L4_OFF {
+    read_within(ctx, off, MAX_L4_OFF)
+}
+
+/// `read` with another bound on `off` (the IPv6 path's, whose L4 header
+/// may follow extension headers: `flow6::MAX_L4_OFF6`).
+#[inline(always)]
+pub(crate) fn read_within<T: Copy>(ctx: &TcContext, off: usize, max: usize) -> Option<T> {
+    if off > max {
         return None;
     }
     let start = ctx.data();

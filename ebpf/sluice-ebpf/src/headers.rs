@@ -37,11 +37,13 @@ pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_ICMPV6: u8 = 58;
 
 /// IPv6 next-header values that are extension headers (RFC 8200 4.1, plus
-/// AH, mobility, HIP and shim6), apart from the fragment header.
+/// ESP, AH, mobility, HIP and shim6) or No Next Header.
 pub const NEXTHDR_HOP: u8 = 0;
 pub const NEXTHDR_ROUTING: u8 = 43;
 pub const NEXTHDR_FRAGMENT: u8 = 44;
+pub const NEXTHDR_ESP: u8 = 50;
 pub const NEXTHDR_AUTH: u8 = 51;
+pub const NEXTHDR_NONE: u8 = 59;
 pub const NEXTHDR_DEST: u8 = 60;
 pub const NEXTHDR_MOBILITY: u8 = 135;
 pub const NEXTHDR_HIP: u8 = 139;

@@ -30,7 +30,7 @@ use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat, IPPROTO_SCTP, IPPROTO_TC
 use crate::{
     checksum::{adjust, sum_addr6, words4},
     error::{settle, Error, Verdict},
-    flow6::{same_addr, L4_OFF6},
+    flow6::{is_ext, same_addr, walk, walked, L4_OFF6},
     headers::{Ipv6Hdr, ETH_LEN, IPPROTO_ICMPV6, IPV6_LEN},
     maps::{self, count, Scratch6, CONNTRACK_V6},
     snat6,
@@ -41,13 +41,25 @@ const PACKET_TOO_BIG: u8 = 2;
 const TIME_EXCEEDED: u8 = 3;
 const PARAMETER_PROBLEM: u8 = 4;
 
-/// Offsets: the ICMPv6 checksum, the quoted IPv6 header, its destination,
-/// the quoted L4 header (quoted packets with extension headers are left
-/// alone: their L4 header is elsewhere).
-const ICMP_CSUM: usize = L4_OFF6 + 2;
-const INNER: usize = L4_OFF6 + 8;
+/// Offsets from the ICMPv6 header (`Flow6::l4_off`, behind any extension
+/// headers of the error itself): its checksum, the quoted IPv6 header,
+/// the quote's source and destination.
+const ICMP_CSUM: usize = 2;
+const INNER: usize = 8;
+const INNER_SRC: usize = INNER + 8;
 const INNER_DST: usize = INNER + 24;
-const INNER_L4: usize = INNER + IPV6_LEN;
+
+/// Where the quoted packet's L4 header is, behind the quote's own
+/// extension headers (walked as the packet's were: `flow6::walk`), and
+/// its protocol; `None` when the walk does not get there.
+#[inline(always)]
+fn inner_l4(skb: *mut __sk_buff, inner: usize, next: u8) -> Option<(u8, usize)> {
+    let l4 = inner + IPV6_LEN;
+    if !is_ext(next) {
+        return Some((next, l4));
+    }
+    walked(walk(skb, l4 as u32, next as u32)).ok()
+}
 
 /// An ICMPv6 message leaving towards a client (a separate BPF function,
 /// returning a `Verdict`, see `error::settle`).
@@ -59,7 +71,8 @@ pub fn egress(skb: *mut __sk_buff, s: &mut Scratch6) -> Verdict {
 #[inline(always)]
 fn try_egress(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     let ctx = &TcContext::new(skb);
-    let kind: u8 = ctx.load(L4_OFF6).map_err(|_| Error::Truncated)?;
+    let icmp = s.flow.l4_off();
+    let kind: u8 = ctx.load(icmp).map_err(|_| Error::Truncated)?;
     if !matches!(
         kind,
         DEST_UNREACH | PACKET_TOO_BIG | TIME_EXCEEDED | PARAMETER_PROBLEM
@@ -67,12 +80,15 @@ fn try_egress(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
         return Ok(Verdict::Next);
     }
     // Loaded with the helper: the quote may lie beyond the linear part.
-    let inner: Ipv6Hdr = ctx.load(INNER).map_err(|_| Error::Truncated)?;
-    if !matches!(inner.next_header, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP) {
+    let inner: Ipv6Hdr = ctx.load(icmp + INNER).map_err(|_| Error::Truncated)?;
+    let Some((proto, inner_l4)) = inner_l4(skb, icmp + INNER, inner.next_header) else {
+        return Ok(Verdict::Next);
+    };
+    if !matches!(proto, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP) {
         return Ok(Verdict::Next);
     }
     // The first 4 bytes of TCP, UDP and SCTP are the ports alike.
-    let ports: [u8; 4] = ctx.load(INNER_L4).map_err(|_| Error::Truncated)?;
+    let ports: [u8; 4] = ctx.load(inner_l4).map_err(|_| Error::Truncated)?;
     let sport = u16::from_be_bytes([ports[0], ports[1]]);
     let dport = u16::from_be_bytes([ports[2], ports[3]]);
     // The quoted packet went client -> backend: its reply entry is keyed
@@ -82,7 +98,7 @@ fn try_egress(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     key.dst = inner.src;
     key.sport = dport;
     key.dport = sport;
-    key.proto = inner.next_header;
+    key.proto = proto;
     key._pad = [0; 3];
     let Some(entry) = CONNTRACK_V6.get_ptr(&*key) else {
         return Ok(Verdict::Next);
@@ -108,15 +124,16 @@ fn try_egress(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
         if diff < 0 {
             return Err(Error::Nat);
         }
-        ctx.l4_csum_replace(ICMP_CSUM, 0, diff as u64, 0)
+        ctx.l4_csum_replace(icmp + ICMP_CSUM, 0, diff as u64, 0)
             .map_err(|_| Error::Nat)?;
-        ctx.store(INNER_DST, &frontend, 0).map_err(|_| Error::Nat)?;
+        ctx.store(icmp + INNER_DST, &frontend, 0)
+            .map_err(|_| Error::Nat)?;
     }
     if dport != frontend_port {
         let (from, to) = (dport.to_be() as u64, frontend_port.to_be() as u64);
-        ctx.l4_csum_replace(ICMP_CSUM, from, to, 2)
+        ctx.l4_csum_replace(icmp + ICMP_CSUM, from, to, 2)
             .map_err(|_| Error::Nat)?;
-        ctx.store(INNER_L4 + 2, &frontend_port.to_be(), 0)
+        ctx.store(inner_l4 + 2, &frontend_port.to_be(), 0)
             .map_err(|_| Error::Nat)?;
     }
     count(Stat::IcmpTranslated);
@@ -197,7 +214,8 @@ fn load_into<T>(skb: *mut __sk_buff, off: usize, dst: &mut T) -> Result<(), Erro
 #[inline(always)]
 fn try_ingress(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     let ctx = &TcContext::new(skb);
-    let kind: u8 = ctx.load(L4_OFF6).map_err(|_| Error::Truncated)?;
+    let icmp = s.flow.l4_off();
+    let kind: u8 = ctx.load(icmp).map_err(|_| Error::Truncated)?;
     if !matches!(
         kind,
         DEST_UNREACH | PACKET_TOO_BIG | TIME_EXCEEDED | PARAMETER_PROBLEM
@@ -206,18 +224,23 @@ fn try_ingress(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> 
     }
     load_into(skb, ETH_LEN, &mut s.icmp_outer)?;
     let end = L4_OFF6 + u16::from_be_bytes(s.icmp_outer.payload_len) as usize;
-    // The quote must hold the ports (its first 8 L4 bytes); a shorter one
-    // is left alone.
-    if INNER_L4 + 8 > end {
+    if icmp + INNER + IPV6_LEN > end {
         return Ok(Verdict::Next);
     }
-    load_into(skb, INNER, &mut s.icmp_inner)?;
+    load_into(skb, icmp + INNER, &mut s.icmp_inner)?;
+    let Some((proto, inner_l4)) = inner_l4(skb, icmp + INNER, s.icmp_inner.next_header) else {
+        return Ok(Verdict::Next);
+    };
+    // The quote must hold the ports (its first 8 L4 bytes); a shorter one
+    // is left alone.
+    if inner_l4 + 8 > end {
+        return Ok(Verdict::Next);
+    }
     let inner = &s.icmp_inner;
-    let proto = inner.next_header;
     if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
         return Ok(Verdict::Next);
     }
-    let ports: [u8; 4] = ctx.load(INNER_L4).map_err(|_| Error::Truncated)?;
+    let ports: [u8; 4] = ctx.load(inner_l4).map_err(|_| Error::Truncated)?;
     let sport = u16::from_be_bytes([ports[0], ports[1]]);
     let dport = u16::from_be_bytes([ports[2], ports[3]]);
     let config = maps::config();
@@ -276,9 +299,9 @@ fn try_ingress(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> 
     // The quoted L4 checksum, as Linux updates it: TCP's only when the
     // quote holds the whole TCP header, UDP's unless it is 0.
     let (csum_off, has_csum) = if proto == IPPROTO_TCP {
-        (INNER_L4 + 16, INNER_L4 + 20 <= end)
+        (inner_l4 + 16, inner_l4 + 20 <= end)
     } else {
-        (INNER_L4 + 6, true)
+        (inner_l4 + 6, true)
     };
     let mut l4_old = [0u8; 2];
     let mut l4_new = [0u8; 2];
@@ -296,20 +319,23 @@ fn try_ingress(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> 
     // The ICMPv6 checksum: the outer addresses (pseudo-header) and every
     // quoted byte that changes.
     let pair = |c: [u8; 2]| u16::from_be_bytes(c) as u32;
-    let icmp_csum: [u8; 2] = ctx.load(ICMP_CSUM).map_err(|_| Error::Truncated)?;
+    let icmp_csum: [u8; 2] = ctx.load(icmp + ICMP_CSUM).map_err(|_| Error::Truncated)?;
     let icmp_new = adjust(
         icmp_csum,
         old_outer + old_inner + words4(ports) + pair(l4_old),
         addrs + addrs + words4(new_ports) + pair(l4_new),
     );
 
-    ctx.store(INNER + 8, client, 0).map_err(|_| Error::Nat)?;
-    ctx.store(INNER_DST, frontend, 0).map_err(|_| Error::Nat)?;
-    ctx.store(INNER_L4, &new_ports, 0).map_err(|_| Error::Nat)?;
+    ctx.store(icmp + INNER_SRC, client, 0)
+        .map_err(|_| Error::Nat)?;
+    ctx.store(icmp + INNER_DST, frontend, 0)
+        .map_err(|_| Error::Nat)?;
+    ctx.store(inner_l4, &new_ports, 0).map_err(|_| Error::Nat)?;
     if has_csum {
         ctx.store(csum_off, &l4_new, 0).map_err(|_| Error::Nat)?;
     }
-    ctx.store(ICMP_CSUM, &icmp_new, 0).map_err(|_| Error::Nat)?;
+    ctx.store(icmp + ICMP_CSUM, &icmp_new, 0)
+        .map_err(|_| Error::Nat)?;
     ctx.store(ETH_LEN + 8, frontend, 0)
         .map_err(|_| Error::Nat)?;
     ctx.store(ETH_LEN + 24, client, 0).map_err(|_| Error::Nat)?;

@@ -102,7 +102,7 @@ pub fn sl_ingress6(ctx: TcContext) -> i32 {
     if let Some(code) = sctp::deferred(ctx.skb.skb) {
         return code;
     }
-    let sctp = sctp::ports(ctx.skb.skb);
+    let sctp = sctp::ports6(ctx.skb.skb);
     sctp::fix(ctx.skb.skb, sctp, ingress6::handle(ctx.skb.skb).code())
 }
 
@@ -113,7 +113,7 @@ pub fn sl_egress6(ctx: TcContext) -> i32 {
     if let Some(code) = sctp::deferred(ctx.skb.skb) {
         return code;
     }
-    let sctp = sctp::ports(ctx.skb.skb);
+    let sctp = sctp::ports6(ctx.skb.skb);
     sctp::fix(ctx.skb.skb, sctp, egress6::handle(ctx.skb.skb).code())
 }
 

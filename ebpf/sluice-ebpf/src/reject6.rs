@@ -3,13 +3,13 @@
 //! and sent back out of the interface the packet came in on.
 
 use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
-use sluice_common::{IPPROTO_TCP, IPPROTO_UDP};
+use sluice_common::IPPROTO_TCP;
 
 use crate::{
     checksum::{bytes_of, fold, sum_words},
     error::{settle, Error, Verdict},
     flow::header,
-    flow6::Flow6,
+    flow6::{read6, Flow6},
     headers::{
         EthHdr, Ipv6Hdr, TcpHdr, UdpHdr, ETH_LEN, ETH_P_IPV6, IPPROTO_ICMPV6, IPV6_LEN, TCP_ACK,
         TCP_FIN, TCP_LEN, TCP_RST, TCP_SYN, UDP_LEN,
@@ -85,13 +85,17 @@ fn try_tcp_reset(skb: *mut __sk_buff, flow: &Flow6) -> Result<Verdict, Error> {
     }
     let eth = header::<EthHdr>(ctx, 0)?;
     let payload_len: [u8; 2] = ctx.load(ETH_LEN + 4).map_err(|_| Error::Truncated)?;
-    let tcp = header::<TcpHdr>(ctx, flow.l4_off())?;
+    let tcp = read6::<TcpHdr>(ctx, flow.l4_off()).ok_or(Error::Truncated)?;
 
     let (seq, ack, flags) = if tcp.flags & TCP_ACK != 0 {
         (tcp.ack, [0; 4], TCP_RST)
     } else {
         let doff = ((tcp.doff_res >> 4) as u32) * 4;
-        let mut len = (u16::from_be_bytes(payload_len) as u32).saturating_sub(doff);
+        // The segment's data: the IPv6 payload without the extension
+        // headers and the TCP header.
+        let mut len = (u16::from_be_bytes(payload_len) as u32)
+            .saturating_sub(flow.ext_len() as u32)
+            .saturating_sub(doff);
         if tcp.flags & TCP_SYN != 0 {
             len += 1;
         }
@@ -145,12 +149,16 @@ fn try_port_unreachable(skb: *mut __sk_buff, flow: &Flow6) -> Result<Verdict, Er
     // SAFETY: as in tcp_reset.
     let out = unsafe { &mut *(scratch.pkt.as_mut_ptr() as *mut Icmp6Packet) };
     out.inner_ip = header::<Ipv6Hdr>(ctx, ETH_LEN)?;
-    out.inner_l4 = header::<UdpHdr>(ctx, flow.l4_off())?;
-    if flow.frag != 0 {
-        // A first fragment: quoted as the plain UDP datagram it starts
-        // (the quote has no room for the fragment header), which is what
-        // the client's stack matches its socket by.
-        out.inner_ip.next_header = IPPROTO_UDP;
+    out.inner_l4 = read6::<UdpHdr>(ctx, flow.l4_off()).ok_or(Error::Truncated)?;
+    let ext_len = flow.ext_len();
+    if ext_len != 0 {
+        // Behind extension headers (or a first fragment's fragment
+        // header): quoted as the plain datagram they carry (the quote has
+        // no room for them), which is what the client's stack matches its
+        // socket by.
+        out.inner_ip.next_header = flow.proto;
+        let payload = u16::from_be_bytes(out.inner_ip.payload_len) as usize;
+        out.inner_ip.payload_len = (payload.saturating_sub(ext_len) as u16).to_be_bytes();
     }
     out.eth = swap_eth(&eth, ETH_P_IPV6);
     out.ip = reply_ip(flow.dst, flow.src, ICMP6_BODY, IPPROTO_ICMPV6);

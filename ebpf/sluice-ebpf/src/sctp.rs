@@ -41,7 +41,8 @@ use aya_ebpf::{
 use sluice_common::{crc32c, Stat, IPPROTO_SCTP};
 
 use crate::{
-    headers::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV6_LEN, IP_MF_OFFSET, SCTP_LEN},
+    flow6::{is_ext, walk, walked, L4_OFF6},
+    headers::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IP_MF_OFFSET, SCTP_LEN},
     maps::{count, PROGS},
 };
 
@@ -102,8 +103,12 @@ pub fn deferred(skb: *mut __sk_buff) -> Option<i32> {
 /// Where an SCTP packet's L4 header starts and how long the SCTP packet
 /// is (from the IP header, not the frame: an Ethernet frame may carry
 /// padding), or `None` for anything else (other protocols, fragments).
+/// With `ext`, an IPv6 packet's extension headers are walked
+/// (`flow6::walk`), as the IPv6 path finds its L4 header; without, only
+/// SCTP right after the fixed header is found (the IPv4 programs, whose
+/// frame has no room for the walk, hand IPv6 packets over before).
 #[inline(always)]
-fn locate(ctx: &TcContext) -> Option<(usize, usize)> {
+fn locate(ctx: &TcContext, ext: bool) -> Option<(usize, usize)> {
     let ether_type: [u8; 2] = ctx.load(12).ok()?;
     if ether_type == ETH_P_IP {
         // vihl, tos, tot_len, id, frag_off, ttl, proto.
@@ -117,13 +122,16 @@ fn locate(ctx: &TcContext) -> Option<(usize, usize)> {
     } else if ether_type == ETH_P_IPV6 {
         // vtcfl, payload_len, next_header.
         let ip: [u8; 7] = ctx.load(ETH_LEN).ok()?;
-        if ip[6] != IPPROTO_SCTP {
+        let payload = u16::from_be_bytes([ip[4], ip[5]]) as usize;
+        let mut next = ip[6];
+        let mut l4_off = L4_OFF6;
+        if ext && is_ext(next) {
+            (next, l4_off) = walked(walk(ctx.skb.skb, L4_OFF6 as u32, next as u32)).ok()?;
+        }
+        if next != IPPROTO_SCTP {
             return None;
         }
-        Some((
-            ETH_LEN + IPV6_LEN,
-            u16::from_be_bytes([ip[4], ip[5]]) as usize,
-        ))
+        Some((l4_off, payload.checked_sub(l4_off - L4_OFF6)?))
     } else {
         None
     }
@@ -131,10 +139,22 @@ fn locate(ctx: &TcContext) -> Option<(usize, usize)> {
 
 /// The ports of an SCTP packet as the program found it, packed with
 /// their offset for `fix`: `l4_off << 32 | ports`; 0 for anything else.
+/// For the IPv4 programs (see `locate`); `ports6` in the IPv6 ones.
 #[inline(never)]
 pub fn ports(skb: *mut __sk_buff) -> u64 {
+    ports_at(skb, false)
+}
+
+/// `ports` for the IPv6 programs: behind extension headers too.
+#[inline(never)]
+pub fn ports6(skb: *mut __sk_buff) -> u64 {
+    ports_at(skb, true)
+}
+
+#[inline(always)]
+fn ports_at(skb: *mut __sk_buff, ext: bool) -> u64 {
     let ctx = &TcContext::new(skb);
-    let Some((l4_off, len)) = locate(ctx) else {
+    let Some((l4_off, len)) = locate(ctx, ext) else {
         return 0;
     };
     if len < SCTP_LEN {
@@ -157,7 +177,7 @@ pub fn fix(skb: *mut __sk_buff, before: u64, code: i32) -> i32 {
         return code;
     }
     let ctx = &TcContext::new(skb);
-    let Some((l4_off, len)) = locate(ctx) else {
+    let Some((l4_off, len)) = locate(ctx, true) else {
         return code;
     };
     if l4_off as u64 != before >> 32 || len < SCTP_LEN || len > u16::MAX as usize {
