@@ -30,7 +30,10 @@ use std::{
 use anyhow::{bail, Context, Result};
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::netns::Netns;
+use crate::{
+    clients::{ext_headers, ExtHeaders},
+    netns::Netns,
+};
 
 /// IP protocol number of SCTP.
 pub const IPPROTO_SCTP: i32 = 132;
@@ -126,8 +129,16 @@ pub struct Received {
 
 /// A raw SCTP socket of the family of `v6`, in the calling thread's netns.
 fn raw_socket(v6: bool) -> std::io::Result<UdpSocket> {
+    raw_socket_ext(v6, None)
+}
+
+/// `raw_socket`, its IPv6 packets carrying the extension headers `ext`.
+fn raw_socket_ext(v6: bool, ext: Option<ExtHeaders>) -> std::io::Result<UdpSocket> {
     let domain = if v6 { Domain::IPV6 } else { Domain::IPV4 };
     let socket = Socket::new(domain, Type::RAW, Some(Protocol::from(IPPROTO_SCTP)))?;
+    if let Some(which) = ext {
+        ext_headers(&socket, which)?;
+    }
     socket.set_read_timeout(Some(Duration::from_millis(50)))?;
     Ok(UdpSocket::from(socket))
 }
@@ -182,12 +193,23 @@ pub struct Responder {
 
 impl Responder {
     pub fn start(ns: &Netns, v6: bool, port: u16, tag_base: u32) -> Result<Self> {
+        Self::start_ext(ns, v6, port, tag_base, None)
+    }
+
+    /// `start`, the answers carrying the IPv6 extension headers `ext`.
+    pub fn start_ext(
+        ns: &Netns,
+        v6: bool,
+        port: u16,
+        tag_base: u32,
+        ext: Option<ExtHeaders>,
+    ) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop2, seen2) = (stop.clone(), seen.clone());
         let handle = ns.spawn(move || -> std::io::Result<()> {
-            let sock = match raw_socket(v6) {
+            let sock = match raw_socket_ext(v6, ext) {
                 Ok(s) => {
                     let _ = ready_tx.send(Ok(()));
                     s
@@ -260,10 +282,21 @@ pub fn init_exchange(
     sports: &[u16],
     timeout: Duration,
 ) -> Result<BTreeMap<u16, Received>> {
+    init_exchange_ext(ns, to, sports, timeout, None)
+}
+
+/// `init_exchange`, the INITs carrying the IPv6 extension headers `ext`.
+pub fn init_exchange_ext(
+    ns: &Netns,
+    to: SocketAddr,
+    sports: &[u16],
+    timeout: Duration,
+    ext: Option<ExtHeaders>,
+) -> Result<BTreeMap<u16, Received>> {
     let sports = sports.to_vec();
     let v6 = to.is_ipv6();
     ns.run(move || -> std::io::Result<BTreeMap<u16, Received>> {
-        let sock = raw_socket(v6)?;
+        let sock = raw_socket_ext(v6, ext)?;
         for &sport in &sports {
             let init = Packet {
                 sport,

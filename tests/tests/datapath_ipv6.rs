@@ -336,6 +336,46 @@ fn dual_stack_service_is_reached_over_both_families() -> Result<()> {
     Ok(())
 }
 
+/// A frontend without backends refuses TCP and UDP behind extension
+/// headers as it does without: the RST acknowledges the SYN (its sequence
+/// number counted without the extension headers, or the client's stack
+/// ignores it) and the ICMPv6 error quotes the datagram so that the
+/// client's socket takes it.
+#[test]
+fn v6_service_without_backends_rejects_tcp_and_udp_behind_extension_headers() -> Result<()> {
+    let topo = setup(1, 0)?;
+    let mut lb = Lb::load(&topo)?;
+    lb.set(cluster_ip6("empty6", VIP6, 80, Proto::Tcp, &[]));
+    lb.set(cluster_ip6("empty6-dns", VIP6, 53, Proto::Udp, &[]));
+    let client = &topo.clients[0].ns;
+
+    let started = Instant::now();
+    let err =
+        clients::tcp_hello_ext(client, vip6(VIP6, 80), ExtHeaders::BOTH).expect_err("refused");
+    let elapsed = started.elapsed();
+    let io = err.downcast_ref::<std::io::Error>().context("io error")?;
+    assert_eq!(io.kind(), ErrorKind::ConnectionRefused, "{err:#}");
+    assert!(
+        elapsed < Duration::from_millis(500),
+        "refused in {elapsed:?}"
+    );
+
+    let outcome = client.run(|| -> std::io::Result<usize> {
+        let socket = UdpSocket::bind("[::]:0")?;
+        clients::ext_headers(&socket, ExtHeaders::BOTH)?;
+        socket.set_read_timeout(Some(Duration::from_secs(2)))?;
+        socket.connect(vip6(VIP6, 53))?;
+        socket.send(b"q")?;
+        socket.recv(&mut [0u8; 64])
+    })?;
+    let err = outcome.expect_err("ICMPv6 port unreachable");
+    assert_eq!(err.kind(), ErrorKind::ConnectionRefused, "{err}");
+    assert_eq!(lb.stat(Stat::NoBackend)?, 2);
+    assert_eq!(lb.stat(Stat::RejectFailed)?, 0);
+    assert!(lb.stat(Stat::Ipv6ExtWalked)? >= 2);
+    Ok(())
+}
+
 /// A datagram that leaves the client in fragments is balanced like any
 /// (`datapath_fragments` has the full story, both families): the first
 /// fragment picks the backend, the later one follows it.

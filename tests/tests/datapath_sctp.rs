@@ -28,8 +28,12 @@ use sluice_common::{
 use sluice_tests::{
     agent::{Agent, ManifestDir},
     clients,
+    clients::ExtHeaders,
     lb::{frontend, service, Lb},
-    sctp::{client_tag, init_exchange, send_raw, Packet, Received, Responder, ABORT, INIT},
+    sctp::{
+        client_tag, init_exchange, init_exchange_ext, send_raw, Packet, Received, Responder, ABORT,
+        INIT,
+    },
     servers,
     topology::v6_of,
     Topology,
@@ -456,5 +460,62 @@ fn a_service_with_tcp_and_sctp_ports_serves_both_through_the_agent() -> Result<(
         lb.contains("SCTP"),
         "lb list shows the SCTP frontend:\n{lb}"
     );
+    Ok(())
+}
+
+/// SCTP behind a hop-by-hop and a destination options header, both ways:
+/// the datapath walks them to the SCTP header, balances the INITs over
+/// both backends at the target port and settles the CRC32c of the
+/// rewritten ports there (the receivers check every CRC).
+#[test]
+fn v6_sctp_behind_extension_headers_is_balanced_with_valid_crcs() -> Result<()> {
+    let topo = Topology::new(1, 2)?;
+    topo.wait_ipv6_ready()?;
+    let both = Some(ExtHeaders::BOTH);
+    let backends: Vec<IpAddr> = topo.backends.iter().map(|b| b.addr(true)).collect();
+    let responders = topo
+        .backends
+        .iter()
+        .enumerate()
+        .map(|(k, b)| Responder::start_ext(&b.ns, true, TARGET, (k as u32 + 1) << 24, both))
+        .collect::<Result<Vec<_>>>()?;
+    let mut lb = Lb::load(&topo)?;
+    let vip = ip(true, VIP);
+    let fe = frontend(
+        FrontendKind::ClusterIp,
+        vip,
+        PORT,
+        Proto::Sctp,
+        &active(&backends, TARGET),
+    );
+    let report = lb.set(service("diameter", PORT, Proto::Sctp, vec![fe]));
+    ensure!(report.errors.is_empty(), "{:?}", report.errors);
+    let sports: Vec<u16> = (0..20).map(|i| 41000 + i * 7).collect();
+    let answers = init_exchange_ext(
+        &topo.clients[0].ns,
+        SocketAddr::new(vip, PORT),
+        &sports,
+        WAIT,
+        both,
+    )?;
+    check_answers(&answers, &sports, SocketAddr::new(vip, PORT))?;
+    for (r, addr) in responders.iter().zip(&backends) {
+        let got = inits(r);
+        ensure!(
+            got.iter().all(|g| g.crc_ok && g.packet.dport == TARGET),
+            "{addr}: {got:?}"
+        );
+        ensure!(
+            got.len() >= 2,
+            "backend {addr} got {} of 20 INITs",
+            got.len()
+        );
+    }
+    ensure!(lb.stat(Stat::NewFlow)? == 20);
+    ensure!(
+        lb.stat(Stat::Ipv6ExtWalked)? >= 40,
+        "INITs and INIT-ACKs walked"
+    );
+    ensure!(lb.stat(Stat::Ipv6ExtHeader)? == 0 && lb.stat(Stat::NatFailed)? == 0);
     Ok(())
 }
