@@ -85,9 +85,28 @@ pub struct Stream {
 
 impl Stream {
     pub fn connect(ns: &Netns, addr: impl Into<SocketAddr>) -> Result<Self> {
+        Self::connect_ext(ns, addr, None)
+    }
+
+    /// `connect`, the connection's packets carrying the IPv6 extension
+    /// headers `ext` (`ext_headers`).
+    pub fn connect_ext(
+        ns: &Netns,
+        addr: impl Into<SocketAddr>,
+        ext: Option<ExtHeaders>,
+    ) -> Result<Self> {
         let addr = addr.into();
         let stream = ns
-            .run(move || TcpStream::connect_timeout(&addr, TIMEOUT))?
+            .run(move || -> io::Result<TcpStream> {
+                let Some(which) = ext else {
+                    return TcpStream::connect_timeout(&addr, TIMEOUT);
+                };
+                let socket =
+                    Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+                ext_headers(&socket, which)?;
+                socket.connect_timeout(&addr.into(), TIMEOUT)?;
+                Ok(socket.into())
+            })?
             .with_context(|| format!("connecting to {addr}"))?;
         stream.set_read_timeout(Some(TIMEOUT))?;
         let writer = stream.try_clone()?;

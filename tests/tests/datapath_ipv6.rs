@@ -430,6 +430,18 @@ fn v6_fragments_are_balanced_and_counted() -> Result<()> {
 /// (IPv6 routers never fragment).
 #[test]
 fn v6_packet_too_big_reaches_the_client_as_about_the_vip() -> Result<()> {
+    packet_too_big(None)
+}
+
+/// The same when the client's segments carry a hop-by-hop and a
+/// destination options header: the datapath walks them in the packet the
+/// error quotes to find its TCP header.
+#[test]
+fn v6_packet_too_big_quoting_extension_headers_reaches_the_client_as_about_the_vip() -> Result<()> {
+    packet_too_big(Some(ExtHeaders::BOTH))
+}
+
+fn packet_too_big(ext: Option<ExtHeaders>) -> Result<()> {
     let node1 = Topology::with_index(1, 1, 0)?;
     let node2 = Topology::with_index(2, 0, 1)?;
     Topology::join(&node1, &node2)?;
@@ -449,7 +461,7 @@ fn v6_packet_too_big_reaches_the_client_as_about_the_vip() -> Result<()> {
         &[(remote.ip6, 8080, BackendState::Active)],
     ));
 
-    let mut stream = Stream::connect(&node1.clients[0].ns, vip6(VIP6, 80))?;
+    let mut stream = Stream::connect_ext(&node1.clients[0].ns, vip6(VIP6, 80), ext)?;
     assert_eq!(stream.backend, "node2-backend-0");
     // 64 KiB in one line: many segments of the client's 1500-byte MTU.
     let big = "x".repeat(64 * 1024);
