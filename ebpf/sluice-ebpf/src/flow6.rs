@@ -89,7 +89,10 @@ pub enum Parsed6 {
     /// ICMPv6 at `Flow6::l4_off` (its errors may quote a DNATed packet:
     /// `icmp6.rs`).
     Icmp,
-    /// Not IPv6 TCP/UDP (ICMPv6, neighbour discovery, ...): not ours.
+    /// Not IPv6 TCP/UDP/SCTP/ICMPv6 (or a fragment of another protocol):
+    /// not balanced. `Flow6::proto` and `l4_off` say which header and
+    /// where (behind any extension headers; 0 at offset 54 for a packet
+    /// too short or not IPv6), for `icmp6::cluster_ips_check`.
     Other,
 }
 
@@ -183,6 +186,8 @@ impl Flow6 {
     /// Parses the packet into `self`, reading the headers in place.
     #[inline(always)]
     pub fn parse(&mut self, ctx: &TcContext) -> Result<Parsed6, Error> {
+        self.l4_off = L4_OFF6 as u16;
+        self.proto = 0;
         if !ensure(ctx, L4_OFF6) {
             return Ok(Parsed6::Other);
         }
@@ -202,7 +207,10 @@ impl Flow6 {
             IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP | NEXTHDR_FRAGMENT | IPPROTO_ICMPV6 => {}
             NEXTHDR_HIP | NEXTHDR_SHIM6 => return Ok(Parsed6::ExtHeader),
             p if is_ext(p) => {}
-            _ => return Ok(Parsed6::Other),
+            _ => {
+                self.proto = proto;
+                return Ok(Parsed6::Other);
+            }
         }
         self.src = ip.src;
         self.dst = ip.dst;
@@ -224,12 +232,17 @@ impl Flow6 {
             match proto {
                 IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP | NEXTHDR_FRAGMENT | IPPROTO_ICMPV6 => {}
                 NEXTHDR_HIP | NEXTHDR_SHIM6 => return Ok(Parsed6::ExtHeader),
-                _ => return Ok(Parsed6::Other),
+                _ => {
+                    self.proto = proto;
+                    self.l4_off = l4_off as u16;
+                    return Ok(Parsed6::Other);
+                }
             }
             walked_ext = true;
         }
         self.l4_off = l4_off as u16;
         if proto == IPPROTO_ICMPV6 {
+            self.proto = proto;
             if walked_ext {
                 count(Stat::Ipv6ExtWalked);
             }
@@ -245,11 +258,12 @@ impl Flow6 {
                 // Extension headers behind the fragment header are in the
                 // fragmentable part: a later fragment could not be told
                 // by them.
-                return Ok(if is_ext(proto) {
-                    Parsed6::ExtHeader
-                } else {
-                    Parsed6::Other
-                });
+                if is_ext(proto) {
+                    return Ok(Parsed6::ExtHeader);
+                }
+                // Another protocol: `Other` at the fragment header.
+                self.proto = NEXTHDR_FRAGMENT;
+                return Ok(Parsed6::Other);
             }
             self.frag_id = u32::from_be_bytes(fh.id);
             if walked_ext {

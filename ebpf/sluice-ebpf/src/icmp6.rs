@@ -155,9 +155,10 @@ pub fn cluster_ips_check(skb: *mut __sk_buff, s: &mut Scratch6) -> Verdict {
 fn try_cluster_ips_check(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     let ctx = &TcContext::new(skb);
     load_into(skb, ETH_LEN, &mut s.icmp_outer)?;
-    let proto = s.icmp_outer.next_header;
+    // The header the parser stopped at, behind any extension headers.
+    let proto = s.flow.proto;
     if proto == IPPROTO_ICMPV6 {
-        let kind: u8 = ctx.load(L4_OFF6).map_err(|_| Error::Truncated)?;
+        let kind: u8 = ctx.load(s.flow.l4_off()).map_err(|_| Error::Truncated)?;
         // Echo request: the one ICMPv6 query conntrack opens a flow for.
         if kind != 128 {
             return Ok(Verdict::Next);
