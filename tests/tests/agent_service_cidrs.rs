@@ -25,7 +25,7 @@ use sluice_tests::{
         yaml::{self, READY},
         Agent, ManifestDir,
     },
-    clients,
+    clients::{self, ExtHeaders},
     host::HostClient,
     netns::Netns,
     servers, Topology,
@@ -157,9 +157,17 @@ fn ping(ns: &Netns, to: Ipv4Addr) -> Result<Option<(u8, u8)>> {
 /// within a second (the kernel fills in the checksum of a raw ICMPv6
 /// socket, and gives no IPv6 header on receive).
 fn ping6(ns: &Netns, to: Ipv6Addr) -> Result<Option<(u8, u8)>> {
+    ping6_ext(ns, to, None)
+}
+
+/// `ping6` with the echo request behind the IPv6 extension headers `ext`.
+fn ping6_ext(ns: &Netns, to: Ipv6Addr, ext: Option<ExtHeaders>) -> Result<Option<(u8, u8)>> {
     ns.run(move || -> std::io::Result<Option<(u8, u8)>> {
         use socket2::{Domain, Protocol, SockAddr, Socket, Type};
         let sock = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
+        if let Some(which) = ext {
+            clients::ext_headers(&sock, which)?;
+        }
         sock.set_read_timeout(Some(Duration::from_millis(200)))?;
         let echo = [128u8, 0, 0, 0, 0x5c, 0x1c, 0, 1];
         sock.send_to(&echo, &SockAddr::from(SocketAddr::from((to, 0))))?;
@@ -271,6 +279,12 @@ fn unserved_ports_are_rejected_and_unallocated_addresses_dropped_as_kube_proxy_d
     ensure!(
         got == Some((1, 4)),
         "ping to the IPv6 cluster IP: {got:?}, expected ICMPv6 port unreachable (1, 4) from it"
+    );
+    // Behind a hop-by-hop and a destination options header alike.
+    let got = ping6_ext(pod, VIP6, Some(ExtHeaders::BOTH))?;
+    ensure!(
+        got == Some((1, 4)),
+        "ping with extension headers to the IPv6 cluster IP: {got:?}, expected (1, 4)"
     );
     let got = ping6(pod, FREE6)?;
     ensure!(
