@@ -129,6 +129,41 @@ impl FamilyCount {
     }
 }
 
+/// A map write of one entry.
+type Write<T> = fn(&mut MapWriter, T) -> Result<(), WriteError>;
+
+/// Brings a map that holds a set of keys from `have` (what it holds, kept
+/// up to date write by write) to `want` with `(put, delete)`: the new keys
+/// first, then the stale ones.
+fn sync_set<T: Ord + Copy>(
+    writer: &mut MapWriter,
+    have: &mut BTreeSet<T>,
+    want: &BTreeSet<T>,
+    (put, delete): (Write<T>, Write<T>),
+    report: &mut Report,
+) {
+    if have == want {
+        return;
+    }
+    for key in want.difference(&have.clone()) {
+        match put(writer, *key) {
+            Ok(()) => {
+                have.insert(*key);
+            }
+            Err(e) => report.errors.push(e),
+        }
+    }
+    let stale: Vec<T> = have.difference(want).copied().collect();
+    for key in stale {
+        match delete(writer, key) {
+            Ok(()) => {
+                have.remove(&key);
+            }
+            Err(e) => report.errors.push(e),
+        }
+    }
+}
+
 fn random_seed() -> u32 {
     let mut buf = [0u8; 4];
     // SAFETY: getrandom writes at most buf.len() bytes into buf.
@@ -624,61 +659,25 @@ impl Reconciler {
     /// the stale ones (a source is never briefly outside the cluster when
     /// a CIDR is replaced by a wider one).
     fn sync_local_sources(&mut self, want: &BTreeSet<SourceRange>, report: &mut Report) {
-        if &self.programmed.local_sources == want {
-            return;
-        }
-        for net in want.difference(&self.programmed.local_sources.clone()) {
-            match self.writer.put_local_source(*net) {
-                Ok(()) => {
-                    self.programmed.local_sources.insert(*net);
-                }
-                Err(e) => report.errors.push(e),
-            }
-        }
-        let stale: Vec<SourceRange> = self
-            .programmed
-            .local_sources
-            .difference(want)
-            .copied()
-            .collect();
-        for net in stale {
-            match self.writer.delete_local_source(net) {
-                Ok(()) => {
-                    self.programmed.local_sources.remove(&net);
-                }
-                Err(e) => report.errors.push(e),
-            }
-        }
+        sync_set(
+            &mut self.writer,
+            &mut self.programmed.local_sources,
+            want,
+            (MapWriter::put_local_source, MapWriter::delete_local_source),
+            report,
+        );
     }
 
     /// Brings `sl_localif` to `want`: new devices first, then the stale
     /// ones.
     fn sync_local_ifaces(&mut self, want: &BTreeSet<u32>, report: &mut Report) {
-        if &self.programmed.local_ifaces == want {
-            return;
-        }
-        for index in want.difference(&self.programmed.local_ifaces.clone()) {
-            match self.writer.put_local_iface(*index) {
-                Ok(()) => {
-                    self.programmed.local_ifaces.insert(*index);
-                }
-                Err(e) => report.errors.push(e),
-            }
-        }
-        let stale: Vec<u32> = self
-            .programmed
-            .local_ifaces
-            .difference(want)
-            .copied()
-            .collect();
-        for index in stale {
-            match self.writer.delete_local_iface(index) {
-                Ok(()) => {
-                    self.programmed.local_ifaces.remove(&index);
-                }
-                Err(e) => report.errors.push(e),
-            }
-        }
+        sync_set(
+            &mut self.writer,
+            &mut self.programmed.local_ifaces,
+            want,
+            (MapWriter::put_local_iface, MapWriter::delete_local_iface),
+            report,
+        );
     }
 
     /// Writes one unit's difference: its backends first, then its frontends
