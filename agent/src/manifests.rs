@@ -93,12 +93,8 @@ impl Default for Limits {
 /// inside each quoted span, so that a quote this scan takes for the start
 /// of a string where the parser does not still cannot hide openers.
 pub fn over_limits(contents: &str, limits: Limits) -> Option<String> {
-    if contents.len() > limits.max_bytes {
-        return Some(format!(
-            "file of {} bytes is larger than the limit of {} bytes",
-            contents.len(),
-            limits.max_bytes
-        ));
+    if let Some(why) = too_large(contents.len() as u64, limits) {
+        return Some(why);
     }
     let deep = || Some(format!("nested deeper than {} levels", limits.max_depth));
     let mut depth = 0usize;
@@ -194,16 +190,31 @@ pub fn over_limits(contents: &str, limits: Limits) -> Option<String> {
 /// and no object.
 pub fn parse_file(path: &Path, contents: &str, limits: Limits) -> Manifests {
     if let Some(why) = over_limits(contents, limits) {
-        return Manifests {
-            problems: vec![Problem::new(
-                path.display().to_string(),
-                ProblemReason::Unparseable,
-                format!("{why}: refused unread"),
-            )],
-            ..Manifests::default()
-        };
+        return unusable(path, &format!("{why}: refused unread"));
     }
     parse_manifests(&[(path, contents.to_owned())])
+}
+
+/// Why a file of `len` bytes is too large to be read, if it is.
+pub fn too_large(len: u64, limits: Limits) -> Option<String> {
+    (len > limits.max_bytes as u64).then(|| {
+        format!(
+            "file of {len} bytes is larger than the limit of {} bytes",
+            limits.max_bytes
+        )
+    })
+}
+
+/// A file none of whose objects can be used, and why.
+pub fn unusable(path: &Path, why: &str) -> Manifests {
+    Manifests {
+        problems: vec![Problem::new(
+            path.display().to_string(),
+            ProblemReason::Unparseable,
+            why,
+        )],
+        ..Manifests::default()
+    }
 }
 
 /// Parses the given files (name, contents), in the given order. Files

@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::{node, service, service_cidr, slice, Change, Envelope, Update};
 use crate::{
     health::Health,
-    manifests::{is_manifest_file, parse_file, Limits, Manifests},
+    manifests::{is_manifest_file, parse_file, too_large, unusable, Limits, Manifests},
     metrics::{Metrics, ReasonLabel},
     translate::{ObjectKey, Problem, ProblemReason},
 };
@@ -73,31 +73,13 @@ fn parse_changed(
     fp.iter()
         .filter(|(path, len, modified)| known.get(path) != Some(&(*len, *modified)))
         .map(|(path, len, modified)| {
-            let manifests = if *len > limits.max_bytes as u64 {
+            let manifests = match too_large(*len, limits) {
                 // Refused before it is read.
-                Manifests {
-                    problems: vec![Problem::new(
-                        path.display().to_string(),
-                        ProblemReason::Unparseable,
-                        format!(
-                            "file of {len} bytes is larger than the limit of {} bytes: refused unread",
-                            limits.max_bytes
-                        ),
-                    )],
-                    ..Manifests::default()
-                }
-            } else {
-                match fs::read_to_string(path) {
+                Some(why) => unusable(path, &format!("{why}: refused unread")),
+                None => match fs::read_to_string(path) {
                     Ok(text) => parse_file(path, &text, limits),
-                    Err(e) => Manifests {
-                        problems: vec![Problem::new(
-                            path.display().to_string(),
-                            ProblemReason::Unparseable,
-                            format!("cannot read: {e}"),
-                        )],
-                        ..Manifests::default()
-                    },
-                }
+                    Err(e) => unusable(path, &format!("cannot read: {e}")),
+                },
             };
             (path.clone(), *len, *modified, manifests)
         })
