@@ -119,6 +119,59 @@ endpoints:
     )
 }
 
+/// This node with one client pod, two whoami backends (and an outside
+/// host if `external`), and `manifests` in a directory the agent reads.
+/// Fields drop in order: the servers before their namespaces.
+struct Node {
+    _servers: Vec<servers::Server>,
+    _dir: ManifestDir,
+    source: String,
+    topo: Topology,
+}
+
+impl Node {
+    fn new(external: bool) -> Result<Self> {
+        let mut topo = Topology::new(1, 2)?;
+        if external {
+            topo.add_external()?;
+        }
+        let servers = topo
+            .backends
+            .iter()
+            .map(|b| servers::tcp_whoami(&b.ns, 8080, &b.name))
+            .collect::<Result<Vec<_>>>()?;
+        let (b0, b1) = (topo.backends[0].ip, topo.backends[1].ip);
+        let dir = ManifestDir::create()?;
+        dir.write("all.yaml", &manifests(topo.node_address(0), b0, b1))?;
+        let source = format!("dir:{}", dir.path().display());
+        Ok(Self {
+            _servers: servers,
+            _dir: dir,
+            source,
+            topo,
+        })
+    }
+}
+
+/// The agent with `--detect-local-mode InterfaceNamePrefix` and `prefix`,
+/// scanning devices every 200 ms, ready.
+fn start_with_prefix(topo: &Topology, source: &str, prefix: &str) -> Result<Agent> {
+    let mut agent = Agent::start(
+        topo,
+        source,
+        &[
+            "--detect-local-mode",
+            "InterfaceNamePrefix",
+            "--pod-interface-name-prefix",
+            prefix,
+            "--device-scan-interval",
+            "200ms",
+        ],
+    )?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    Ok(agent)
+}
+
 /// The backend's greeting: its name and the source address it saw.
 fn whoami(ns: &sluice_tests::netns::Netns, to: SocketAddrV4) -> Result<(String, String)> {
     let greeting = clients::tcp_hello(ns, to)?;
@@ -151,18 +204,9 @@ fn agent_stat(topo: &Topology, stat: Stat) -> Result<u64> {
 #[test]
 fn pods_and_the_node_short_circuit_and_outsiders_are_masqueraded_as_kube_proxy_does() -> Result<()>
 {
-    let mut topo = Topology::new(1, 2)?;
-    topo.add_external()?;
-    let _servers = topo
-        .backends
-        .iter()
-        .map(|b| servers::tcp_whoami(&b.ns, 8080, &b.name))
-        .collect::<Result<Vec<_>>>()?;
-    let (b0, b1) = (topo.backends[0].ip, topo.backends[1].ip);
+    let node = Node::new(true)?;
+    let (topo, source) = (&node.topo, &node.source);
     let node_ip = topo.node_address(0);
-    let dir = ManifestDir::create()?;
-    dir.write("all.yaml", &manifests(node_ip, b0, b1))?;
-    let source = format!("dir:{}", dir.path().display());
     let client = &topo.clients[0];
     let outside = &topo.externals[0];
     let node_port = SocketAddrV4::new(node_ip, NODE_PORT);
@@ -171,7 +215,7 @@ fn pods_and_the_node_short_circuit_and_outsiders_are_masqueraded_as_kube_proxy_d
 
     // Pods are 10.0.0.0/8 (clients 10.10.x, backends 10.20.x); the
     // outside host is 192.168.1.100.
-    let mut agent = Agent::start(&topo, &source, &["--cluster-cidr", "10.0.0.0/8"])?;
+    let mut agent = Agent::start(topo, source, &["--cluster-cidr", "10.0.0.0/8"])?;
     agent.wait_ready(Duration::from_secs(20))?;
 
     // A pod of this node to the Local node port, no endpoint on this node:
@@ -182,19 +226,19 @@ fn pods_and_the_node_short_circuit_and_outsiders_are_masqueraded_as_kube_proxy_d
         ensure!(seen == client.ip.to_string(), "pod masqueraded: {seen}");
     }
     // The node itself, through the socket programs: every endpoint too.
-    let out = HostClient::once(&topo, "tcp", &node_ip.to_string(), NODE_PORT)?;
+    let out = HostClient::once(topo, "tcp", &node_ip.to_string(), NODE_PORT)?;
     ensure!(
         out.first().map(String::as_str) == Some("ok") && backend_names.contains(&out[1].as_str()),
         "node to its Local node port: {out:?}"
     );
     // Outside the cluster: this node's endpoints only, and there are none.
-    let drops = agent_stat(&topo, Stat::NoBackendDrop)?;
+    let drops = agent_stat(topo, Stat::NoBackendDrop)?;
     ensure!(
         dropped(&outside.ns, node_port),
         "outside client not dropped"
     );
     ensure!(
-        agent_stat(&topo, Stat::NoBackendDrop)? > drops,
+        agent_stat(topo, Stat::NoBackendDrop)? > drops,
         "drop not counted"
     );
 
@@ -212,7 +256,7 @@ fn pods_and_the_node_short_circuit_and_outsiders_are_masqueraded_as_kube_proxy_d
     // --masquerade-all without detection: everyone is masqueraded to the
     // cluster IP; pods are no longer told from outside clients, so the
     // Local node port drops them too (kube-proxy without a local detector).
-    let mut agent = Agent::start(&topo, &source, &["--masquerade-all"])?;
+    let mut agent = Agent::start(topo, source, &["--masquerade-all"])?;
     agent.wait_ready(Duration::from_secs(20))?;
     let (_, seen) = whoami(&client.ns, web)?;
     ensure!(seen.starts_with("10.20."), "pod not masqueraded: {seen}");
@@ -228,12 +272,12 @@ fn pods_and_the_node_short_circuit_and_outsiders_are_masqueraded_as_kube_proxy_d
         agent.cli(&["lb", "list"]).unwrap_or_default()
     );
     // The node is always inside the cluster.
-    let out = HostClient::once(&topo, "tcp", &node_ip.to_string(), NODE_PORT)?;
+    let out = HostClient::once(topo, "tcp", &node_ip.to_string(), NODE_PORT)?;
     ensure!(out.first().map(String::as_str) == Some("ok"), "{out:?}");
     agent.stop()?;
 
     // Neither: nobody is masqueraded to a cluster IP.
-    let mut agent = Agent::start(&topo, &source, &[])?;
+    let mut agent = Agent::start(topo, source, &[])?;
     agent.wait_ready(Duration::from_secs(20))?;
     let (_, seen) = whoami(&outside.ns, web)?;
     ensure!(
@@ -252,36 +296,15 @@ fn pods_and_the_node_short_circuit_and_outsiders_are_masqueraded_as_kube_proxy_d
 /// the agent's device scan sees it.
 #[test]
 fn interface_name_prefix_tells_pods_by_their_device() -> Result<()> {
-    let mut topo = Topology::new(1, 2)?;
-    topo.add_external()?;
-    let _servers = topo
-        .backends
-        .iter()
-        .map(|b| servers::tcp_whoami(&b.ns, 8080, &b.name))
-        .collect::<Result<Vec<_>>>()?;
-    let (b0, b1) = (topo.backends[0].ip, topo.backends[1].ip);
-    let node_ip = topo.node_address(0);
-    let dir = ManifestDir::create()?;
-    dir.write("all.yaml", &manifests(node_ip, b0, b1))?;
-    let source = format!("dir:{}", dir.path().display());
-    let node_port = SocketAddrV4::new(node_ip, NODE_PORT);
+    let mut node = Node::new(true)?;
+    let node_port = SocketAddrV4::new(node.topo.node_address(0), NODE_PORT);
     let web = SocketAddrV4::new(WEB_VIP, 80);
     let backend_names = ["backend-0", "backend-1"];
-    let scan = ["--device-scan-interval", "200ms"];
 
     // Pods' devices are c*: client-0 is a pod, the outside host (e0) is not.
-    let mut agent = Agent::start(
-        &topo,
-        &source,
-        &[
-            &["--detect-local-mode", "InterfaceNamePrefix"][..],
-            &["--pod-interface-name-prefix", "c"],
-            &scan,
-        ]
-        .concat(),
-    )?;
-    agent.wait_ready(Duration::from_secs(20))?;
+    let mut agent = start_with_prefix(&node.topo, &node.source, "c")?;
     {
+        let topo = &node.topo;
         let client = &topo.clients[0];
         let outside = &topo.externals[0];
         let (_, seen) = whoami(&client.ns, web)?;
@@ -302,8 +325,9 @@ fn interface_name_prefix_tells_pods_by_their_device() -> Result<()> {
         );
     }
     // A pod created while the agent runs.
-    let k = topo.clients.len();
-    topo.add_client()?;
+    let k = node.topo.clients.len();
+    node.topo.add_client()?;
+    let (topo, source) = (&node.topo, &node.source);
     let late = &topo.clients[k];
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -321,17 +345,7 @@ fn interface_name_prefix_tells_pods_by_their_device() -> Result<()> {
 
     // The same topology with the outside host's device as the "pods'":
     // the decision follows the device, not the address.
-    let mut agent = Agent::start(
-        &topo,
-        &source,
-        &[
-            &["--detect-local-mode", "InterfaceNamePrefix"][..],
-            &["--pod-interface-name-prefix", "e"],
-            &scan,
-        ]
-        .concat(),
-    )?;
-    agent.wait_ready(Duration::from_secs(20))?;
+    let mut agent = start_with_prefix(topo, source, "e")?;
     let client = &topo.clients[0];
     let outside = &topo.externals[0];
     let (_, seen) = whoami(&outside.ns, web)?;
@@ -349,24 +363,15 @@ fn interface_name_prefix_tells_pods_by_their_device() -> Result<()> {
 /// it is a pod, a pod on a routed veth is not.
 #[test]
 fn bridge_interface_tells_pods_behind_the_bridge() -> Result<()> {
-    let mut topo = Topology::new(1, 2)?;
-    let _servers = topo
-        .backends
-        .iter()
-        .map(|b| servers::tcp_whoami(&b.ns, 8080, &b.name))
-        .collect::<Result<Vec<_>>>()?;
-    let (b0, b1) = (topo.backends[0].ip, topo.backends[1].ip);
-    let node_ip = topo.node_address(0);
-    let bridged = topo.add_bridged_pod("cbr0", 0)?;
-    let dir = ManifestDir::create()?;
-    dir.write("all.yaml", &manifests(node_ip, b0, b1))?;
-    let source = format!("dir:{}", dir.path().display());
+    let mut node = Node::new(false)?;
+    let bridged = node.topo.add_bridged_pod("cbr0", 0)?;
+    let (topo, source) = (&node.topo, &node.source);
     let web = SocketAddrV4::new(WEB_VIP, 80);
 
     // The default --devices of the tests (c*, ...) take cbr0, not pv0.
     let mut agent = Agent::start(
-        &topo,
-        &source,
+        topo,
+        source,
         &[
             "--detect-local-mode",
             "BridgeInterface",
@@ -391,7 +396,7 @@ fn bridge_interface_tells_pods_behind_the_bridge() -> Result<()> {
     agent.stop()?;
     // Without a bridge flag the agent refuses to start rather than detect
     // nothing.
-    let mut agent = Agent::start(&topo, &source, &["--detect-local-mode", "BridgeInterface"])?;
+    let mut agent = Agent::start(topo, source, &["--detect-local-mode", "BridgeInterface"])?;
     ensure!(
         agent.wait_ready(Duration::from_secs(5)).is_err(),
         "BridgeInterface without --pod-bridge-interface started"
