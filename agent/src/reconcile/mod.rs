@@ -206,7 +206,7 @@ impl Reconciler {
                     } else {
                         config.snat_port_max
                     },
-                    _pad: 0,
+                    flags: config.flags,
                     netns_cookie: config.netns_cookie,
                 })
                 .map_err(|e| DatapathError::Io {

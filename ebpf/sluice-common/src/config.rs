@@ -16,7 +16,12 @@ pub struct Config {
     /// ephemeral range (32768-60999) and the NodePort range (30000-32767).
     pub snat_port_min: u16,
     pub snat_port_max: u16,
-    pub _pad: u32,
+    /// Feature switches the agent sets (`CFG_F_*`). Release 0.1.0 wrote
+    /// this word as padding (zero) and its programs never read it, so a
+    /// bit may be given a meaning whose zero is the 0.1.0 behaviour.
+    /// Bits 0-7: datapath events (`sluice monitor`); 8-15: socket-level
+    /// balancing; 16-23: XDP; 24-31: unassigned.
+    pub flags: u32,
     /// Network namespace cookie of the node (`SO_NETNS_COOKIE`): the
     /// socket-level programs act only on sockets of this namespace, as
     /// they are attached to a cgroup that may span several.
