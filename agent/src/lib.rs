@@ -17,7 +17,6 @@ pub mod netdev;
 pub mod reconcile;
 pub mod run;
 pub mod sources;
-pub mod state;
 pub mod stores;
 pub mod sync;
 pub mod translate;

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use crate::{
-    datapath::MapSizes,
+    datapath::{MapSizes, MapWriter, MapWrites},
     health::Health,
     healthcheck::HealthChecks,
     metrics::{MapLabel, Metrics, ReasonLabel},
@@ -187,9 +187,9 @@ impl Desired {
     }
 }
 
-pub struct Sync {
+pub struct Sync<W = MapWriter> {
     config: SyncConfig,
-    reconciler: Reconciler,
+    reconciler: Reconciler<W>,
     stores: Stores,
     desired: Desired,
     problems: BTreeSet<Problem>,
@@ -209,10 +209,10 @@ pub struct Sync {
     ifaces_dirty: bool,
 }
 
-impl Sync {
+impl<W: MapWrites> Sync<W> {
     pub fn new(
         config: SyncConfig,
-        reconciler: Reconciler,
+        reconciler: Reconciler<W>,
         health: Arc<Health>,
         metrics: Arc<Metrics>,
         health_checks: watch::Sender<HealthChecks>,
@@ -490,7 +490,7 @@ impl Sync {
         self.metrics
             .maglev_fallback
             .set(self.reconciler.maglev_fallback().len() as i64);
-        let maps = self.reconciler.writer().maps();
+        let maps = self.reconciler.writer();
         for stat in sluice_common::Stat::ALL {
             if let Ok(v) = maps.stat(stat) {
                 self.metrics

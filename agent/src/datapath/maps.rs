@@ -18,7 +18,7 @@ use sluice_common::{
 use super::DatapathError;
 use crate::{
     model::{Endpoint, FrontendKey, Proto, Scope},
-    state::{FrontendState, MapState},
+    reconcile::{FrontendState, MapState},
 };
 
 /// The datapath maps. Held by exactly one `MapWriter` in the agent; the
@@ -138,7 +138,7 @@ impl Maps {
 }
 
 /// A service-map key of either family (`sl_svc4` or `sl_svc6`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ServiceKey {
     V4(Svc4Key),
     V6(Svc6Key),

@@ -24,7 +24,7 @@ pub use links::{attached_devices, detach_device, Attached, Hook};
 pub(crate) use loader::{fs_type, BPF_FS_MAGIC};
 pub use loader::{Datapath, MapSizes};
 pub use maps::{read_map_state, Maps, ServiceKey};
-pub use writer::MapWriter;
+pub use writer::{Entry, EntryKey, MapReads, MapWriter, MapWrites};
 
 /// The eBPF object built by `cargo xtask build-ebpf`, embedded at build time
 /// (empty when the agent was built without it).

@@ -1,29 +1,87 @@
 //! The only code that writes the datapath maps.
 //!
-//! Every write keeps the datapath consistent at every instant, after
-//! Cilium's `lb.h` discipline: a backend exists before any slot names it, a
-//! slot exists before a master count covers it, surplus slots go only after
-//! the master stopped covering them, and a backend goes only after no slot
-//! names it (the reconciler orders whole frontends and backends that way).
-//! IPv6 frontends go to `sl_svc6` under the same rules; both families name
-//! backends in the one `sl_backends`.
-//! Each call updates the caller's record of what is programmed write by
-//! write, so the record stays exact even when a write fails half way.
+//! The reconciler writes through [`MapWrites`]: one entry at a time, put or
+//! deleted, in the order it chooses (see `reconcile/frontend.rs` for the
+//! ordering that keeps the datapath consistent at every instant).
+//! [`MapWriter`] is the real implementation over the pinned maps; the
+//! agent's unit tests use a fake that records every write and checks the
+//! ordering invariant. The writer writes what it is handed: it builds
+//! nothing (Maglev tables come built).
 
 use std::net::IpAddr;
 
 use aya::maps::{lpm_trie::Key, MapError};
 use sluice_common::{
-    maps as names, Affinity4Key, Affinity6Key, Backend, Config, Ct4Key, Ct6Key, MaglevTable,
-    SockRevKey, SrcRange4, SrcRange6, SvcValue,
+    maps as names, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key,
+    CtEntry, MaglevTable, SockRevKey, SrcRange4, SrcRange6, Stat, SvcValue,
 };
 
-use super::{maps::ServiceKey, Maps, WriteError};
+use super::{maps::ServiceKey, read_map_state, DatapathError, Maps, WriteError};
 use crate::{
-    model::{Endpoint, FrontendKey},
-    reconcile::maglev,
-    state::{FrontendState, SourceRange},
+    conntrack::{self, SocketEntries},
+    reconcile::{BackendId, MapState, SourceRange, SvcId},
 };
+
+/// One entry to write (insert or overwrite).
+#[derive(Clone, Copy, Debug)]
+pub enum Entry<'a> {
+    Config(&'a Config),
+    Backend(BackendId, &'a Backend),
+    /// A master entry (slot 0) or a slot of a frontend.
+    Service(ServiceKey, &'a SvcValue),
+    /// The Maglev table of a frontend (keyed like its master entry).
+    Maglev(ServiceKey, &'a MaglevTable),
+    SourceRange(SvcId, SourceRange),
+    LocalSource(SourceRange),
+    LocalIface(u32),
+    /// A service CIDR or cluster IP with its `SVCNET_*` kind.
+    ServiceNet(SourceRange, u8),
+}
+
+/// The key of one entry to delete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EntryKey {
+    Backend(BackendId),
+    Service(ServiceKey),
+    Maglev(ServiceKey),
+    SourceRange(SvcId, SourceRange),
+    LocalSource(SourceRange),
+    LocalIface(u32),
+    ServiceNet(SourceRange),
+    Conntrack4(Ct4Key),
+    Conntrack6(Ct6Key),
+    Affinity4(Affinity4Key),
+    Affinity6(Affinity6Key),
+    Socket(u64),
+    SockRev(SockRevKey),
+}
+
+/// What the reconciler reads of the maps: its state at start-up (adoption)
+/// and the flow tables it scans.
+pub trait MapReads {
+    /// The config entry (all zero before the agent first wrote it).
+    fn config(&self) -> Result<Config, DatapathError>;
+    /// The service, backend and address maps in the reconciler's terms,
+    /// and the service-map keys it cannot interpret.
+    fn state(&self) -> Result<(MapState, Vec<ServiceKey>), DatapathError>;
+    fn conntrack4(&self) -> Result<Vec<(Ct4Key, CtEntry)>, DatapathError>;
+    fn conntrack6(&self) -> Result<Vec<(Ct6Key, CtEntry)>, DatapathError>;
+    fn sockets(&self) -> Result<SocketEntries, DatapathError>;
+    fn affinities4(&self) -> Result<Vec<(Affinity4Key, AffinityValue)>, DatapathError>;
+    fn affinities6(&self) -> Result<Vec<(Affinity6Key, AffinityValue)>, DatapathError>;
+    /// The sum over CPUs of one datapath counter.
+    fn stat(&self, stat: Stat) -> Result<u64, DatapathError>;
+}
+
+/// The map writes: one entry at a time.
+pub trait MapWrites: MapReads {
+    fn put(&mut self, entry: Entry<'_>) -> Result<(), WriteError>;
+    /// Deletes one entry; a missing one counts as deleted (and is not a
+    /// write).
+    fn delete(&mut self, key: EntryKey) -> Result<(), WriteError>;
+    /// Successful puts and deletions so far.
+    fn writes(&self) -> u64;
+}
 
 pub struct MapWriter {
     maps: Maps,
@@ -43,413 +101,141 @@ impl MapWriter {
         Self { maps, writes: 0 }
     }
 
-    /// Successful updates and deletions so far.
-    pub fn writes(&self) -> u64 {
-        self.writes
-    }
-
-    /// Read access for the reconciler's conntrack scans.
+    /// Read access to the maps.
     pub fn maps(&self) -> &Maps {
         &self.maps
     }
+}
 
-    pub fn write_config(&mut self, config: &Config) -> Result<(), WriteError> {
-        self.maps
-            .config
-            .set(0, config, 0)
-            .map_err(|e| WriteError::from_map(names::CONFIG, e))?;
-        self.writes += 1;
-        Ok(())
+fn lpm4(net: SourceRange, a: std::net::Ipv4Addr) -> Key<[u8; 4]> {
+    Key::new(u32::from(net.1), a.octets())
+}
+
+fn lpm6(net: SourceRange, a: std::net::Ipv6Addr) -> Key<[u8; 16]> {
+    Key::new(u32::from(net.1), a.octets())
+}
+
+fn range4(svc: SvcId, range: SourceRange, a: std::net::Ipv4Addr) -> Key<SrcRange4> {
+    Key::new(
+        SrcRange4::prefix_len(range.1),
+        SrcRange4::new(svc, a.octets()),
+    )
+}
+
+fn range6(svc: SvcId, range: SourceRange, a: std::net::Ipv6Addr) -> Key<SrcRange6> {
+    Key::new(
+        SrcRange6::prefix_len(range.1),
+        SrcRange6::new(svc, a.octets()),
+    )
+}
+
+impl MapReads for MapWriter {
+    fn config(&self) -> Result<Config, DatapathError> {
+        self.maps.config()
     }
 
-    pub fn put_backend(&mut self, id: u32, backend: &Backend) -> Result<(), WriteError> {
-        self.maps
-            .backends
-            .insert(id, backend, 0)
-            .map_err(|e| WriteError::from_map(names::BACKENDS, e))?;
-        self.writes += 1;
-        Ok(())
+    fn state(&self) -> Result<(MapState, Vec<ServiceKey>), DatapathError> {
+        read_map_state(&self.maps)
     }
 
-    /// Removes a backend; a missing one counts as removed.
-    pub fn delete_backend(&mut self, id: u32) -> Result<(), WriteError> {
-        let result = self.maps.backends.remove(&id);
-        self.settle(names::BACKENDS, result)
+    fn conntrack4(&self) -> Result<Vec<(Ct4Key, CtEntry)>, DatapathError> {
+        conntrack::read_all(&self.maps)
     }
 
-    /// Brings one frontend from `current` to `target`: changed slots first,
-    /// then the master entry, then trims the slots it no longer covers.
-    /// On failure `current` is marked unknown (`svc_id` 0) so the next call
-    /// rewrites everything.
-    pub fn sync_frontend(
-        &mut self,
-        frontend: &FrontendKey,
-        current: &mut FrontendState,
-        target: &FrontendState,
-    ) -> Result<(), WriteError> {
-        let result = self.sync_frontend_inner(frontend, current, target);
-        if result.is_err() {
-            current.svc_id = 0;
-        }
-        result
+    fn conntrack6(&self) -> Result<Vec<(Ct6Key, CtEntry)>, DatapathError> {
+        conntrack::read_all6(&self.maps)
     }
 
-    fn sync_frontend_inner(
-        &mut self,
-        frontend: &FrontendKey,
-        current: &mut FrontendState,
-        target: &FrontendState,
-    ) -> Result<(), WriteError> {
-        let owner_changed = current.svc_id != target.svc_id;
-        for (i, &backend_id) in target.slots.iter().enumerate() {
-            if !owner_changed && current.slots.get(i) == Some(&backend_id) {
-                continue;
-            }
-            let value = SvcValue {
-                svc_id: target.svc_id,
-                backend_id,
-                ..SvcValue::default()
-            };
-            self.put_service_entry(ServiceKey::of(frontend, slot_number(i)), &value)?;
-            if current.slots.len() <= i {
-                current.slots.resize(i + 1, 0);
-            }
-            current.slots[i] = backend_id;
-        }
-        // A table exists before a master entry that flags it.
-        let table_changed = owner_changed || current.maglev != target.maglev;
-        if table_changed && !target.maglev.is_empty() {
-            self.put_maglev(frontend, &target.maglev)?;
-            current.maglev = target.maglev.clone();
-        }
-        let master_changed = owner_changed
-            || current.flags != target.flags
-            || current.active != target.active
-            || current.fallback != target.fallback
-            || current.affinity_s != target.affinity_s
-            || current.slots.len() != target.slots.len();
-        if master_changed {
-            let value = SvcValue {
-                svc_id: target.svc_id,
-                backend_id: 0,
-                active: target.active,
-                fallback: target.fallback,
-                total: target.slots.len() as u16,
-                flags: target.flags,
-                affinity_s: target.affinity_s,
-                _pad: 0,
-            };
-            self.put_service_entry(ServiceKey::of(frontend, 0), &value)?;
-            current.svc_id = target.svc_id;
-            current.flags = target.flags;
-            current.active = target.active;
-            current.fallback = target.fallback;
-            current.affinity_s = target.affinity_s;
-        }
-        while current.slots.len() > target.slots.len() {
-            let i = current.slots.len() - 1;
-            if current.slots[i] != 0 {
-                self.delete_service_entry(ServiceKey::of(frontend, slot_number(i)))?;
-            }
-            current.slots.pop();
-        }
-        // A table goes after the master entry stopped flagging it.
-        if target.maglev.is_empty() && !current.maglev.is_empty() {
-            self.delete_maglev(frontend)?;
-            current.maglev.clear();
-        }
-        Ok(())
+    fn sockets(&self) -> Result<SocketEntries, DatapathError> {
+        conntrack::read_sockets(&self.maps)
     }
 
-    /// Removes a frontend: the master first (new flows stop matching), then
-    /// its slots. `current` shrinks as entries go.
-    pub fn delete_frontend(
-        &mut self,
-        frontend: &FrontendKey,
-        current: &mut FrontendState,
-    ) -> Result<(), WriteError> {
-        self.delete_service_entry(ServiceKey::of(frontend, 0))?;
-        current.svc_id = 0;
-        if !current.maglev.is_empty() {
-            self.delete_maglev(frontend)?;
-            current.maglev.clear();
-        }
-        while let Some(&id) = current.slots.last() {
-            if id != 0 {
-                let slot = slot_number(current.slots.len() - 1);
-                self.delete_service_entry(ServiceKey::of(frontend, slot))?;
-            }
-            current.slots.pop();
-        }
-        Ok(())
+    fn affinities4(&self) -> Result<Vec<(Affinity4Key, AffinityValue)>, DatapathError> {
+        conntrack::read_affinities(&self.maps.affinity_v4, names::AFFINITY_V4)
     }
 
-    /// Writes the Maglev table of `frontend` over `members`.
-    fn put_maglev(
-        &mut self,
-        frontend: &FrontendKey,
-        members: &[(u32, Endpoint)],
-    ) -> Result<(), WriteError> {
-        let mut table = Box::<MaglevTable>::default();
-        for (slot, id) in table.backends.iter_mut().zip(maglev::populate(members)) {
-            *slot = id;
-        }
-        let (map, result) = match ServiceKey::of(frontend, 0) {
-            ServiceKey::V4(k) => (
-                names::MAGLEV_V4,
-                self.maps.maglev_v4.insert(k, table.as_ref(), 0),
-            ),
-            ServiceKey::V6(k) => (
-                names::MAGLEV_V6,
-                self.maps.maglev_v6.insert(k, table.as_ref(), 0),
-            ),
-        };
-        result.map_err(|e| WriteError::from_map(map, e))?;
-        self.writes += 1;
-        Ok(())
+    fn affinities6(&self) -> Result<Vec<(Affinity6Key, AffinityValue)>, DatapathError> {
+        conntrack::read_affinities(&self.maps.affinity_v6, names::AFFINITY_V6)
     }
 
-    /// Removes the Maglev table of `frontend`; a missing one counts as
-    /// removed.
-    fn delete_maglev(&mut self, frontend: &FrontendKey) -> Result<(), WriteError> {
-        match ServiceKey::of(frontend, 0) {
-            ServiceKey::V4(k) => {
-                let result = self.maps.maglev_v4.remove(&k);
-                self.settle(names::MAGLEV_V4, result)
-            }
-            ServiceKey::V6(k) => {
-                let result = self.maps.maglev_v6.remove(&k);
-                self.settle(names::MAGLEV_V6, result)
-            }
-        }
-    }
-
-    /// Writes one service-map entry into its family's map.
-    fn put_service_entry(&mut self, key: ServiceKey, value: &SvcValue) -> Result<(), WriteError> {
-        let (map, result) = match key {
-            ServiceKey::V4(k) => (
-                names::SERVICES_V4,
-                self.maps.services_v4.insert(k, value, 0),
-            ),
-            ServiceKey::V6(k) => (
-                names::SERVICES_V6,
-                self.maps.services_v6.insert(k, value, 0),
-            ),
-        };
-        result.map_err(|e| WriteError::from_map(map, e))?;
-        self.writes += 1;
-        Ok(())
-    }
-
-    /// Removes a raw service-map entry (also used for entries the agent
-    /// cannot interpret).
-    pub fn delete_service_entry(&mut self, key: ServiceKey) -> Result<(), WriteError> {
-        match key {
-            ServiceKey::V4(k) => {
-                let result = self.maps.services_v4.remove(&k);
-                self.settle(names::SERVICES_V4, result)
-            }
-            ServiceKey::V6(k) => {
-                let result = self.maps.services_v6.remove(&k);
-                self.settle(names::SERVICES_V6, result)
-            }
-        }
-    }
-
-    /// Adds a loadBalancerSourceRanges entry of service port `svc_id`.
-    pub fn put_source_range(&mut self, svc_id: u32, range: SourceRange) -> Result<(), WriteError> {
-        match range.0 {
-            IpAddr::V4(a) => {
-                let key = Key::new(
-                    SrcRange4::prefix_len(range.1),
-                    SrcRange4::new(svc_id, a.octets()),
-                );
-                self.maps
-                    .source_ranges_v4
-                    .insert(&key, 1, 0)
-                    .map_err(|e| WriteError::from_map(names::SOURCE_RANGES_V4, e))?;
-            }
-            IpAddr::V6(a) => {
-                let key = Key::new(
-                    SrcRange6::prefix_len(range.1),
-                    SrcRange6::new(svc_id, a.octets()),
-                );
-                self.maps
-                    .source_ranges_v6
-                    .insert(&key, 1, 0)
-                    .map_err(|e| WriteError::from_map(names::SOURCE_RANGES_V6, e))?;
-            }
-        }
-        self.writes += 1;
-        Ok(())
-    }
-
-    pub fn delete_source_range(
-        &mut self,
-        svc_id: u32,
-        range: SourceRange,
-    ) -> Result<(), WriteError> {
-        match range.0 {
-            IpAddr::V4(a) => {
-                let key = Key::new(
-                    SrcRange4::prefix_len(range.1),
-                    SrcRange4::new(svc_id, a.octets()),
-                );
-                let result = self.maps.source_ranges_v4.remove(&key);
-                self.settle(names::SOURCE_RANGES_V4, result)
-            }
-            IpAddr::V6(a) => {
-                let key = Key::new(
-                    SrcRange6::prefix_len(range.1),
-                    SrcRange6::new(svc_id, a.octets()),
-                );
-                let result = self.maps.source_ranges_v6.remove(&key);
-                self.settle(names::SOURCE_RANGES_V6, result)
-            }
-        }
-    }
-
-    /// Adds a network of the cluster's own sources (local-traffic
-    /// detection).
-    pub fn put_local_source(&mut self, net: SourceRange) -> Result<(), WriteError> {
-        match net.0 {
-            IpAddr::V4(a) => self
-                .maps
-                .local_v4
-                .insert(&Key::new(u32::from(net.1), a.octets()), 1, 0)
-                .map_err(|e| WriteError::from_map(names::LOCAL_V4, e))?,
-            IpAddr::V6(a) => self
-                .maps
-                .local_v6
-                .insert(&Key::new(u32::from(net.1), a.octets()), 1, 0)
-                .map_err(|e| WriteError::from_map(names::LOCAL_V6, e))?,
-        }
-        self.writes += 1;
-        Ok(())
-    }
-
-    /// Removes a network of the cluster's own sources; a missing one counts
-    /// as removed.
-    pub fn delete_local_source(&mut self, net: SourceRange) -> Result<(), WriteError> {
-        match net.0 {
-            IpAddr::V4(a) => {
-                let result = self
-                    .maps
-                    .local_v4
-                    .remove(&Key::new(u32::from(net.1), a.octets()));
-                self.settle(names::LOCAL_V4, result)
-            }
-            IpAddr::V6(a) => {
-                let result = self
-                    .maps
-                    .local_v6
-                    .remove(&Key::new(u32::from(net.1), a.octets()));
-                self.settle(names::LOCAL_V6, result)
-            }
-        }
-    }
-
-    /// Marks device `ifindex` as a pod's (interface-based local-traffic
-    /// detection).
-    pub fn put_local_iface(&mut self, ifindex: u32) -> Result<(), WriteError> {
-        self.maps
-            .local_ifs
-            .insert(ifindex, 1, 0)
-            .map_err(|e| WriteError::from_map(names::LOCAL_IFS, e))?;
-        self.writes += 1;
-        Ok(())
-    }
-
-    /// Writes what the service address space says of `net` (`SVCNET_*`:
-    /// a service CIDR, or a cluster IP as a host route).
-    pub fn put_service_net(&mut self, net: SourceRange, kind: u8) -> Result<(), WriteError> {
-        match net.0 {
-            IpAddr::V4(a) => self
-                .maps
-                .svcnet_v4
-                .insert(&Key::new(u32::from(net.1), a.octets()), kind, 0)
-                .map_err(|e| WriteError::from_map(names::SVCNET_V4, e))?,
-            IpAddr::V6(a) => self
-                .maps
-                .svcnet_v6
-                .insert(&Key::new(u32::from(net.1), a.octets()), kind, 0)
-                .map_err(|e| WriteError::from_map(names::SVCNET_V6, e))?,
-        }
-        self.writes += 1;
-        Ok(())
-    }
-
-    /// Unmarks device `ifindex`; a missing one counts as removed.
-    pub fn delete_local_iface(&mut self, ifindex: u32) -> Result<(), WriteError> {
-        let result = self.maps.local_ifs.remove(&ifindex);
-        self.settle(names::LOCAL_IFS, result)
-    }
-
-    /// Removes an entry of the service address space; a missing one counts
-    /// as removed.
-    pub fn delete_service_net(&mut self, net: SourceRange) -> Result<(), WriteError> {
-        match net.0 {
-            IpAddr::V4(a) => {
-                let result = self
-                    .maps
-                    .svcnet_v4
-                    .remove(&Key::new(u32::from(net.1), a.octets()));
-                self.settle(names::SVCNET_V4, result)
-            }
-            IpAddr::V6(a) => {
-                let result = self
-                    .maps
-                    .svcnet_v6
-                    .remove(&Key::new(u32::from(net.1), a.octets()));
-                self.settle(names::SVCNET_V6, result)
-            }
-        }
-    }
-
-    /// Removes a session affinity entry; a missing one counts as removed.
-    pub fn delete_affinity(&mut self, key: &Affinity4Key) -> Result<(), WriteError> {
-        let result = self.maps.affinity_v4.remove(key);
-        self.settle(names::AFFINITY_V4, result)
-    }
-
-    /// Removes an IPv6 session affinity entry; a missing one counts as
-    /// removed.
-    pub fn delete_affinity6(&mut self, key: &Affinity6Key) -> Result<(), WriteError> {
-        let result = self.maps.affinity_v6.remove(key);
-        self.settle(names::AFFINITY_V6, result)
-    }
-
-    /// Removes a socket-level entry of the node's own sockets.
-    pub fn delete_socket(&mut self, cookie: u64) -> Result<(), WriteError> {
-        let result = self.maps.sockets.remove(&cookie);
-        self.settle(names::SOCKETS, result)
-    }
-
-    pub fn delete_sock_rev(&mut self, key: &SockRevKey) -> Result<(), WriteError> {
-        let result = self.maps.sock_rev.remove(key);
-        self.settle(names::SOCK_REV, result)
-    }
-
-    /// Removes an IPv4 conntrack entry; a missing one counts as removed.
-    pub fn delete_conntrack(&mut self, key: &Ct4Key) -> Result<(), WriteError> {
-        let result = self.maps.conntrack_v4.remove(key);
-        self.settle(names::CONNTRACK_V4, result)
-    }
-
-    /// Removes an IPv6 conntrack entry; a missing one counts as removed.
-    pub fn delete_conntrack6(&mut self, key: &Ct6Key) -> Result<(), WriteError> {
-        let result = self.maps.conntrack_v6.remove(key);
-        self.settle(names::CONNTRACK_V6, result)
+    fn stat(&self, stat: Stat) -> Result<u64, DatapathError> {
+        self.maps.stat(stat)
     }
 }
 
-impl MapWriter {
-    /// A deletion that found nothing to delete is fine (and not a write).
-    fn settle(
-        &mut self,
-        map: &'static str,
-        result: Result<(), MapError>,
-    ) -> Result<(), WriteError> {
+impl MapWrites for MapWriter {
+    fn put(&mut self, entry: Entry<'_>) -> Result<(), WriteError> {
+        let m = &mut self.maps;
+        let (map, result) = match entry {
+            Entry::Config(c) => (names::CONFIG, m.config.set(0, c, 0)),
+            Entry::Backend(id, b) => (names::BACKENDS, m.backends.insert(id, b, 0)),
+            Entry::Service(ServiceKey::V4(k), v) => {
+                (names::SERVICES_V4, m.services_v4.insert(k, v, 0))
+            }
+            Entry::Service(ServiceKey::V6(k), v) => {
+                (names::SERVICES_V6, m.services_v6.insert(k, v, 0))
+            }
+            Entry::Maglev(ServiceKey::V4(k), t) => (names::MAGLEV_V4, m.maglev_v4.insert(k, t, 0)),
+            Entry::Maglev(ServiceKey::V6(k), t) => (names::MAGLEV_V6, m.maglev_v6.insert(k, t, 0)),
+            Entry::SourceRange(svc, range) => match range.0 {
+                IpAddr::V4(a) => (
+                    names::SOURCE_RANGES_V4,
+                    m.source_ranges_v4.insert(&range4(svc, range, a), 1, 0),
+                ),
+                IpAddr::V6(a) => (
+                    names::SOURCE_RANGES_V6,
+                    m.source_ranges_v6.insert(&range6(svc, range, a), 1, 0),
+                ),
+            },
+            Entry::LocalSource(net) => match net.0 {
+                IpAddr::V4(a) => (names::LOCAL_V4, m.local_v4.insert(&lpm4(net, a), 1, 0)),
+                IpAddr::V6(a) => (names::LOCAL_V6, m.local_v6.insert(&lpm6(net, a), 1, 0)),
+            },
+            Entry::LocalIface(ifindex) => (names::LOCAL_IFS, m.local_ifs.insert(ifindex, 1, 0)),
+            Entry::ServiceNet(net, kind) => match net.0 {
+                IpAddr::V4(a) => (names::SVCNET_V4, m.svcnet_v4.insert(&lpm4(net, a), kind, 0)),
+                IpAddr::V6(a) => (names::SVCNET_V6, m.svcnet_v6.insert(&lpm6(net, a), kind, 0)),
+            },
+        };
+        result.map_err(|e| WriteError::from_map(map, e))?;
+        self.writes += 1;
+        Ok(())
+    }
+
+    fn delete(&mut self, key: EntryKey) -> Result<(), WriteError> {
+        let m = &mut self.maps;
+        let (map, result) = match key {
+            EntryKey::Backend(id) => (names::BACKENDS, m.backends.remove(&id)),
+            EntryKey::Service(ServiceKey::V4(k)) => (names::SERVICES_V4, m.services_v4.remove(&k)),
+            EntryKey::Service(ServiceKey::V6(k)) => (names::SERVICES_V6, m.services_v6.remove(&k)),
+            EntryKey::Maglev(ServiceKey::V4(k)) => (names::MAGLEV_V4, m.maglev_v4.remove(&k)),
+            EntryKey::Maglev(ServiceKey::V6(k)) => (names::MAGLEV_V6, m.maglev_v6.remove(&k)),
+            EntryKey::SourceRange(svc, range) => match range.0 {
+                IpAddr::V4(a) => (
+                    names::SOURCE_RANGES_V4,
+                    m.source_ranges_v4.remove(&range4(svc, range, a)),
+                ),
+                IpAddr::V6(a) => (
+                    names::SOURCE_RANGES_V6,
+                    m.source_ranges_v6.remove(&range6(svc, range, a)),
+                ),
+            },
+            EntryKey::LocalSource(net) => match net.0 {
+                IpAddr::V4(a) => (names::LOCAL_V4, m.local_v4.remove(&lpm4(net, a))),
+                IpAddr::V6(a) => (names::LOCAL_V6, m.local_v6.remove(&lpm6(net, a))),
+            },
+            EntryKey::LocalIface(ifindex) => (names::LOCAL_IFS, m.local_ifs.remove(&ifindex)),
+            EntryKey::ServiceNet(net) => match net.0 {
+                IpAddr::V4(a) => (names::SVCNET_V4, m.svcnet_v4.remove(&lpm4(net, a))),
+                IpAddr::V6(a) => (names::SVCNET_V6, m.svcnet_v6.remove(&lpm6(net, a))),
+            },
+            EntryKey::Conntrack4(k) => (names::CONNTRACK_V4, m.conntrack_v4.remove(&k)),
+            EntryKey::Conntrack6(k) => (names::CONNTRACK_V6, m.conntrack_v6.remove(&k)),
+            EntryKey::Affinity4(k) => (names::AFFINITY_V4, m.affinity_v4.remove(&k)),
+            EntryKey::Affinity6(k) => (names::AFFINITY_V6, m.affinity_v6.remove(&k)),
+            EntryKey::Socket(cookie) => (names::SOCKETS, m.sockets.remove(&cookie)),
+            EntryKey::SockRev(k) => (names::SOCK_REV, m.sock_rev.remove(&k)),
+        };
         match result {
             Ok(()) => {
                 self.writes += 1;
@@ -459,9 +245,8 @@ impl MapWriter {
             Err(e) => Err(WriteError::from_map(map, e)),
         }
     }
-}
 
-/// Slot number of slot index `i` (slot 0 is the master).
-fn slot_number(i: usize) -> u16 {
-    (i + 1) as u16
+    fn writes(&self) -> u64 {
+        self.writes
+    }
 }

@@ -7,10 +7,8 @@
 
 use std::collections::HashMap;
 
-use crate::{
-    model::{FrontendKey, ServicePortName},
-    state::MapState,
-};
+use super::state::MapState;
+use crate::model::{FrontendKey, ServicePortName};
 
 #[derive(Debug, Default)]
 pub struct Ids {
@@ -104,3 +102,9 @@ impl Ids {
         }
     }
 }
+
+/// A service port's id (`SvcValue::svc_id`, `Backend::svc_id`).
+pub type SvcId = u32;
+
+/// A backend's id (the key of `sl_backends`).
+pub type BackendId = u32;

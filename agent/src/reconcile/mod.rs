@@ -10,9 +10,15 @@
 //! service; an unchanged desired state costs no syscall at all.
 
 mod drain;
+#[cfg(test)]
+pub(crate) mod fake;
+mod frontend;
 mod ids;
 pub mod maglev;
 mod plan;
+mod state;
+#[cfg(test)]
+mod tests;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -20,18 +26,21 @@ use std::{
 };
 
 pub use drain::{drains, Drain, FlowCounts};
+pub use ids::{BackendId, SvcId};
 pub use plan::{endpoint_of, Refusal, UnitPlan};
+pub use state::{FrontendState, MapState, SourceRange};
 use tracing::{debug, info, warn};
 
 use crate::{
     conntrack,
-    datapath::{read_map_state, DatapathError, MapSizes, MapWriter, ServiceKey, WriteError},
+    datapath::{
+        DatapathError, Entry, EntryKey, MapSizes, MapWriter, MapWrites, ServiceKey, WriteError,
+    },
     model::{DesiredState, FrontendKey, ServicePortName},
-    state::{FrontendState, MapState, SourceRange},
 };
 use ids::Ids;
 use sluice_common::{
-    maps::{self as names, MAX_SLOTS, SVCNET_CIDR, SVCNET_CLUSTER_IP},
+    maps::{MAX_SLOTS, SVCNET_CIDR, SVCNET_CLUSTER_IP},
     Backend, Config, ABI_VERSION,
 };
 
@@ -79,8 +88,8 @@ pub struct ScanReport {
     pub took: Duration,
 }
 
-pub struct Reconciler {
-    writer: MapWriter,
+pub struct Reconciler<W = MapWriter> {
+    writer: W,
     programmed: MapState,
     /// Backend ids per service-port id, and frontends per service-port id
     /// (0 for frontends whose master entry is missing).
@@ -129,24 +138,24 @@ impl FamilyCount {
     }
 }
 
-/// A map write of one entry.
-type Write<T> = fn(&mut MapWriter, T) -> Result<(), WriteError>;
+/// The entry, and the key, of one member of a set-like map.
+type Member<T> = (fn(T) -> Entry<'static>, fn(T) -> EntryKey);
 
 /// Brings a map that holds a set of keys from `have` (what it holds, kept
 /// up to date write by write) to `want` with `(put, delete)`: the new keys
 /// first, then the stale ones.
-fn sync_set<T: Ord + Copy>(
-    writer: &mut MapWriter,
+fn sync_set<T: Ord + Copy, W: MapWrites>(
+    writer: &mut W,
     have: &mut BTreeSet<T>,
     want: &BTreeSet<T>,
-    (put, delete): (Write<T>, Write<T>),
+    (entry, key_of): Member<T>,
     report: &mut Report,
 ) {
     if have == want {
         return;
     }
     for key in want.difference(&have.clone()) {
-        match put(writer, *key) {
+        match writer.put(entry(*key)) {
             Ok(()) => {
                 have.insert(*key);
             }
@@ -155,7 +164,7 @@ fn sync_set<T: Ord + Copy>(
     }
     let stale: Vec<T> = have.difference(want).copied().collect();
     for key in stale {
-        match delete(writer, key) {
+        match writer.delete(key_of(key)) {
             Ok(()) => {
                 have.remove(&key);
             }
@@ -176,20 +185,20 @@ fn random_seed() -> u32 {
     }
 }
 
-impl Reconciler {
+impl<W: MapWrites> Reconciler<W> {
     /// Adopts what the maps hold now and makes sure the config entry is set.
     pub fn new(
-        mut writer: MapWriter,
+        mut writer: W,
         sizes: &MapSizes,
         drain_timeout: Duration,
     ) -> Result<Self, DatapathError> {
-        let config = writer.maps().config()?;
+        let config = writer.config()?;
         if config.abi_version != ABI_VERSION {
             // First start (all zero), or pins another release wrote and this
             // one migrated: the seed and the rest are kept.
             let fresh = config.abi_version == 0;
             writer
-                .write_config(&Config {
+                .put(Entry::Config(&Config {
                     abi_version: ABI_VERSION,
                     hash_seed: if fresh {
                         random_seed()
@@ -208,13 +217,13 @@ impl Reconciler {
                     },
                     flags: config.flags,
                     netns_cookie: config.netns_cookie,
-                })
+                }))
                 .map_err(|e| DatapathError::Io {
                     path: sluice_common::maps::CONFIG.into(),
                     source: std::io::Error::other(e),
                 })?;
         }
-        let (programmed, foreign) = read_map_state(writer.maps())?;
+        let (programmed, foreign) = writer.state()?;
         let ids = Ids::adopt(&programmed);
         let mut r = Self {
             writer,
@@ -252,13 +261,13 @@ impl Reconciler {
     /// Sets the network namespace the socket-level programs serve (written
     /// only when it changes, so a restart writes nothing).
     pub fn set_netns_cookie(&mut self, cookie: u64) -> Result<(), DatapathError> {
-        let mut config = self.writer.maps().config()?;
+        let mut config = self.writer.config()?;
         if config.netns_cookie == cookie {
             return Ok(());
         }
         config.netns_cookie = cookie;
         self.writer
-            .write_config(&config)
+            .put(Entry::Config(&config))
             .map_err(|e| DatapathError::Io {
                 path: sluice_common::maps::CONFIG.into(),
                 source: std::io::Error::other(e),
@@ -286,8 +295,13 @@ impl Reconciler {
     }
 
     /// Read access to the maps (conntrack listing, counters).
-    pub fn writer(&self) -> &MapWriter {
+    pub fn writer(&self) -> &W {
         &self.writer
+    }
+
+    #[cfg(test)]
+    pub(crate) fn writer_mut(&mut self) -> &mut W {
+        &mut self.writer
     }
 
     /// Map writes issued since this reconciler started.
@@ -631,7 +645,7 @@ impl Reconciler {
             if self.programmed.service_nets.get(net) == Some(kind) {
                 continue;
             }
-            match self.writer.put_service_net(*net, *kind) {
+            match self.writer.put(Entry::ServiceNet(*net, *kind)) {
                 Ok(()) => {
                     self.programmed.service_nets.insert(*net, *kind);
                 }
@@ -646,7 +660,7 @@ impl Reconciler {
             .copied()
             .collect();
         for net in stale {
-            match self.writer.delete_service_net(net) {
+            match self.writer.delete(EntryKey::ServiceNet(net)) {
                 Ok(()) => {
                     self.programmed.service_nets.remove(&net);
                 }
@@ -663,7 +677,7 @@ impl Reconciler {
             &mut self.writer,
             &mut self.programmed.local_sources,
             want,
-            (MapWriter::put_local_source, MapWriter::delete_local_source),
+            (Entry::LocalSource, EntryKey::LocalSource),
             report,
         );
     }
@@ -675,7 +689,7 @@ impl Reconciler {
             &mut self.writer,
             &mut self.programmed.local_ifaces,
             want,
-            (MapWriter::put_local_iface, MapWriter::delete_local_iface),
+            (Entry::LocalIface, EntryKey::LocalIface),
             report,
         );
     }
@@ -694,7 +708,7 @@ impl Reconciler {
             {
                 continue;
             }
-            match self.writer.put_source_range(id, *range) {
+            match self.writer.put(Entry::SourceRange(id, *range)) {
                 Ok(()) => {
                     self.programmed
                         .source_ranges
@@ -709,7 +723,7 @@ impl Reconciler {
             if self.programmed.backends.get(bid) == Some(b) {
                 continue;
             }
-            match self.writer.put_backend(*bid, b) {
+            match self.writer.put(Entry::Backend(*bid, b)) {
                 Ok(()) => self.set_backend(*bid, *b),
                 Err(e) => report.errors.push(e),
             }
@@ -732,7 +746,7 @@ impl Reconciler {
                 continue;
             }
             let mut current = self.take_frontend(key).unwrap_or_default();
-            if let Err(e) = self.writer.sync_frontend(key, &mut current, want) {
+            if let Err(e) = frontend::sync(&mut self.writer, key, &mut current, want) {
                 report.errors.push(e);
             }
             self.set_frontend(*key, current);
@@ -745,7 +759,7 @@ impl Reconciler {
             let Some(mut current) = self.take_frontend(&key) else {
                 continue;
             };
-            if let Err(e) = self.writer.delete_frontend(&key, &mut current) {
+            if let Err(e) = frontend::delete(&mut self.writer, &key, &mut current) {
                 report.errors.push(e);
                 self.set_frontend(key, current);
             }
@@ -761,7 +775,7 @@ impl Reconciler {
             if wanted.contains(&bid) || referenced.contains(&bid) {
                 continue;
             }
-            match self.writer.delete_backend(bid) {
+            match self.writer.delete(EntryKey::Backend(bid)) {
                 Ok(()) => {
                     self.drop_backend(bid);
                     report.backends_removed += 1;
@@ -780,7 +794,7 @@ impl Reconciler {
             .copied()
             .collect();
         for range in stale {
-            match self.writer.delete_source_range(id, range) {
+            match self.writer.delete(EntryKey::SourceRange(id, range)) {
                 Ok(()) => {
                     if let Some(set) = self.programmed.source_ranges.get_mut(&id) {
                         set.remove(&range);
@@ -798,7 +812,7 @@ impl Reconciler {
     /// Entries of a protocol the agent does not know cannot be its to keep.
     fn delete_foreign(&mut self, report: &mut Report) {
         for key in std::mem::take(&mut self.foreign) {
-            if let Err(e) = self.writer.delete_service_entry(key) {
+            if let Err(e) = self.writer.delete(EntryKey::Service(key)) {
                 self.foreign.push(key);
                 report.errors.push(e);
             }
@@ -811,54 +825,52 @@ impl Reconciler {
     pub fn scan_conntrack(&mut self, now: Instant) -> Result<ScanReport, DatapathError> {
         let now_ns = conntrack::monotonic_ns();
         let backends = &self.programmed.backends;
-        let scan4 = conntrack::scan(&conntrack::read_all(self.writer.maps())?, backends, now_ns);
-        let scan6 = conntrack::scan(&conntrack::read_all6(self.writer.maps())?, backends, now_ns);
+        let scan4 = conntrack::scan(&self.writer.conntrack4()?, backends, now_ns);
+        let scan6 = conntrack::scan(&self.writer.conntrack6()?, backends, now_ns);
         let mut report = ScanReport {
             entries: scan4.entries + scan6.entries,
             ..ScanReport::default()
         };
         for key in &scan4.stale {
-            match self.writer.delete_conntrack(key) {
+            match self.writer.delete(EntryKey::Conntrack4(*key)) {
                 Ok(()) => report.deleted += 1,
                 Err(e) => report.errors.push(e),
             }
         }
         for key in &scan6.stale {
-            match self.writer.delete_conntrack6(key) {
+            match self.writer.delete(EntryKey::Conntrack6(*key)) {
                 Ok(()) => report.deleted += 1,
                 Err(e) => report.errors.push(e),
             }
         }
         let mut flows = scan4.flows;
         conntrack::add_flows(&mut flows, scan6.flows);
-        let (sockets, revs) = conntrack::read_sockets(self.writer.maps())?;
+        let (sockets, revs) = self.writer.sockets()?;
         let socks = conntrack::scan_sockets(&sockets, &revs, &self.programmed.backends);
         for cookie in &socks.stale_sockets {
-            match self.writer.delete_socket(*cookie) {
+            match self.writer.delete(EntryKey::Socket(*cookie)) {
                 Ok(()) => report.deleted += 1,
                 Err(e) => report.errors.push(e),
             }
         }
         for key in &socks.stale_revs {
-            match self.writer.delete_sock_rev(key) {
+            match self.writer.delete(EntryKey::SockRev(*key)) {
                 Ok(()) => report.deleted += 1,
                 Err(e) => report.errors.push(e),
             }
         }
         conntrack::add_flows(&mut flows, socks.flows);
         let now_ns = conntrack::monotonic_ns();
-        let maps = self.writer.maps();
-        let affinities = conntrack::read_affinities(&maps.affinity_v4, names::AFFINITY_V4)?;
+        let affinities = self.writer.affinities4()?;
         for key in conntrack::stale_affinities(&affinities, &self.programmed.backends, now_ns) {
-            match self.writer.delete_affinity(&key) {
+            match self.writer.delete(EntryKey::Affinity4(key)) {
                 Ok(()) => report.deleted += 1,
                 Err(e) => report.errors.push(e),
             }
         }
-        let maps = self.writer.maps();
-        let affinities = conntrack::read_affinities(&maps.affinity_v6, names::AFFINITY_V6)?;
+        let affinities = self.writer.affinities6()?;
         for key in conntrack::stale_affinities(&affinities, &self.programmed.backends, now_ns) {
-            match self.writer.delete_affinity6(&key) {
+            match self.writer.delete(EntryKey::Affinity6(key)) {
                 Ok(()) => report.deleted += 1,
                 Err(e) => report.errors.push(e),
             }

@@ -17,11 +17,9 @@ use sluice_common::{
     Backend, BackendState, FAMILY_V4, FAMILY_V6,
 };
 
-use crate::{
-    model::{
-        DesiredBackend, DesiredService, Endpoint, FrontendKey, Scope, ServicePortName, WhenEmpty,
-    },
-    state::{FrontendState, SourceRange},
+use super::state::{FrontendState, SourceRange};
+use crate::model::{
+    DesiredBackend, DesiredService, Endpoint, FrontendKey, Scope, ServicePortName, WhenEmpty,
 };
 
 /// Why a service port was not (re)programmed. Its previous state, if any,

@@ -1,0 +1,489 @@
+//! A fake of the datapath maps for the agent's unit tests: it holds what
+//! the real maps would, records every write, and checks on every write the
+//! invariant the datapath relies on (`frontend.rs`): a slot names an
+//! existing backend, a master entry covers only existing slots and flags
+//! only an existing Maglev table, a table names only existing backends;
+//! removals go in the reverse order. A violation panics with the write
+//! that broke it.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr},
+};
+
+use sluice_common::{
+    service::SVC_F_MAGLEV, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key,
+    Ct6Key, CtEntry, MaglevTable, SockEntry, SockRevKey, Stat, SvcValue,
+};
+
+use super::{endpoint_of, BackendId, FrontendState, MapState, SourceRange, SvcId};
+use crate::{
+    conntrack::SocketEntries,
+    datapath::{DatapathError, Entry, EntryKey, MapReads, MapWrites, ServiceKey, WriteError},
+    model::{Endpoint, FrontendKey},
+};
+
+/// One recorded write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write {
+    Config,
+    Put(EntryKey),
+    Delete(EntryKey),
+}
+
+/// Entries each map holds at most; a put of a new key beyond it fails
+/// with `WriteError::Full`, as E2BIG does.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Each of `sl_svc4` and `sl_svc6`.
+    pub services: usize,
+    pub backends: usize,
+    /// Each of `sl_maglev4` and `sl_maglev6`.
+    pub maglev: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            services: usize::MAX,
+            backends: usize::MAX,
+            maglev: usize::MAX,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct FakeMaps {
+    pub config: Config,
+    pub services: BTreeMap<(FrontendKey, u16), SvcValue>,
+    /// Service-map keys of no frontend the agent knows.
+    pub foreign: Vec<ServiceKey>,
+    pub backends: BTreeMap<BackendId, Backend>,
+    pub maglev: BTreeMap<FrontendKey, Vec<BackendId>>,
+    pub source_ranges: BTreeSet<(SvcId, SourceRange)>,
+    pub local_sources: BTreeSet<SourceRange>,
+    pub local_ifaces: BTreeSet<u32>,
+    pub service_nets: BTreeMap<SourceRange, u8>,
+    pub conntrack4: Vec<(Ct4Key, CtEntry)>,
+    pub conntrack6: Vec<(Ct6Key, CtEntry)>,
+    pub sockets: Vec<(u64, SockEntry)>,
+    pub sock_revs: Vec<SockRevKey>,
+    pub affinities4: Vec<(Affinity4Key, AffinityValue)>,
+    pub affinities6: Vec<(Affinity6Key, AffinityValue)>,
+    pub stats: BTreeMap<usize, u64>,
+    pub limits: Limits,
+    /// Every successful write, in order.
+    pub log: Vec<Write>,
+    /// The write with this index (counting `attempts` from 0) fails once.
+    pub fail_at: Option<usize>,
+    pub attempts: usize,
+}
+
+fn frontend_of(key: ServiceKey) -> (FrontendKey, u16) {
+    match key.frontend() {
+        Some(f) => f,
+        None => panic!("service key {key:?} names no frontend the agent knows"),
+    }
+}
+
+impl FakeMaps {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The same maps, as a restarted agent finds them: nothing recorded.
+    pub fn restarted(&self) -> Self {
+        Self {
+            log: Vec::new(),
+            fail_at: None,
+            attempts: 0,
+            ..self.clone()
+        }
+    }
+
+    fn family_count<T>(map: &BTreeMap<(FrontendKey, u16), T>, v6: bool) -> usize {
+        map.keys().filter(|(k, _)| k.addr.is_ipv6() == v6).count()
+    }
+
+    /// Entries of one family's service map.
+    pub fn service_entries(&self, v6: bool) -> usize {
+        Self::family_count(&self.services, v6)
+    }
+
+    fn check_put(&self, entry: &Entry<'_>) {
+        match entry {
+            Entry::Service(key, value) => {
+                let (fe, slot) = frontend_of(*key);
+                if slot > 0 {
+                    assert!(
+                        self.backends.contains_key(&value.backend_id),
+                        "slot {slot} of {fe} names backend {} before it exists",
+                        value.backend_id
+                    );
+                    return;
+                }
+                for i in 1..=value.total {
+                    assert!(
+                        self.services.contains_key(&(fe, i)),
+                        "master of {fe} covers {} slots before slot {i} exists",
+                        value.total
+                    );
+                }
+                if value.flags & SVC_F_MAGLEV != 0 {
+                    assert!(
+                        self.maglev.contains_key(&fe),
+                        "master of {fe} flags a Maglev table before it exists"
+                    );
+                }
+            }
+            Entry::Maglev(key, table) => {
+                let (fe, _) = frontend_of(*key);
+                for id in table.backends.iter().filter(|id| **id != 0) {
+                    assert!(
+                        self.backends.contains_key(id),
+                        "Maglev table of {fe} names backend {id} before it exists"
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn check_delete(&self, key: &EntryKey) {
+        match key {
+            EntryKey::Backend(id) => {
+                if let Some(((fe, slot), _)) = self
+                    .services
+                    .iter()
+                    .find(|((_, slot), v)| *slot > 0 && v.backend_id == *id)
+                {
+                    panic!("backend {id} deleted while slot {slot} of {fe} names it");
+                }
+                if let Some((fe, _)) = self.maglev.iter().find(|(_, t)| t.contains(id)) {
+                    panic!("backend {id} deleted while the Maglev table of {fe} names it");
+                }
+            }
+            EntryKey::Service(key) => {
+                let (fe, slot) = frontend_of(*key);
+                if slot == 0 {
+                    return;
+                }
+                if let Some(master) = self.services.get(&(fe, 0)) {
+                    assert!(
+                        master.total < slot,
+                        "slot {slot} of {fe} deleted while its master covers {}",
+                        master.total
+                    );
+                }
+            }
+            EntryKey::Maglev(key) => {
+                let (fe, _) = frontend_of(*key);
+                if let Some(master) = self.services.get(&(fe, 0)) {
+                    assert!(
+                        master.flags & SVC_F_MAGLEV == 0,
+                        "Maglev table of {fe} deleted while its master flags it"
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Fails the write if it is the one `fail_at` names.
+    fn attempt(&mut self, map: &'static str) -> Result<(), WriteError> {
+        let n = self.attempts;
+        self.attempts += 1;
+        if self.fail_at == Some(n) {
+            self.fail_at = None;
+            return Err(WriteError::Full { map });
+        }
+        Ok(())
+    }
+
+    fn record(entry: &Entry<'_>) -> Write {
+        Write::Put(match *entry {
+            Entry::Config(_) => return Write::Config,
+            Entry::Backend(id, _) => EntryKey::Backend(id),
+            Entry::Service(k, _) => EntryKey::Service(k),
+            Entry::Maglev(k, _) => EntryKey::Maglev(k),
+            Entry::SourceRange(svc, r) => EntryKey::SourceRange(svc, r),
+            Entry::LocalSource(n) => EntryKey::LocalSource(n),
+            Entry::LocalIface(i) => EntryKey::LocalIface(i),
+            Entry::ServiceNet(n, _) => EntryKey::ServiceNet(n),
+        })
+    }
+
+    /// Whether the map of `entry` is full for a new key.
+    fn full(&self, entry: &Entry<'_>) -> Option<&'static str> {
+        use sluice_common::maps as names;
+        match entry {
+            Entry::Service(key, _) => {
+                let (fe, slot) = frontend_of(*key);
+                let v6 = fe.addr.is_ipv6();
+                (!self.services.contains_key(&(fe, slot))
+                    && self.service_entries(v6) >= self.limits.services)
+                    .then_some(if v6 {
+                        names::SERVICES_V6
+                    } else {
+                        names::SERVICES_V4
+                    })
+            }
+            Entry::Backend(id, _) => (!self.backends.contains_key(id)
+                && self.backends.len() >= self.limits.backends)
+                .then_some(names::BACKENDS),
+            Entry::Maglev(key, _) => {
+                let (fe, _) = frontend_of(*key);
+                let v6 = fe.addr.is_ipv6();
+                let n = self
+                    .maglev
+                    .keys()
+                    .filter(|k| k.addr.is_ipv6() == v6)
+                    .count();
+                (!self.maglev.contains_key(&fe) && n >= self.limits.maglev).then_some(if v6 {
+                    names::MAGLEV_V6
+                } else {
+                    names::MAGLEV_V4
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Puts and deletions recorded, without the config entry.
+    pub fn map_writes(&self) -> Vec<Write> {
+        self.log
+            .iter()
+            .filter(|w| **w != Write::Config)
+            .copied()
+            .collect()
+    }
+}
+
+impl MapReads for FakeMaps {
+    fn config(&self) -> Result<Config, DatapathError> {
+        Ok(self.config)
+    }
+
+    fn state(&self) -> Result<(MapState, Vec<ServiceKey>), DatapathError> {
+        let mut state = MapState::default();
+        for ((fe, slot), v) in &self.services {
+            let f = state
+                .frontends
+                .entry(*fe)
+                .or_insert_with(FrontendState::default);
+            if *slot == 0 {
+                f.svc_id = v.svc_id;
+                f.flags = v.flags;
+                f.active = v.active;
+                f.fallback = v.fallback;
+                f.affinity_s = v.affinity_s;
+            } else {
+                let i = usize::from(*slot) - 1;
+                if f.slots.len() <= i {
+                    f.slots.resize(i + 1, 0);
+                }
+                f.slots[i] = v.backend_id;
+            }
+        }
+        state.backends = self.backends.iter().map(|(k, v)| (*k, *v)).collect();
+        for (svc, range) in &self.source_ranges {
+            state.source_ranges.entry(*svc).or_default().insert(*range);
+        }
+        state.local_sources = self.local_sources.clone();
+        state.local_ifaces = self.local_ifaces.clone();
+        state.service_nets = self.service_nets.clone();
+        // Tables are read back as `read_map_state` reads them: their
+        // distinct backends, an unknown one as an endpoint nobody wants.
+        for (fe, ids) in &self.maglev {
+            let mut members: Vec<_> = ids
+                .iter()
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .map(|id| {
+                    let ep = self.backends.get(id).map_or(
+                        Endpoint {
+                            addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                            port: 0,
+                        },
+                        endpoint_of,
+                    );
+                    (*id, ep)
+                })
+                .collect();
+            members.sort_by_key(|(_, ep)| *ep);
+            state.frontends.entry(*fe).or_default().maglev = members;
+        }
+        Ok((state, self.foreign.clone()))
+    }
+
+    fn conntrack4(&self) -> Result<Vec<(Ct4Key, CtEntry)>, DatapathError> {
+        Ok(self.conntrack4.clone())
+    }
+
+    fn conntrack6(&self) -> Result<Vec<(Ct6Key, CtEntry)>, DatapathError> {
+        Ok(self.conntrack6.clone())
+    }
+
+    fn sockets(&self) -> Result<SocketEntries, DatapathError> {
+        Ok((self.sockets.clone(), self.sock_revs.clone()))
+    }
+
+    fn affinities4(&self) -> Result<Vec<(Affinity4Key, AffinityValue)>, DatapathError> {
+        Ok(self.affinities4.clone())
+    }
+
+    fn affinities6(&self) -> Result<Vec<(Affinity6Key, AffinityValue)>, DatapathError> {
+        Ok(self.affinities6.clone())
+    }
+
+    fn stat(&self, stat: Stat) -> Result<u64, DatapathError> {
+        Ok(self.stats.get(&(stat as usize)).copied().unwrap_or(0))
+    }
+}
+
+impl MapWrites for FakeMaps {
+    fn put(&mut self, entry: Entry<'_>) -> Result<(), WriteError> {
+        if let Some(map) = self.full(&entry) {
+            return Err(WriteError::Full { map });
+        }
+        self.attempt("fake")?;
+        self.check_put(&entry);
+        self.log.push(Self::record(&entry));
+        match entry {
+            Entry::Config(c) => self.config = *c,
+            Entry::Backend(id, b) => {
+                self.backends.insert(id, *b);
+            }
+            Entry::Service(k, v) => {
+                self.services.insert(frontend_of(k), *v);
+            }
+            Entry::Maglev(k, t) => {
+                let table: &MaglevTable = t;
+                self.maglev
+                    .insert(frontend_of(k).0, table.backends.to_vec());
+            }
+            Entry::SourceRange(svc, r) => {
+                self.source_ranges.insert((svc, r));
+            }
+            Entry::LocalSource(n) => {
+                self.local_sources.insert(n);
+            }
+            Entry::LocalIface(i) => {
+                self.local_ifaces.insert(i);
+            }
+            Entry::ServiceNet(n, kind) => {
+                self.service_nets.insert(n, kind);
+            }
+        }
+        Ok(())
+    }
+
+    fn delete(&mut self, key: EntryKey) -> Result<(), WriteError> {
+        self.attempt("fake")?;
+        self.check_delete(&key);
+        let found = match key {
+            EntryKey::Backend(id) => self.backends.remove(&id).is_some(),
+            EntryKey::Service(k) => match k.frontend() {
+                Some(f) => self.services.remove(&f).is_some(),
+                None => {
+                    let before = self.foreign.len();
+                    self.foreign.retain(|f| *f != k);
+                    before != self.foreign.len()
+                }
+            },
+            EntryKey::Maglev(k) => self.maglev.remove(&frontend_of(k).0).is_some(),
+            EntryKey::SourceRange(svc, r) => self.source_ranges.remove(&(svc, r)),
+            EntryKey::LocalSource(n) => self.local_sources.remove(&n),
+            EntryKey::LocalIface(i) => self.local_ifaces.remove(&i),
+            EntryKey::ServiceNet(n) => self.service_nets.remove(&n).is_some(),
+            EntryKey::Conntrack4(k) => remove(&mut self.conntrack4, |(x, _)| *x == k),
+            EntryKey::Conntrack6(k) => remove(&mut self.conntrack6, |(x, _)| *x == k),
+            EntryKey::Affinity4(k) => remove(&mut self.affinities4, |(x, _)| *x == k),
+            EntryKey::Affinity6(k) => remove(&mut self.affinities6, |(x, _)| *x == k),
+            EntryKey::Socket(c) => remove(&mut self.sockets, |(x, _)| *x == c),
+            EntryKey::SockRev(k) => remove(&mut self.sock_revs, |x| *x == k),
+        };
+        if found {
+            self.log.push(Write::Delete(key));
+        }
+        Ok(())
+    }
+
+    fn writes(&self) -> u64 {
+        self.log.len() as u64
+    }
+}
+
+fn remove<T>(list: &mut Vec<T>, matches: impl Fn(&T) -> bool) -> bool {
+    let before = list.len();
+    list.retain(|x| !matches(x));
+    before != list.len()
+}
+
+/// One frontend in terms free of ids: master fields, then each slot's
+/// backend (endpoint, state, whether it belongs to the frontend's service
+/// port), then the Maglev table as endpoints.
+pub type CanonicalFrontend = (u16, u16, u16, u32, Vec<(Endpoint, u8, bool)>, Vec<Endpoint>);
+
+/// What the maps hold with every id replaced by what it names (service
+/// ports by their first frontend), so that two agents that handed out
+/// ids in different orders compare equal when they program the same.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Canonical {
+    pub frontends: BTreeMap<FrontendKey, CanonicalFrontend>,
+    pub backends: BTreeSet<(Option<FrontendKey>, Endpoint, u8)>,
+    pub source_ranges: BTreeSet<(Option<FrontendKey>, SourceRange)>,
+    pub local_sources: BTreeSet<SourceRange>,
+    pub local_ifaces: BTreeSet<u32>,
+    pub service_nets: BTreeMap<SourceRange, u8>,
+}
+
+impl FakeMaps {
+    pub fn canonical(&self) -> Canonical {
+        let mut owner: BTreeMap<SvcId, FrontendKey> = BTreeMap::new();
+        for ((fe, slot), v) in &self.services {
+            if *slot == 0 {
+                owner.entry(v.svc_id).or_insert(*fe);
+            }
+        }
+        let ep = |id: &BackendId| self.backends.get(id).map(endpoint_of);
+        let mut frontends = BTreeMap::new();
+        for ((fe, slot), m) in &self.services {
+            if *slot != 0 {
+                continue;
+            }
+            let slots = (1..=m.total)
+                .filter_map(|i| self.services.get(&(*fe, i)))
+                .filter_map(|s| {
+                    let b = self.backends.get(&s.backend_id)?;
+                    Some((endpoint_of(b), b.state, b.svc_id == m.svc_id))
+                })
+                .collect();
+            let table = self
+                .maglev
+                .get(fe)
+                .map(|t| t.iter().filter_map(ep).collect())
+                .unwrap_or_default();
+            frontends.insert(
+                *fe,
+                (m.flags, m.active, m.fallback, m.affinity_s, slots, table),
+            );
+        }
+        Canonical {
+            frontends,
+            backends: self
+                .backends
+                .values()
+                .map(|b| (owner.get(&b.svc_id).copied(), endpoint_of(b), b.state))
+                .collect(),
+            source_ranges: self
+                .source_ranges
+                .iter()
+                .map(|(svc, r)| (owner.get(svc).copied(), *r))
+                .collect(),
+            local_sources: self.local_sources.clone(),
+            local_ifaces: self.local_ifaces.clone(),
+            service_nets: self.service_nets.clone(),
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Writing one frontend: its slots, its Maglev table and its master entry,
+//! in an order that keeps the datapath consistent at every instant, after
+//! Cilium's `lb.h` discipline: a backend exists before any slot names it
+//! (the caller writes backends first), a slot exists before a master count
+//! covers it, a table exists before a master entry flags it, surplus slots
+//! and tables go only after the master stopped covering them, and a
+//! backend goes only after no slot names it (the caller deletes backends
+//! last). IPv6 frontends go to `sl_svc6` under the same rules; both
+//! families name backends in the one `sl_backends`.
+//! Each call updates the caller's record of what is programmed write by
+//! write, so the record stays exact even when a write fails half way.
+
+use sluice_common::{MaglevTable, SvcValue};
+
+use super::{maglev, state::FrontendState};
+use crate::{
+    datapath::{Entry, EntryKey, MapWrites, ServiceKey, WriteError},
+    model::FrontendKey,
+};
+
+/// Slot number of slot index `i` (slot 0 is the master).
+fn slot_number(i: usize) -> u16 {
+    (i + 1) as u16
+}
+
+/// Brings one frontend from `current` to `target`: changed slots first,
+/// then the Maglev table, then the master entry, then trims the slots and
+/// the table it no longer covers. On failure `current` is marked unknown
+/// (`svc_id` 0) so the next call rewrites everything.
+pub fn sync<W: MapWrites>(
+    writer: &mut W,
+    frontend: &FrontendKey,
+    current: &mut FrontendState,
+    target: &FrontendState,
+) -> Result<(), WriteError> {
+    let result = sync_inner(writer, frontend, current, target);
+    if result.is_err() {
+        current.svc_id = 0;
+    }
+    result
+}
+
+fn sync_inner<W: MapWrites>(
+    writer: &mut W,
+    frontend: &FrontendKey,
+    current: &mut FrontendState,
+    target: &FrontendState,
+) -> Result<(), WriteError> {
+    let owner_changed = current.svc_id != target.svc_id;
+    for (i, &backend_id) in target.slots.iter().enumerate() {
+        if !owner_changed && current.slots.get(i) == Some(&backend_id) {
+            continue;
+        }
+        let value = SvcValue {
+            svc_id: target.svc_id,
+            backend_id,
+            ..SvcValue::default()
+        };
+        writer.put(Entry::Service(
+            ServiceKey::of(frontend, slot_number(i)),
+            &value,
+        ))?;
+        if current.slots.len() <= i {
+            current.slots.resize(i + 1, 0);
+        }
+        current.slots[i] = backend_id;
+    }
+    // A table exists before a master entry that flags it.
+    let table_changed = owner_changed || current.maglev != target.maglev;
+    if table_changed && !target.maglev.is_empty() {
+        let mut table = Box::<MaglevTable>::default();
+        for (slot, id) in table
+            .backends
+            .iter_mut()
+            .zip(maglev::populate(&target.maglev))
+        {
+            *slot = id;
+        }
+        writer.put(Entry::Maglev(ServiceKey::of(frontend, 0), &table))?;
+        current.maglev = target.maglev.clone();
+    }
+    let master_changed = owner_changed
+        || current.flags != target.flags
+        || current.active != target.active
+        || current.fallback != target.fallback
+        || current.affinity_s != target.affinity_s
+        || current.slots.len() != target.slots.len();
+    if master_changed {
+        let value = SvcValue {
+            svc_id: target.svc_id,
+            backend_id: 0,
+            active: target.active,
+            fallback: target.fallback,
+            total: target.slots.len() as u16,
+            flags: target.flags,
+            affinity_s: target.affinity_s,
+            _pad: 0,
+        };
+        writer.put(Entry::Service(ServiceKey::of(frontend, 0), &value))?;
+        current.svc_id = target.svc_id;
+        current.flags = target.flags;
+        current.active = target.active;
+        current.fallback = target.fallback;
+        current.affinity_s = target.affinity_s;
+    }
+    while current.slots.len() > target.slots.len() {
+        let i = current.slots.len() - 1;
+        if current.slots[i] != 0 {
+            writer.delete(EntryKey::Service(ServiceKey::of(frontend, slot_number(i))))?;
+        }
+        current.slots.pop();
+    }
+    // A table goes after the master entry stopped flagging it.
+    if target.maglev.is_empty() && !current.maglev.is_empty() {
+        writer.delete(EntryKey::Maglev(ServiceKey::of(frontend, 0)))?;
+        current.maglev.clear();
+    }
+    Ok(())
+}
+
+/// Removes a frontend: the master first (new flows stop matching), then
+/// its table and its slots. `current` shrinks as entries go.
+pub fn delete<W: MapWrites>(
+    writer: &mut W,
+    frontend: &FrontendKey,
+    current: &mut FrontendState,
+) -> Result<(), WriteError> {
+    writer.delete(EntryKey::Service(ServiceKey::of(frontend, 0)))?;
+    current.svc_id = 0;
+    if !current.maglev.is_empty() {
+        writer.delete(EntryKey::Maglev(ServiceKey::of(frontend, 0)))?;
+        current.maglev.clear();
+    }
+    while let Some(&id) = current.slots.last() {
+        if id != 0 {
+            let slot = slot_number(current.slots.len() - 1);
+            writer.delete(EntryKey::Service(ServiceKey::of(frontend, slot)))?;
+        }
+        current.slots.pop();
+    }
+    Ok(())
+}

@@ -1,0 +1,454 @@
+//! The reconciler through the fake maps (`fake.rs`), which checks the
+//! write ordering on every write: plans, drains, adoption after a
+//! restart, refusal when full, Maglev, and retries after a failed write.
+
+use std::time::{Duration, Instant};
+
+use sluice_common::{
+    service::SVC_F_MAGLEV, BackendState, CtEntry, CtKind, FrontendKind, IPPROTO_TCP,
+};
+
+use super::{
+    fake::{FakeMaps, Limits, Write},
+    Reconciler, Refusal, Scope,
+};
+use crate::{
+    datapath::{EntryKey, MapSizes, MapWrites, ServiceKey},
+    model::{
+        DesiredBackend, DesiredService, DesiredState, Endpoint, Frontend, FrontendKey, Proto,
+        ServicePortName, WhenEmpty,
+    },
+};
+
+pub(crate) fn name(n: &str) -> ServicePortName {
+    ServicePortName {
+        namespace: "default".into(),
+        name: n.into(),
+        port: "http".into(),
+        proto: Proto::Tcp,
+    }
+}
+
+pub(crate) fn key(addr: &str, port: u16) -> FrontendKey {
+    FrontendKey::new(addr.parse().unwrap(), port, Proto::Tcp)
+}
+
+pub(crate) fn endpoint(addr: &str) -> Endpoint {
+    Endpoint {
+        addr: addr.parse().unwrap(),
+        port: 8080,
+    }
+}
+
+fn backend(addr: &str, state: BackendState) -> DesiredBackend {
+    DesiredBackend {
+        endpoint: endpoint(addr),
+        state,
+    }
+}
+
+fn active(addrs: &[&str]) -> Vec<DesiredBackend> {
+    addrs
+        .iter()
+        .map(|a| backend(a, BackendState::Active))
+        .collect()
+}
+
+fn service(fe: FrontendKey, backends: Vec<DesiredBackend>) -> DesiredService {
+    DesiredService {
+        frontends: vec![Frontend::new(
+            fe,
+            FrontendKind::ClusterIp,
+            backends,
+            WhenEmpty::Reject,
+        )],
+    }
+}
+
+fn desired(services: Vec<(&str, DesiredService)>) -> DesiredState {
+    DesiredState {
+        services: services.into_iter().map(|(n, s)| (name(n), s)).collect(),
+        ..DesiredState::default()
+    }
+}
+
+const DRAIN: Duration = Duration::from_secs(60);
+
+fn sizes(services: u32, backends: u32, maglev: u32) -> MapSizes {
+    MapSizes {
+        services,
+        backends,
+        maglev,
+        ..MapSizes::default()
+    }
+}
+
+fn start(maps: FakeMaps) -> Reconciler<FakeMaps> {
+    Reconciler::new(maps, &MapSizes::default(), DRAIN).unwrap()
+}
+
+/// Reconciles everything and asserts no write failed and the record of
+/// what is programmed equals what the maps hold.
+fn sync_all(r: &mut Reconciler<FakeMaps>, d: &DesiredState, now: Instant) -> super::Report {
+    let report = r.reconcile(d, Scope::All, now);
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_programmed_is_exact(r);
+    report
+}
+
+/// The record equals the maps, but for frontends a failed write left
+/// marked unknown (`svc_id` 0, nothing recorded: rewritten next time).
+fn assert_programmed_is_exact(r: &Reconciler<FakeMaps>) {
+    let (held, _) = r.writer().state().unwrap();
+    let mut record = r.programmed().clone();
+    record
+        .frontends
+        .retain(|k, f| held.frontends.contains_key(k) || *f != super::FrontendState::default());
+    assert_eq!(record, held, "the record differs from the maps");
+}
+
+use crate::datapath::MapReads;
+
+fn position(log: &[Write], pred: impl Fn(&Write) -> bool) -> Vec<usize> {
+    log.iter()
+        .enumerate()
+        .filter(|(_, w)| pred(w))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+fn is_slot(w: &Write) -> bool {
+    matches!(w, Write::Put(EntryKey::Service(k)) if k.frontend().is_some_and(|(_, s)| s > 0))
+}
+
+fn is_master(w: &Write) -> bool {
+    matches!(w, Write::Put(EntryKey::Service(k)) if k.frontend().is_some_and(|(_, s)| s == 0))
+}
+
+#[test]
+fn a_new_service_writes_backends_then_slots_then_the_master() {
+    let mut r = start(FakeMaps::new());
+    let fe = key("10.96.0.10", 80);
+    let d = desired(vec![(
+        "web",
+        service(fe, active(&["10.1.0.1", "10.1.0.2"])),
+    )]);
+    let report = sync_all(&mut r, &d, Instant::now());
+    let log = r.writer().map_writes();
+    let backends = position(&log, |w| matches!(w, Write::Put(EntryKey::Backend(_))));
+    let slots = position(&log, is_slot);
+    let masters = position(&log, is_master);
+    assert_eq!((backends.len(), slots.len(), masters.len()), (2, 2, 1));
+    assert!(backends.iter().max() < slots.iter().min());
+    assert!(slots.iter().max() < masters.iter().min());
+    assert_eq!(report.writes, log.len() as u64);
+    let master = r.writer().services[&(fe, 0)];
+    assert_eq!((master.total, master.active), (2, 2));
+}
+
+#[test]
+fn an_unchanged_desired_state_writes_nothing() {
+    let mut r = start(FakeMaps::new());
+    let d = desired(vec![(
+        "web",
+        service(key("10.96.0.10", 80), active(&["10.1.0.1", "10.1.0.2"])),
+    )]);
+    let now = Instant::now();
+    sync_all(&mut r, &d, now);
+    let before = r.writer().log.len();
+    assert_eq!(sync_all(&mut r, &d, now).writes, 0);
+    let changed = [name("web")].into();
+    assert_eq!(r.reconcile(&d, Scope::Changed(&changed), now).writes, 0);
+    assert_eq!(r.writer().log.len(), before);
+}
+
+#[test]
+fn a_removed_endpoint_drains_until_its_flows_end_then_goes() {
+    let mut r = start(FakeMaps::new());
+    let fe = key("10.96.0.10", 80);
+    let t0 = Instant::now();
+    sync_all(
+        &mut r,
+        &desired(vec![(
+            "web",
+            service(fe, active(&["10.1.0.1", "10.1.0.2"])),
+        )]),
+        t0,
+    );
+    let gone = r
+        .writer()
+        .backends
+        .iter()
+        .find(|(_, b)| b.addr[3] == 2)
+        .map(|(id, _)| *id)
+        .unwrap();
+    let d = desired(vec![("web", service(fe, active(&["10.1.0.1"])))]);
+    sync_all(&mut r, &d, t0);
+    // Still in the maps, not selectable: behind the one active slot.
+    let b = r.writer().backends[&gone];
+    assert_eq!(BackendState::from_u8(b.state), BackendState::Draining);
+    let master = r.writer().services[&(fe, 0)];
+    assert_eq!((master.total, master.active), (2, 1));
+    assert_eq!(r.draining(), 1);
+
+    // A scan finds a live flow on it: it stays.
+    let flow = CtEntry {
+        last_seen_ns: crate::conntrack::monotonic_ns(),
+        backend_id: gone,
+        svc_id: b.svc_id,
+        kind: CtKind::Forward as u8,
+        ..CtEntry::default()
+    };
+    let ct_key = sluice_common::Ct4Key {
+        proto: IPPROTO_TCP,
+        ..Default::default()
+    };
+    r.writer_mut().conntrack4.push((ct_key, flow));
+    let t1 = t0 + super::drain::SETTLE;
+    r.scan_conntrack(t1).unwrap();
+    sync_all(&mut r, &d, t1);
+    assert!(r.writer().backends.contains_key(&gone));
+
+    // The flow ended: the next scan lets it go, slot first.
+    r.writer_mut().conntrack4.clear();
+    let t2 = t1 + Duration::from_millis(1);
+    r.scan_conntrack(t2).unwrap();
+    let report = sync_all(&mut r, &d, t2);
+    assert_eq!(report.backends_removed, 1);
+    assert!(!r.writer().backends.contains_key(&gone));
+    assert_eq!(r.writer().services[&(fe, 0)].total, 1);
+    assert!(!r.writer().services.contains_key(&(fe, 2)));
+    assert_eq!(r.draining(), 0);
+}
+
+#[test]
+fn a_removed_service_drains_then_leaves_nothing_behind() {
+    let mut r = start(FakeMaps::new());
+    let fe = key("10.96.0.10", 80);
+    let t0 = Instant::now();
+    sync_all(
+        &mut r,
+        &desired(vec![(
+            "web",
+            service(fe, active(&["10.1.0.1", "10.1.0.2"])),
+        )]),
+        t0,
+    );
+    let empty = DesiredState::default();
+    sync_all(&mut r, &empty, t0);
+    // The frontend stays with nothing selectable while flows drain.
+    let master = r.writer().services[&(fe, 0)];
+    assert_eq!((master.total, master.active, master.fallback), (2, 0, 0));
+    assert_eq!(r.writer().backends.len(), 2);
+    // After the drain timeout everything goes, in reverse order (the fake
+    // panics otherwise).
+    sync_all(&mut r, &empty, t0 + DRAIN);
+    assert!(r.writer().services.is_empty());
+    assert!(r.writer().backends.is_empty());
+    assert_eq!(r.programmed(), &super::MapState::default());
+}
+
+fn rich_desired() -> DesiredState {
+    let mut web = service(key("10.96.0.10", 80), active(&["10.1.0.1", "10.1.0.2"]));
+    web.frontends[0].maglev = true;
+    let mut lb = service(key("192.0.2.10", 443), active(&["10.1.0.3"]));
+    lb.frontends[0].kind = FrontendKind::LoadBalancer;
+    lb.frontends[0].source_ranges = vec![("198.51.100.0".parse().unwrap(), 24)];
+    lb.frontends[0].affinity_timeout = Some(30);
+    let v6 = service(key("fd00:96::10", 80), active(&["fd00:1::1"]));
+    let mut d = desired(vec![("web", web), ("lb", lb), ("v6", v6)]);
+    d.local_sources = [("10.1.0.0".parse().unwrap(), 16)].into();
+    d.local_ifaces = [7].into();
+    d.service_cidrs = [("10.96.0.0".parse().unwrap(), 16)].into();
+    d.cluster_ips = ["10.96.0.10".parse().unwrap()].into();
+    d
+}
+
+#[test]
+fn a_restarted_agent_adopts_the_maps_without_writing() {
+    let mut r = start(FakeMaps::new());
+    let d = rich_desired();
+    let now = Instant::now();
+    sync_all(&mut r, &d, now);
+    assert!(!r.writer().maglev.is_empty());
+    assert!(!r.writer().source_ranges.is_empty());
+    let held = r.writer().restarted();
+
+    let mut again = start(held.clone());
+    assert_eq!(again.programmed(), r.programmed());
+    let report = sync_all(&mut again, &d, now);
+    assert_eq!(report.writes, 0);
+    assert!(again.writer().log.is_empty(), "{:?}", again.writer().log);
+    assert_eq!(again.writer().services, held.services);
+    assert_eq!(again.writer().backends, held.backends);
+}
+
+#[test]
+fn a_service_is_refused_when_the_maps_are_full_and_programmed_once_room_frees() {
+    // Room for one service of two backends: 3 service entries.
+    let maps = FakeMaps {
+        limits: Limits {
+            services: 3,
+            backends: 2,
+            maglev: 0,
+        },
+        ..FakeMaps::new()
+    };
+    let mut r = Reconciler::new(maps, &sizes(3, 2, 0), Duration::ZERO).unwrap();
+    let a = service(key("10.96.0.10", 80), active(&["10.1.0.1", "10.1.0.2"]));
+    let b = service(key("10.96.0.11", 80), active(&["10.1.0.3"]));
+    let now = Instant::now();
+    let report = sync_all(&mut r, &desired(vec![("a", a), ("b", b.clone())]), now);
+    assert_eq!(report.refused, vec![(name("b"), Refusal::MapsFull)]);
+    assert_eq!(r.refused().get(&name("b")), Some(&Refusal::MapsFull));
+    assert!(!r
+        .writer()
+        .services
+        .contains_key(&(key("10.96.0.11", 80), 0)));
+    assert_eq!(r.writer().backends.len(), 2);
+
+    // `a` goes: once its backends drained, `b` gets the room.
+    let only_b = desired(vec![("b", b)]);
+    for _ in 0..3 {
+        sync_all(&mut r, &only_b, now);
+    }
+    assert!(r.refused().is_empty());
+    assert!(r
+        .writer()
+        .services
+        .contains_key(&(key("10.96.0.11", 80), 0)));
+    assert!(!r
+        .writer()
+        .services
+        .contains_key(&(key("10.96.0.10", 80), 0)));
+}
+
+#[test]
+fn a_frontend_taken_by_another_service_port_is_refused() {
+    let mut r = start(FakeMaps::new());
+    let fe = key("10.96.0.10", 80);
+    let d = desired(vec![
+        ("a", service(fe, active(&["10.1.0.1"]))),
+        ("b", service(fe, active(&["10.1.0.2"]))),
+    ]);
+    let report = sync_all(&mut r, &d, Instant::now());
+    assert_eq!(report.refused.len(), 1);
+    assert_eq!(report.refused[0].0, name("b"));
+    assert!(matches!(
+        &report.refused[0].1,
+        Refusal::FrontendTaken { owner, .. } if *owner == name("a")
+    ));
+    assert_eq!(r.writer().backends.len(), 1);
+}
+
+#[test]
+fn a_maglev_table_exists_before_its_master_flags_it_and_goes_after() {
+    let mut r = start(FakeMaps::new());
+    let fe = key("10.96.0.10", 80);
+    let mut svc = service(fe, active(&["10.1.0.1", "10.1.0.2"]));
+    svc.frontends[0].maglev = true;
+    let now = Instant::now();
+    sync_all(&mut r, &desired(vec![("web", svc.clone())]), now);
+    let log = r.writer().map_writes();
+    let table = position(&log, |w| matches!(w, Write::Put(EntryKey::Maglev(_))));
+    let masters = position(&log, is_master);
+    assert_eq!(table.len(), 1);
+    assert!(table[0] < masters[0]);
+    assert_ne!(r.writer().services[&(fe, 0)].flags & SVC_F_MAGLEV, 0);
+    let ids: std::collections::BTreeSet<u32> = r.writer().maglev[&fe].iter().copied().collect();
+    let backends: std::collections::BTreeSet<u32> = r.writer().backends.keys().copied().collect();
+    assert_eq!(ids, backends, "the table spreads over both backends");
+
+    // Off again: the master stops flagging the table, then it goes.
+    svc.frontends[0].maglev = false;
+    sync_all(&mut r, &desired(vec![("web", svc)]), now);
+    assert!(r.writer().maglev.is_empty());
+    assert_eq!(r.writer().services[&(fe, 0)].flags & SVC_F_MAGLEV, 0);
+}
+
+#[test]
+fn without_room_for_tables_maglev_falls_back_to_the_flow_hash() {
+    let mut r = Reconciler::new(FakeMaps::new(), &sizes(1024, 1024, 0), DRAIN).unwrap();
+    let fe = key("10.96.0.10", 80);
+    let mut svc = service(fe, active(&["10.1.0.1"]));
+    svc.frontends[0].maglev = true;
+    let report = sync_all(&mut r, &desired(vec![("web", svc)]), Instant::now());
+    assert_eq!(report.maglev_fallback, vec![name("web")]);
+    assert!(r.writer().maglev.is_empty());
+    assert_eq!(r.writer().services[&(fe, 0)].flags & SVC_F_MAGLEV, 0);
+    assert!(r.maglev_fallback().contains(&name("web")));
+}
+
+#[test]
+fn a_failed_write_leaves_an_exact_record_and_the_next_reconcile_repairs_it() {
+    let d = rich_desired();
+    let now = Instant::now();
+    let mut clean = start(FakeMaps::new());
+    sync_all(&mut clean, &d, now);
+    let total = clean.writer().log.len();
+    for fail_at in 1..total {
+        let mut r = start(FakeMaps::new());
+        r.writer_mut().fail_at = Some(fail_at);
+        let report = r.reconcile(&d, Scope::All, now);
+        assert_eq!(report.errors.len(), 1, "write {fail_at}");
+        assert_programmed_is_exact(&r);
+        sync_all(&mut r, &d, now);
+        // The same, up to the ids handed out after the failure.
+        assert_eq!(
+            r.writer().canonical(),
+            clean.writer().canonical(),
+            "write {fail_at}"
+        );
+    }
+}
+
+#[test]
+fn stale_conntrack_entries_of_removed_backends_are_deleted() {
+    let mut r = start(FakeMaps::new());
+    let now = Instant::now();
+    sync_all(
+        &mut r,
+        &desired(vec![(
+            "web",
+            service(key("10.96.0.10", 80), active(&["10.1.0.1"])),
+        )]),
+        now,
+    );
+    let entry = CtEntry {
+        last_seen_ns: crate::conntrack::monotonic_ns(),
+        backend_id: 4242,
+        svc_id: 1,
+        kind: CtKind::Forward as u8,
+        ..CtEntry::default()
+    };
+    let ct_key = sluice_common::Ct4Key {
+        proto: IPPROTO_TCP,
+        ..Default::default()
+    };
+    r.writer_mut().conntrack4.push((ct_key, entry));
+    let scan = r.scan_conntrack(now).unwrap();
+    assert_eq!((scan.entries, scan.deleted), (1, 1));
+    assert!(r.writer().conntrack4.is_empty());
+    assert_eq!(
+        r.writer().log.last(),
+        Some(&Write::Delete(EntryKey::Conntrack4(ct_key)))
+    );
+}
+
+#[test]
+fn the_fake_catches_a_slot_written_before_its_backend() {
+    let result = std::panic::catch_unwind(|| {
+        let mut maps = FakeMaps::new();
+        let fe = key("10.96.0.10", 80);
+        let value = sluice_common::SvcValue {
+            svc_id: 1,
+            backend_id: 9,
+            ..Default::default()
+        };
+        let _ = maps.put(crate::datapath::Entry::Service(
+            ServiceKey::of(&fe, 1),
+            &value,
+        ));
+    });
+    assert!(result.is_err());
+}
