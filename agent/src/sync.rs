@@ -187,6 +187,12 @@ impl Desired {
     }
 }
 
+/// When the sync loop next scans conntrack and next reconciles everything.
+struct Due {
+    scan: Instant,
+    resync: Instant,
+}
+
 pub struct Sync<W = MapWriter> {
     config: SyncConfig,
     reconciler: Reconciler<W>,
@@ -269,12 +275,12 @@ impl<W: MapWrites> Sync<W> {
         mut rx: mpsc::Receiver<Envelope>,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        let mut next_scan = Instant::now() + self.config.gc_interval;
-        let mut next_resync = Instant::now() + self.config.resync_interval;
+        let mut due = self.timers();
         self.take_local_ifaces();
         loop {
-            let wait = next_scan
-                .min(next_resync)
+            let wait = due
+                .scan
+                .min(due.resync)
                 .saturating_duration_since(Instant::now());
             tokio::select! {
                 biased;
@@ -290,61 +296,76 @@ impl<W: MapWrites> Sync<W> {
                 _ = Self::local_ifaces_changed(&mut self.local_ifaces) => self.take_local_ifaces(),
                 _ = tokio::time::sleep(wait) => {}
             }
-            if !self.stores.all_synced() {
-                continue;
-            }
-            let now = Instant::now();
-            let scan_due = self.first_sync && now >= next_scan;
-            let resync_due = !self.first_sync || now >= next_resync;
-            if scan_due {
-                self.scan_conntrack();
-            }
-            let dirty = std::mem::take(&mut self.dirty);
-            let translated = !dirty.is_empty() || !self.first_sync;
-            if translated {
-                let changed = self
-                    .desired
-                    .update(&self.stores, &dirty, &self.config.translate);
-                self.pending.extend(changed);
-                let checks = self.desired.health_checks();
-                self.health_checks.send_if_modified(|current| {
-                    let modified = *current != checks;
-                    *current = checks;
-                    modified
-                });
-            }
-            let work = resync_due
-                || scan_due
-                || self.ifaces_dirty
-                || !self.pending.is_empty()
-                || !self.unsynced.is_empty();
-            // The problem report walks every stored object: after the map
-            // writes, so that it never delays a change reaching the maps.
-            let ok = !work || tokio::task::block_in_place(|| self.reconcile(resync_due));
-            if translated {
-                self.refresh_problems();
-            }
-            if work {
-                if !ok {
-                    // Retry soon; `/healthz` turns red if this persists.
-                    next_scan = Instant::now() + Duration::from_secs(1);
-                    continue;
-                }
-                if resync_due {
-                    next_resync = Instant::now() + self.config.resync_interval;
-                }
-            }
-            // Scan again after the GC interval, or sooner while backends
-            // wait for their flows to end.
-            let now = Instant::now();
-            if scan_due {
-                next_scan = now + self.config.gc_interval;
-            }
-            if self.reconciler.draining() > 0 {
-                next_scan = next_scan.min(now + self.config.drain_interval);
-            }
+            self.step(&mut due);
         }
         info!("sync task stopped; the datapath keeps running on its pinned maps");
+    }
+
+    /// The first scan and resync are one interval away.
+    fn timers(&self) -> Due {
+        let now = Instant::now();
+        Due {
+            scan: now + self.config.gc_interval,
+            resync: now + self.config.resync_interval,
+        }
+    }
+
+    /// What the loop does after each wake-up: translate what changed,
+    /// reconcile, scan conntrack when due.
+    fn step(&mut self, due: &mut Due) {
+        if !self.stores.all_synced() {
+            return;
+        }
+        let now = Instant::now();
+        let scan_due = self.first_sync && now >= due.scan;
+        let resync_due = !self.first_sync || now >= due.resync;
+        if scan_due {
+            self.scan_conntrack();
+        }
+        let dirty = std::mem::take(&mut self.dirty);
+        let translated = !dirty.is_empty() || !self.first_sync;
+        if translated {
+            let changed = self
+                .desired
+                .update(&self.stores, &dirty, &self.config.translate);
+            self.pending.extend(changed);
+            let checks = self.desired.health_checks();
+            self.health_checks.send_if_modified(|current| {
+                let modified = *current != checks;
+                *current = checks;
+                modified
+            });
+        }
+        let work = resync_due
+            || scan_due
+            || self.ifaces_dirty
+            || !self.pending.is_empty()
+            || !self.unsynced.is_empty();
+        // The problem report walks every stored object: after the map
+        // writes, so that it never delays a change reaching the maps.
+        let ok = !work || tokio::task::block_in_place(|| self.reconcile(resync_due));
+        if translated {
+            self.refresh_problems();
+        }
+        if work {
+            if !ok {
+                // Retry soon; `/healthz` turns red if this persists.
+                due.scan = Instant::now() + Duration::from_secs(1);
+                return;
+            }
+            if resync_due {
+                due.resync = Instant::now() + self.config.resync_interval;
+            }
+        }
+        // Scan again after the GC interval, or sooner while backends
+        // wait for their flows to end.
+        let now = Instant::now();
+        if scan_due {
+            due.scan = now + self.config.gc_interval;
+        }
+        if self.reconciler.draining() > 0 {
+            due.scan = due.scan.min(now + self.config.drain_interval);
+        }
     }
 
     fn receive(&mut self, (sent, update): Envelope) {
@@ -503,3 +524,6 @@ impl<W: MapWrites> Sync<W> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -17,7 +17,7 @@ mod problems;
 mod topology;
 
 #[cfg(test)]
-mod builders;
+pub(crate) mod builders;
 #[cfg(test)]
 mod fuzz;
 #[cfg(test)]

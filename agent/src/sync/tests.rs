@@ -1,0 +1,192 @@
+//! The sync task through the fake maps: driven step by step (`receive`,
+//! then `step`, as the loop does after each wake-up), so that every
+//! assertion sees exactly what one wake-up wrote.
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration, time::Instant};
+
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use tokio::sync::watch;
+
+use super::{Due, Sync, SyncConfig};
+use crate::{
+    datapath::{EntryKey, MapReads, MapSizes},
+    health::Health,
+    metrics::Metrics,
+    reconcile::{
+        fake::{FakeMaps, Write},
+        Reconciler,
+    },
+    sources::{self, Change, Update},
+    translate::{builders::*, TranslateConfig},
+};
+
+const NODE: &str = "node-a";
+
+fn config() -> SyncConfig {
+    SyncConfig {
+        translate: TranslateConfig {
+            node_name: NODE.into(),
+            ..TranslateConfig::default()
+        },
+        sizes: MapSizes::default(),
+        gc_interval: Duration::from_secs(3600),
+        drain_interval: Duration::from_secs(3600),
+        resync_interval: Duration::from_secs(3600),
+    }
+}
+
+fn sync_on(maps: FakeMaps) -> (Sync<FakeMaps>, Due) {
+    let reconciler = Reconciler::new(maps, &MapSizes::default(), Duration::from_secs(60)).unwrap();
+    let (checks, _) = watch::channel(Default::default());
+    let sync = Sync::new(
+        config(),
+        reconciler,
+        Arc::new(Health::new(
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        )),
+        Arc::new(Metrics::new()),
+        checks,
+    );
+    let due = sync.timers();
+    (sync, due)
+}
+
+fn web(name: &str, ip: &str) -> Service {
+    mk_service("default", name, ip, &[port("http", "TCP", 80)])
+}
+
+fn web_slice(service: &str, addrs: &[&str]) -> EndpointSlice {
+    mk_slice(
+        "default",
+        &format!("{service}-1"),
+        service,
+        &[slice_port("http", "TCP", 8080)],
+        addrs.iter().map(|a| ep(a)).collect(),
+    )
+}
+
+fn services(list: &[Service]) -> Update {
+    Update::Services(Change::Reset(
+        list.iter().filter_map(sources::service).collect(),
+    ))
+}
+
+fn slices(list: &[EndpointSlice]) -> Update {
+    Update::Slices(Change::Reset(
+        list.iter().filter_map(sources::slice).collect(),
+    ))
+}
+
+fn node() -> Update {
+    let n = mk_node(NODE, None, &[("InternalIP", "192.0.2.1")]);
+    Update::Node(Change::Reset(sources::node(&n).into_iter().collect()))
+}
+
+fn no_service_cidrs() -> Update {
+    Update::ServiceCidrs(Change::Reset(Vec::new()))
+}
+
+/// Hands `updates` to the task and runs one wake-up; returns the writes it
+/// made.
+fn wake(sync: &mut Sync<FakeMaps>, due: &mut Due, updates: Vec<Update>) -> Vec<Write> {
+    let before = sync.reconciler.writer().log.len();
+    for u in updates {
+        sync.receive((Instant::now(), u));
+    }
+    sync.step(due);
+    sync.reconciler.writer().log[before..].to_vec()
+}
+
+fn two_services() -> Vec<Update> {
+    vec![
+        services(&[web("web", "10.96.0.10"), web("api", "10.96.0.11")]),
+        slices(&[
+            web_slice("web", &["10.1.0.1", "10.1.0.2"]),
+            web_slice("api", &["10.1.0.3"]),
+        ]),
+        node(),
+        no_service_cidrs(),
+    ]
+}
+
+fn frontends(writes: &[Write]) -> BTreeSet<std::net::IpAddr> {
+    writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::Put(EntryKey::Service(k)) | Write::Delete(EntryKey::Service(k)) => {
+                k.frontend().map(|(f, _)| f.addr)
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn nothing_is_written_before_every_kind_is_listed() {
+    let (mut sync, mut due) = sync_on(FakeMaps::new());
+    let mut updates = two_services();
+    let last = updates.pop().unwrap();
+    assert!(wake(&mut sync, &mut due, updates).is_empty());
+    assert!(!sync.health.report().ready);
+    let writes = wake(&mut sync, &mut due, vec![last]);
+    assert_eq!(frontends(&writes).len(), 2);
+    assert!(sync.health.report().ready);
+    assert_eq!(sync.reconciler.writer().backends.len(), 3);
+}
+
+#[test]
+fn an_endpoint_change_writes_only_its_service() {
+    let (mut sync, mut due) = sync_on(FakeMaps::new());
+    wake(&mut sync, &mut due, two_services());
+    let change = Update::Slices(Change::Apply(
+        sources::slice(&web_slice("web", &["10.1.0.1", "10.1.0.2", "10.1.0.4"])).unwrap(),
+    ));
+    let writes = wake(&mut sync, &mut due, vec![change]);
+    assert_eq!(
+        frontends(&writes),
+        ["10.96.0.10".parse().unwrap()].into(),
+        "{writes:?}"
+    );
+    assert_eq!(sync.reconciler.writer().backends.len(), 4);
+}
+
+#[test]
+fn a_relist_with_nothing_changed_writes_nothing() {
+    let (mut sync, mut due) = sync_on(FakeMaps::new());
+    wake(&mut sync, &mut due, two_services());
+    assert!(wake(&mut sync, &mut due, two_services()).is_empty());
+}
+
+#[test]
+fn a_restarted_agent_given_the_same_objects_writes_nothing() {
+    let (mut sync, mut due) = sync_on(FakeMaps::new());
+    wake(&mut sync, &mut due, two_services());
+    let held = sync.reconciler.writer().restarted();
+    let (mut again, mut due) = sync_on(held.clone());
+    assert!(wake(&mut again, &mut due, two_services()).is_empty());
+    assert_eq!(again.reconciler.writer().canonical(), held.canonical());
+}
+
+#[test]
+fn a_failed_write_is_retried_at_the_next_wake_up() {
+    let (mut sync, mut due) = sync_on(FakeMaps::new());
+    let attempts = sync.reconciler.writer().attempts;
+    sync.reconciler.writer_mut().fail_at = Some(attempts + 2);
+    wake(&mut sync, &mut due, two_services());
+    assert!(!sync.health.report().ready, "not synced after a failure");
+    assert!(!sync.pending.is_empty());
+    // The retry needs no new update.
+    wake(&mut sync, &mut due, Vec::new());
+    assert!(sync.pending.is_empty());
+    assert!(sync.health.report().ready);
+    let (clean, mut clean_due) = sync_on(FakeMaps::new());
+    let mut clean = clean;
+    wake(&mut clean, &mut clean_due, two_services());
+    assert_eq!(
+        sync.reconciler.writer().canonical(),
+        clean.reconciler.writer().canonical()
+    );
+    let (state, _) = sync.reconciler.writer().state().unwrap();
+    assert_eq!(sync.reconciler.programmed().backends, state.backends);
+}
