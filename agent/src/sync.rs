@@ -526,4 +526,6 @@ impl<W: MapWrites> Sync<W> {
 }
 
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 mod tests;

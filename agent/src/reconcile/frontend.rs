@@ -47,6 +47,9 @@ fn sync_inner<W: MapWrites>(
     target: &FrontendState,
 ) -> Result<(), WriteError> {
     let owner_changed = current.svc_id != target.svc_id;
+    // The master's slot count as programmed: the loop below grows the
+    // record of the slots before the master covers them.
+    let total = current.slots.len();
     for (i, &backend_id) in target.slots.iter().enumerate() {
         if !owner_changed && current.slots.get(i) == Some(&backend_id) {
             continue;
@@ -84,7 +87,7 @@ fn sync_inner<W: MapWrites>(
         || current.active != target.active
         || current.fallback != target.fallback
         || current.affinity_s != target.affinity_s
-        || current.slots.len() != target.slots.len();
+        || total != target.slots.len();
     if master_changed {
         let value = SvcValue {
             svc_id: target.svc_id,

@@ -452,3 +452,22 @@ fn the_fake_catches_a_slot_written_before_its_backend() {
     });
     assert!(result.is_err());
 }
+
+#[test]
+fn a_slot_that_changes_no_count_still_grows_the_master() {
+    // A not-ready endpoint joins: neither `active` nor `fallback` moves,
+    // but the master must cover the new slot.
+    let mut r = start(FakeMaps::new());
+    let fe = key("10.96.0.10", 80);
+    let now = Instant::now();
+    sync_all(
+        &mut r,
+        &desired(vec![("web", service(fe, active(&["10.1.0.1"])))]),
+        now,
+    );
+    let mut backends = active(&["10.1.0.1"]);
+    backends.push(backend("10.1.0.2", BackendState::NotReady));
+    sync_all(&mut r, &desired(vec![("web", service(fe, backends))]), now);
+    let master = r.writer().services[&(fe, 0)];
+    assert_eq!((master.total, master.active, master.fallback), (2, 1, 0));
+}

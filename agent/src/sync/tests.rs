@@ -36,7 +36,11 @@ fn config() -> SyncConfig {
 }
 
 fn sync_on(maps: FakeMaps) -> (Sync<FakeMaps>, Due) {
-    let reconciler = Reconciler::new(maps, &MapSizes::default(), Duration::from_secs(60)).unwrap();
+    sync_draining(maps, Duration::from_secs(60))
+}
+
+pub(super) fn sync_draining(maps: FakeMaps, drain: Duration) -> (Sync<FakeMaps>, Due) {
+    let reconciler = Reconciler::new(maps, &MapSizes::default(), drain).unwrap();
     let (checks, _) = watch::channel(Default::default());
     let sync = Sync::new(
         config(),
@@ -52,11 +56,11 @@ fn sync_on(maps: FakeMaps) -> (Sync<FakeMaps>, Due) {
     (sync, due)
 }
 
-fn web(name: &str, ip: &str) -> Service {
+pub(super) fn web(name: &str, ip: &str) -> Service {
     mk_service("default", name, ip, &[port("http", "TCP", 80)])
 }
 
-fn web_slice(service: &str, addrs: &[&str]) -> EndpointSlice {
+pub(super) fn web_slice(service: &str, addrs: &[&str]) -> EndpointSlice {
     mk_slice(
         "default",
         &format!("{service}-1"),
@@ -66,30 +70,30 @@ fn web_slice(service: &str, addrs: &[&str]) -> EndpointSlice {
     )
 }
 
-fn services(list: &[Service]) -> Update {
+pub(super) fn services(list: &[Service]) -> Update {
     Update::Services(Change::Reset(
         list.iter().filter_map(sources::service).collect(),
     ))
 }
 
-fn slices(list: &[EndpointSlice]) -> Update {
+pub(super) fn slices(list: &[EndpointSlice]) -> Update {
     Update::Slices(Change::Reset(
         list.iter().filter_map(sources::slice).collect(),
     ))
 }
 
-fn node() -> Update {
+pub(super) fn node() -> Update {
     let n = mk_node(NODE, None, &[("InternalIP", "192.0.2.1")]);
     Update::Node(Change::Reset(sources::node(&n).into_iter().collect()))
 }
 
-fn no_service_cidrs() -> Update {
+pub(super) fn no_service_cidrs() -> Update {
     Update::ServiceCidrs(Change::Reset(Vec::new()))
 }
 
 /// Hands `updates` to the task and runs one wake-up; returns the writes it
 /// made.
-fn wake(sync: &mut Sync<FakeMaps>, due: &mut Due, updates: Vec<Update>) -> Vec<Write> {
+pub(super) fn wake(sync: &mut Sync<FakeMaps>, due: &mut Due, updates: Vec<Update>) -> Vec<Write> {
     let before = sync.reconciler.writer().log.len();
     for u in updates {
         sync.receive((Instant::now(), u));

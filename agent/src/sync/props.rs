@@ -1,0 +1,194 @@
+//! Property: whatever sequence of object events reaches the sync task,
+//! applied incrementally (coalesced or not), it ends with exactly the
+//! desired state that translating the final objects from scratch gives,
+//! and, once drained, the maps of an agent that programmed those objects
+//! from empty.
+
+use std::{collections::BTreeMap, time::Duration, time::Instant};
+
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use proptest::{collection::vec, option, prelude::*};
+
+use super::{
+    tests::{no_service_cidrs, node, services, slices, sync_draining, wake},
+    Due, Sync,
+};
+use crate::{
+    reconcile::fake::FakeMaps,
+    sources::{self, Change, Update},
+    translate::builders::*,
+};
+
+/// Services `a`, `b`, `c`, each with its own cluster IP (two services on
+/// one frontend is a conflict whose winner depends on history).
+const SERVICES: [(&str, &str); 3] = [("a", "10.96.0.1"), ("b", "10.96.0.2"), ("c", "10.96.0.3")];
+/// Slices and the service each belongs to.
+const SLICES: [(&str, &str); 4] = [("a-1", "a"), ("a-2", "a"), ("b-1", "b"), ("c-1", "c")];
+
+#[derive(Clone, Debug)]
+enum Event {
+    /// Service `i` with these of its ports (bit 0: http/TCP, bit 1:
+    /// dns/UDP) and options (bit 2: Maglev, bit 3: session affinity),
+    /// or deleted.
+    Service(usize, Option<u8>),
+    /// Slice `i` with these endpoints (address suffix, condition), or
+    /// deleted.
+    Slice(usize, Option<Vec<(u8, u8)>>),
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        (0..SERVICES.len(), option::of(1u8..16)).prop_map(|(i, p)| Event::Service(i, p)),
+        (
+            0..SLICES.len(),
+            option::weighted(0.8, vec((1u8..7, 0u8..4), 0..5))
+        )
+            .prop_map(|(i, e)| Event::Slice(i, e)),
+    ]
+}
+
+fn service_object(i: usize, ports: u8) -> Service {
+    let (name, ip) = SERVICES[i];
+    let mut list = Vec::new();
+    if ports & 1 != 0 {
+        list.push(port("http", "TCP", 80));
+    }
+    if ports & 2 != 0 {
+        list.push(port("dns", "UDP", 53));
+    }
+    if list.is_empty() {
+        list.push(port("http", "TCP", 80));
+    }
+    let mut svc = mk_service("default", name, ip, &list);
+    if ports & 4 != 0 {
+        svc.metadata.annotations = Some(
+            [(
+                "service.sluice.dev/lb-algorithm".to_owned(),
+                "maglev".to_owned(),
+            )]
+            .into(),
+        );
+    }
+    if ports & 8 != 0 {
+        spec_mut(&mut svc).session_affinity = Some("ClientIP".into());
+    }
+    svc
+}
+
+fn slice_object(i: usize, endpoints: &[(u8, u8)]) -> EndpointSlice {
+    let (name, service) = SLICES[i];
+    let eps = endpoints
+        .iter()
+        .map(|(host, cond)| {
+            let e = ep(&format!("10.1.0.{host}"));
+            match cond {
+                0 => e,
+                1 => with_conditions(e, Some(false), Some(true), Some(true)),
+                2 => with_conditions(e, Some(false), Some(false), Some(true)),
+                _ => with_conditions(e, Some(false), Some(false), Some(false)),
+            }
+        })
+        .collect();
+    let mut s = mk_slice(
+        "default",
+        name,
+        service,
+        &[
+            slice_port("http", "TCP", 8080),
+            slice_port("dns", "UDP", 5353),
+        ],
+        eps,
+    );
+    s.metadata.name = Some(name.into());
+    s
+}
+
+/// The objects the events leave.
+#[derive(Default)]
+struct World {
+    services: BTreeMap<usize, Service>,
+    slices: BTreeMap<usize, EndpointSlice>,
+}
+
+impl World {
+    fn apply(&mut self, e: &Event) -> Update {
+        match e {
+            Event::Service(i, Some(p)) => {
+                let svc = service_object(*i, *p);
+                self.services.insert(*i, svc.clone());
+                Update::Services(Change::Apply(sources::service(&svc).unwrap()))
+            }
+            Event::Service(i, None) => {
+                let svc = service_object(*i, 1);
+                self.services.remove(i);
+                Update::Services(Change::Delete(sources::service(&svc).unwrap().key))
+            }
+            Event::Slice(i, Some(eps)) => {
+                let s = slice_object(*i, eps);
+                self.slices.insert(*i, s.clone());
+                Update::Slices(Change::Apply(sources::slice(&s).unwrap()))
+            }
+            Event::Slice(i, None) => {
+                let s = slice_object(*i, &[]);
+                self.slices.remove(i);
+                Update::Slices(Change::Delete(sources::slice(&s).unwrap().key))
+            }
+        }
+    }
+
+    fn listing(&self) -> Vec<Update> {
+        let svcs: Vec<Service> = self.services.values().cloned().collect();
+        let sls: Vec<EndpointSlice> = self.slices.values().cloned().collect();
+        vec![services(&svcs), slices(&sls), node(), no_service_cidrs()]
+    }
+}
+
+/// Full reconciles until one writes nothing: drained backends go (the
+/// drain timeout is zero).
+fn settle(sync: &mut Sync<FakeMaps>, due: &mut Due) {
+    for _ in 0..4 {
+        due.resync = Instant::now();
+        if wake(sync, due, Vec::new()).is_empty() {
+            return;
+        }
+    }
+    panic!("the maps do not settle");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn incremental_events_end_where_a_translation_from_scratch_does(
+        initial in vec(event(), 0..4),
+        events in vec((event(), any::<bool>()), 1..24),
+    ) {
+        let mut world = World::default();
+        for e in &initial {
+            world.apply(e);
+        }
+        let (mut sync, mut due) = sync_draining(FakeMaps::new(), Duration::ZERO);
+        wake(&mut sync, &mut due, world.listing());
+        let mut queued = Vec::new();
+        for (e, wake_now) in &events {
+            queued.push(world.apply(e));
+            if *wake_now {
+                wake(&mut sync, &mut due, std::mem::take(&mut queued));
+            }
+        }
+        wake(&mut sync, &mut due, queued);
+
+        let (mut scratch, mut scratch_due) = sync_draining(FakeMaps::new(), Duration::ZERO);
+        wake(&mut scratch, &mut scratch_due, world.listing());
+        prop_assert_eq!(&sync.desired.state, &scratch.desired.state);
+
+        settle(&mut sync, &mut due);
+        settle(&mut scratch, &mut scratch_due);
+        prop_assert_eq!(
+            sync.reconciler.writer().canonical(),
+            scratch.reconciler.writer().canonical()
+        );
+        let (held, _) = crate::datapath::MapReads::state(sync.reconciler.writer()).unwrap();
+        prop_assert_eq!(sync.reconciler.programmed(), &held);
+    }
+}
