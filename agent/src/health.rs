@@ -12,8 +12,6 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use crate::sources::Kind;
-
 #[derive(Debug, Default)]
 struct State {
     sent: u64,
@@ -21,7 +19,9 @@ struct State {
     oldest_pending: Option<Instant>,
     last_sync: Option<SystemTime>,
     first_sync: bool,
-    api_down_since: BTreeMap<Kind, Instant>,
+    /// When each failing watch (by the name of the kind it watches) began
+    /// failing.
+    api_down_since: BTreeMap<&'static str, Instant>,
 }
 
 #[derive(Debug)]
@@ -84,8 +84,10 @@ impl Health {
         });
     }
 
-    pub fn api_ok(&self, kind: Kind) {
-        self.with(|s| s.api_down_since.remove(&kind));
+    /// The watch of `kind` (a kind's name) works.
+    pub fn api_ok(&self, kind: impl Into<&'static str>) {
+        let kind = kind.into();
+        self.with(|s| s.api_down_since.remove(kind));
     }
 
     /// The API answered: every watch may resume.
@@ -98,7 +100,9 @@ impl Health {
         self.with(|s| s.api_down_since.is_empty())
     }
 
-    pub fn api_error(&self, kind: Kind) {
+    /// The watch of `kind` (a kind's name) failed.
+    pub fn api_error(&self, kind: impl Into<&'static str>) {
+        let kind = kind.into();
         self.with(|s| {
             s.api_down_since.entry(kind).or_insert_with(Instant::now);
         });
@@ -163,11 +167,11 @@ mod tests {
     #[test]
     fn api_outage_turns_unhealthy_after_threshold() {
         let h = Health::new(Duration::from_secs(60), Duration::from_millis(20));
-        h.api_error(Kind::Service);
+        h.api_error("Service");
         assert!(h.report().healthy);
         std::thread::sleep(Duration::from_millis(30));
         assert!(!h.report().healthy);
-        h.api_ok(Kind::Service);
+        h.api_ok("Service");
         assert!(h.report().healthy);
     }
 

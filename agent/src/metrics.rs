@@ -8,8 +8,6 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::sources::Kind;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
@@ -53,9 +51,10 @@ pub struct Metrics {
     duplicate_events: Family<KindLabel, Counter>,
 }
 
-fn kind(k: Kind) -> KindLabel {
+/// The label of a kind of object, by its name (`Service`, ...).
+fn kind(k: impl Into<&'static str>) -> KindLabel {
     KindLabel {
-        kind: k.as_str().to_owned(),
+        kind: k.into().to_owned(),
     }
 }
 
@@ -129,7 +128,7 @@ impl Metrics {
         );
         registry.register(
             "map_fill_ratio",
-            "Entries over capacity, per map",
+            "Entries over capacity, per map (each family under its own map: sl_svc4/sl_svc6, sl_maglev4/sl_maglev6, sl_ct4/sl_ct6, and sl_backends)",
             m.map_fill.clone(),
         );
         registry.register(
@@ -210,19 +209,19 @@ impl Metrics {
         Self { registry, ..m }
     }
 
-    pub fn api_errors(&self, k: Kind) {
+    pub fn api_errors(&self, k: impl Into<&'static str>) {
         self.api_errors.get_or_create(&kind(k)).inc();
     }
 
-    pub fn relist(&self, k: Kind) {
+    pub fn relist(&self, k: impl Into<&'static str>) {
         self.relists.get_or_create(&kind(k)).inc();
     }
 
-    pub fn stale_event(&self, k: Kind) {
+    pub fn stale_event(&self, k: impl Into<&'static str>) {
         self.stale_events.get_or_create(&kind(k)).inc();
     }
 
-    pub fn duplicate_event(&self, k: Kind) {
+    pub fn duplicate_event(&self, k: impl Into<&'static str>) {
         self.duplicate_events.get_or_create(&kind(k)).inc();
     }
 

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use crate::{
-    datapath::{MapSizes, MapWriter, MapWrites},
+    datapath::{fill_ratios, MapSizes, MapWriter, MapWrites, Occupancy},
     health::Health,
     healthcheck::HealthChecks,
     metrics::{MapLabel, Metrics, ReasonLabel},
@@ -457,12 +457,11 @@ impl<W: MapWrites> Sync<W> {
             Ok(scan) => {
                 self.metrics.conntrack_entries.set(scan.entries as i64);
                 self.metrics.conntrack_deleted.inc_by(scan.deleted as u64);
-                self.metrics
-                    .map_fill
-                    .get_or_create(&MapLabel {
-                        map: sluice_common::maps::CONNTRACK_V4.into(),
-                    })
-                    .set(scan.entries as f64 / f64::from(self.config.sizes.conntrack.max(1)));
+                let counts = [
+                    (sluice_common::maps::CONNTRACK_V4, scan.entries_v4),
+                    (sluice_common::maps::CONNTRACK_V6, scan.entries_v6),
+                ];
+                self.set_fill(&counts);
                 for e in &scan.errors {
                     warn!(error = %e, "conntrack cleanup failed");
                 }
@@ -471,31 +470,39 @@ impl<W: MapWrites> Sync<W> {
         }
     }
 
+    /// Sets the fill ratio gauge of each map in `counts`.
+    fn set_fill(&self, counts: &[Occupancy]) {
+        for (map, ratio) in fill_ratios(counts, &self.config.sizes) {
+            self.metrics
+                .map_fill
+                .get_or_create(&MapLabel { map: map.into() })
+                .set(ratio);
+        }
+    }
+
     fn update_gauges(&self) {
         let programmed = self.reconciler.programmed();
-        let slots: usize = programmed.frontends.values().map(|f| f.slots.len()).sum();
+        let occupancy = self.reconciler.occupancy();
+        let entries: usize = occupancy
+            .iter()
+            .filter(|(map, _)| {
+                [
+                    sluice_common::maps::SERVICES_V4,
+                    sluice_common::maps::SERVICES_V6,
+                ]
+                .contains(map)
+            })
+            .map(|(_, n)| n)
+            .sum();
+        // Every frontend has one master entry; the rest are slots.
+        let slots = entries.saturating_sub(programmed.frontends.len());
         self.metrics
             .frontends
             .set(programmed.frontends.len() as i64);
         self.metrics.backends.set(programmed.backends.len() as i64);
         self.metrics.slots.set(slots as i64);
         self.metrics.draining.set(self.reconciler.draining() as i64);
-        let fill = [
-            (
-                sluice_common::maps::SERVICES_V4,
-                programmed.service_entries() as f64 / f64::from(self.config.sizes.services.max(1)),
-            ),
-            (
-                sluice_common::maps::BACKENDS,
-                programmed.backends.len() as f64 / f64::from(self.config.sizes.backends.max(1)),
-            ),
-        ];
-        for (map, ratio) in fill {
-            self.metrics
-                .map_fill
-                .get_or_create(&MapLabel { map: map.into() })
-                .set(ratio);
-        }
+        self.set_fill(&occupancy);
         let mut refused: BTreeMap<&'static str, i64> = BTreeMap::new();
         for why in self.reconciler.refused().values() {
             *refused.entry(why.reason()).or_default() += 1;

@@ -1,12 +1,16 @@
-//! How full each pinned map is, for `sluice status`: every map of the
+//! How full each pinned map is: for `sluice status`, every map of the
 //! declaration table that holds entries (arrays are always full), counted
-//! key by key from the pins, so it works whatever layout they have.
+//! key by key from the pins, so it works whatever layout they have; for
+//! the agent's gauges, from the counts the agent keeps (no map walk).
 
 use std::{io, os::fd::AsFd, path::Path};
 
-use sluice_common::abi::{MapKind, MAPS};
+use sluice_common::{
+    abi::{MapKind, MAPS},
+    maps as names,
+};
 
-use super::{migrate::MIGRATE_DIR, sys};
+use super::{migrate::MIGRATE_DIR, sys, MapSizes};
 
 /// One map's fill.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -63,5 +67,69 @@ pub fn migration_state(root: &Path) -> &'static str {
         "committed, not finished (the next agent finishes it)"
     } else {
         "staged, not committed (the next agent discards it)"
+    }
+}
+
+/// Entries of one map, by name, as the agent counts them.
+pub type Occupancy = (&'static str, usize);
+
+/// The capacity `sizes` gives map `map`, if the agent sizes it.
+fn capacity(map: &str, sizes: &MapSizes) -> Option<u32> {
+    Some(match map {
+        names::SERVICES_V4 | names::SERVICES_V6 => sizes.services,
+        names::BACKENDS => sizes.backends,
+        names::MAGLEV_V4 | names::MAGLEV_V6 => sizes.maglev,
+        names::CONNTRACK_V4 | names::CONNTRACK_V6 => sizes.conntrack,
+        names::AFFINITY_V4 | names::AFFINITY_V6 => sizes.affinity,
+        _ => return None,
+    })
+}
+
+/// The fill ratio of each map in `entries` (each family's map under its
+/// own name), for the `sluice_map_fill_ratio` gauges.
+pub fn fill_ratios(entries: &[Occupancy], sizes: &MapSizes) -> Vec<(&'static str, f64)> {
+    entries
+        .iter()
+        .filter_map(|(map, n)| {
+            let cap = capacity(map, sizes)?;
+            Some((*map, *n as f64 / f64::from(cap.max(1))))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_family_counts_against_its_own_map() {
+        let sizes = MapSizes {
+            services: 100,
+            backends: 10,
+            conntrack: 1000,
+            affinity: 50,
+            maglev: 4,
+        };
+        let got = fill_ratios(
+            &[
+                (names::SERVICES_V4, 50),
+                (names::SERVICES_V6, 25),
+                (names::BACKENDS, 5),
+                (names::MAGLEV_V6, 1),
+                (names::CONNTRACK_V6, 10),
+                (names::STATS, 3),
+            ],
+            &sizes,
+        );
+        assert_eq!(
+            got,
+            vec![
+                (names::SERVICES_V4, 0.5),
+                (names::SERVICES_V6, 0.25),
+                (names::BACKENDS, 0.5),
+                (names::MAGLEV_V6, 0.25),
+                (names::CONNTRACK_V6, 0.01),
+            ]
+        );
     }
 }

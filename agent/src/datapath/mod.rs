@@ -18,7 +18,7 @@ mod writer;
 
 pub use cgroup::{cgroup2_mount, netns_cookie, PROGRAMS as CGROUP_PROGRAMS};
 pub use error::{DatapathError, WriteError};
-pub use fill::{map_fill, migration_state, MapFill};
+pub use fill::{fill_ratios, map_fill, migration_state, MapFill, Occupancy};
 pub use layout::abi_lines;
 pub use links::{attached_devices, detach_device, Attached, Hook};
 pub(crate) use loader::{fs_type, BPF_FS_MAGIC};

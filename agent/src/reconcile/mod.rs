@@ -34,13 +34,14 @@ use tracing::{debug, info, warn};
 use crate::{
     conntrack,
     datapath::{
-        DatapathError, Entry, EntryKey, MapSizes, MapWriter, MapWrites, ServiceKey, WriteError,
+        DatapathError, Entry, EntryKey, MapSizes, MapWriter, MapWrites, Occupancy, ServiceKey,
+        WriteError,
     },
     model::{DesiredState, FrontendKey, ServicePortName},
 };
 use ids::Ids;
 use sluice_common::{
-    maps::{MAX_SLOTS, SVCNET_CIDR, SVCNET_CLUSTER_IP},
+    maps::{self as names, MAX_SLOTS, SVCNET_CIDR, SVCNET_CLUSTER_IP},
     Backend, Config, ABI_VERSION,
 };
 
@@ -82,7 +83,10 @@ pub struct Report {
 /// What one conntrack scan did.
 #[derive(Debug, Default)]
 pub struct ScanReport {
+    /// Entries read: both conntrack maps, and each.
     pub entries: usize,
+    pub entries_v4: usize,
+    pub entries_v6: usize,
     pub deleted: usize,
     pub errors: Vec<WriteError>,
     pub took: Duration,
@@ -595,6 +599,18 @@ impl<W: MapWrites> Reconciler<W> {
             && after(self.maglev_tables.v6, freed.v6, wanted.v6) <= self.capacity.maglev_tables
     }
 
+    /// Entries of the service, backend and Maglev maps, each family's
+    /// under its own map (from the counts kept write by write).
+    pub fn occupancy(&self) -> [Occupancy; 5] {
+        [
+            (names::SERVICES_V4, self.service_entries.v4),
+            (names::SERVICES_V6, self.service_entries.v6),
+            (names::BACKENDS, self.programmed.backends.len()),
+            (names::MAGLEV_V4, self.maglev_tables.v4),
+            (names::MAGLEV_V6, self.maglev_tables.v6),
+        ]
+    }
+
     /// Service ports balanced without their Maglev tables for want of room.
     pub fn maglev_fallback(&self) -> &BTreeSet<ServicePortName> {
         &self.maglev_fallback
@@ -829,6 +845,8 @@ impl<W: MapWrites> Reconciler<W> {
         let scan6 = conntrack::scan(&self.writer.conntrack6()?, backends, now_ns);
         let mut report = ScanReport {
             entries: scan4.entries + scan6.entries,
+            entries_v4: scan4.entries,
+            entries_v6: scan6.entries,
             ..ScanReport::default()
         };
         for key in &scan4.stale {

@@ -39,6 +39,13 @@ impl Kind {
     }
 }
 
+/// Health and metrics know kinds by name only.
+impl From<Kind> for &'static str {
+    fn from(k: Kind) -> Self {
+        k.as_str()
+    }
+}
+
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

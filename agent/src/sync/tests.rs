@@ -194,3 +194,35 @@ fn a_failed_write_is_retried_at_the_next_wake_up() {
     let (state, _) = sync.reconciler.writer().state().unwrap();
     assert_eq!(sync.reconciler.programmed().backends, state.backends);
 }
+
+#[test]
+fn fill_ratios_count_each_family_under_its_own_map() {
+    use sluice_common::maps as names;
+    let (mut sync, mut due) = sync_on(FakeMaps::new());
+    sync.config.translate.ipv6 = true;
+    sync.config.sizes = MapSizes {
+        services: 100,
+        backends: 10,
+        ..MapSizes::default()
+    };
+    let mut v6 = mk_service("default", "v6", "fd00:96::10", &[port("http", "TCP", 80)]);
+    set_ip_families(&mut v6, &["IPv6"]);
+    let mut updates = two_services();
+    updates[0] = services(&[web("web", "10.96.0.10"), v6]);
+    updates[1] = slices(&[
+        web_slice("web", &["10.1.0.1", "10.1.0.2"]),
+        web_slice("v6", &["fd00:1::1"]),
+    ]);
+    wake(&mut sync, &mut due, updates);
+    let fill = |map: &str| {
+        sync.metrics
+            .map_fill
+            .get_or_create(&crate::metrics::MapLabel { map: map.into() })
+            .get()
+    };
+    // web: a master and two slots; v6: a master and one slot.
+    assert_eq!(fill(names::SERVICES_V4), 0.03);
+    assert_eq!(fill(names::SERVICES_V6), 0.02);
+    assert_eq!(fill(names::BACKENDS), 0.3);
+    assert_eq!(sync.metrics.slots.get(), 3);
+}
