@@ -483,6 +483,24 @@ impl Agent {
         Ok(out)
     }
 
+    /// Syncs completed so far: reconciles, including the one after each
+    /// conntrack scan (`sluice_sync_duration_seconds_count`).
+    pub fn syncs(&self) -> Result<f64> {
+        self.metric("sluice_sync_duration_seconds_count")
+    }
+
+    /// Waits until `n` more syncs than now completed: with backends
+    /// draining, each follows a conntrack scan (every
+    /// `--drain-scan-interval`), so a backend still there after a few has
+    /// been judged by scans that started well after it began draining.
+    pub fn wait_syncs(&self, n: u32, timeout: Duration) -> Result<()> {
+        let since = self.syncs()?;
+        self.wait_until(&format!("{n} more syncs"), timeout, |a| {
+            Ok(a.syncs()? >= since + f64::from(n))
+        })?;
+        Ok(())
+    }
+
     /// Waits until `f` holds, polling every 20 ms.
     pub fn wait_until(
         &self,

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use sluice_tests::{
     agent::{
         yaml::{self, READY, TERMINATING},
@@ -178,8 +178,22 @@ fn killed_agent_leaves_flows_running_and_its_successor_writes_nothing() -> Resul
         Ok(())
     });
 
+    // Waits until the stream made `n` more round trips.
+    let talked = |n: u32| -> Result<()> {
+        let target = pings.load(Ordering::Relaxed) + n;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while pings.load(Ordering::Relaxed) < target {
+            ensure!(
+                std::time::Instant::now() < deadline && !pinger.is_finished(),
+                "the stream stopped talking"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    };
+
     agent.kill9();
-    std::thread::sleep(Duration::from_millis(500));
+    talked(10)?;
     assert_eq!(
         clients::tcp_hello(client, vip(VIP, 80)).map(|_| ()).ok(),
         Some(()),
@@ -200,7 +214,7 @@ fn killed_agent_leaves_flows_running_and_its_successor_writes_nothing() -> Resul
     agent.wait_ready(READY_TIMEOUT)?;
     assert_eq!(agent.metric("sluice_map_writes_total")?, 0.0);
 
-    std::thread::sleep(Duration::from_millis(200));
+    talked(5)?;
     stop.store(true, Ordering::Relaxed);
     pinger
         .join()

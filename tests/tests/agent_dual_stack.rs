@@ -165,8 +165,8 @@ fn dual_stack_service_is_programmed_in_both_families_and_drains_an_ipv6_backend(
         names,
         "the IPv4 side is untouched"
     );
-    // Its live IPv6 flow is counted: it stays.
-    std::thread::sleep(Duration::from_millis(600));
+    // Its live IPv6 flow is counted: it stays through the scans.
+    agent.wait_syncs(3, Duration::from_secs(5))?;
     assert!(agent.frontends()?[&fe6].iter().any(|(addr, _)| *addr == a6));
     stream.ping()?;
     drop(stream);

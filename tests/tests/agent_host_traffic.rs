@@ -123,11 +123,16 @@ fn the_nodes_own_processes_reach_services() -> Result<()> {
         "web-slice.yaml",
         &yaml::slice("web-1", "web", 8080, &[(b0.ip, READY)]),
     )?;
-    std::thread::sleep(Duration::from_millis(600));
+    let draining = |a: &Agent| -> Result<bool> {
+        Ok(a.frontends()?[&format!("{VIP}:80")]
+            .iter()
+            .any(|(addr, s)| *addr == b1_addr && s == "draining"))
+    };
+    agent.wait_until("backend-1 draining", Duration::from_secs(5), draining)?;
+    // The host's live flow keeps it through the scans.
+    agent.wait_syncs(3, Duration::from_secs(5))?;
     host.ping()?;
-    ensure!(agent.frontends()?[&format!("{VIP}:80")]
-        .iter()
-        .any(|(a, s)| *a == b1_addr && s == "draining"));
+    ensure!(draining(&agent)?, "backend-1 left with a live host flow");
     drop(host);
     agent.wait_until(
         "backend-1 removed once the host socket closed",

@@ -188,8 +188,16 @@ fn stable_service_survives_relists_dropped_watches_stale_events_and_an_outage() 
         })?;
 
     // A dropped connection: resumed, nothing changes.
+    let (open, watches) = (
+        c.server.open_watches(None),
+        c.server.request_count(Verb::Watch),
+    );
     c.server.abort_watches();
-    std::thread::sleep(Duration::from_millis(300));
+    c.agent
+        .wait_until("watches resumed", Duration::from_secs(10), |_| {
+            Ok(c.server.request_count(Verb::Watch) >= watches + open
+                && c.server.open_watches(None) >= open)
+        })?;
 
     // Incident 4: a stale event for the stable slice (an old version that
     // says it was deleted), a duplicate, then the connection drops. kube-rs
@@ -240,7 +248,12 @@ fn stable_service_survives_relists_dropped_watches_stale_events_and_an_outage() 
     ))?;
     c.server
         .apply_yaml(&yaml::slice("later-1", "later", 8080, &[(b0.ip, READY)]))?;
-    std::thread::sleep(Duration::from_secs(1));
+    // The agent keeps trying against the outage meanwhile.
+    let refused = c.server.refused_connections();
+    c.agent
+        .wait_until("retries during the outage", Duration::from_secs(10), |_| {
+            Ok(c.server.refused_connections() >= refused + 2)
+        })?;
     c.server.set_outage(Outage::Off);
     c.agent.wait_until(
         "service created during the outage",
@@ -324,7 +337,6 @@ fn churn_with_agent_restarts_ends_with_exactly_the_final_state() -> Result<()> {
         }
         if op % 1000 == 500 {
             c.agent.kill9();
-            std::thread::sleep(Duration::from_millis(100));
             c.agent.restart(&c.topo.node)?;
             c.agent.wait_ready(READY_TIMEOUT)?;
         }

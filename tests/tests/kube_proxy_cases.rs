@@ -332,8 +332,14 @@ fn every_case_gives_kube_proxys_verdict_on_the_wire() -> Result<()> {
                     .all(|(i, _)| fronts.contains_key(&format!("{}:80", addrs(*i).cluster_ip))))
             },
         )?;
-        // Zone changes reach the node context, hence every service.
-        std::thread::sleep(Duration::from_millis(500));
+        // Zone changes reach the node context, hence every service: the
+        // Node goes out after the services in the same read of the
+        // directory, so wait until nothing sent is pending.
+        agent.wait_until(
+            "the directory's read applied",
+            Duration::from_secs(10),
+            |a| Ok(a.healthz()?.1["pending_seconds"].is_null()),
+        )?;
         for (i, c) in &rows {
             played += 1;
             if let Some(d) = play(&topo, *i, c).with_context(|| c.name)? {

@@ -57,3 +57,10 @@ pub struct MapState {
     /// CIDRs and cluster IPs (host routes), each with its `SVCNET_*` kind.
     pub service_nets: BTreeMap<SourceRange, u8>,
 }
+
+impl MapState {
+    /// Entries this state occupies in the service maps (masters + slots).
+    pub fn service_entries(&self) -> usize {
+        self.frontends.values().map(|f| 1 + f.slots.len()).sum()
+    }
+}

@@ -248,7 +248,9 @@ fn main() -> Result<()> {
     dir.write("web.yaml", &gone)?;
     println!("\n      edited web.yaml: backend-1 removed from the EndpointSlice (its pod is gone)");
     wait_for(|| Ok(backend_state(&agent, b1)?.as_deref() == Some("draining")))?;
-    std::thread::sleep(Duration::from_millis(500));
+    // A few more echoes while it drains.
+    let echoes = ok.load(Ordering::Relaxed) + 5;
+    wait_for(|| Ok(ok.load(Ordering::Relaxed) >= echoes))?;
     println!(
         "      the long-lived connection: {} echoes, {} errors (it drains, it is not cut)",
         ok.load(Ordering::Relaxed),
