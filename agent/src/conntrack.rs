@@ -24,7 +24,10 @@ use sluice_common::{
     IPPROTO_SCTP, IPPROTO_TCP,
 };
 
-use crate::datapath::{DatapathError, Maps};
+use crate::{
+    datapath::{DatapathError, Maps},
+    reconcile::BackendId,
+};
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
 pub fn monotonic_ns() -> u64 {
@@ -89,7 +92,7 @@ pub fn forward_key_of_reply<K: CtKey>(key: &K, entry: &CtEntry) -> K {
 /// API allows (a frontend's own timeout is enforced by the datapath).
 pub fn stale_affinities<K: Copy>(
     entries: &[(K, AffinityValue)],
-    backends: &HashMap<u32, Backend>,
+    backends: &HashMap<BackendId, Backend>,
     now_ns: u64,
 ) -> Vec<K> {
     let max_idle = Duration::from_secs(u64::from(crate::translate::MAX_AFFINITY_TIMEOUT));
@@ -99,7 +102,7 @@ pub fn stale_affinities<K: Copy>(
             let idle = Duration::from_nanos(now_ns.saturating_sub(v.last_used_ns));
             idle > max_idle
                 || backends
-                    .get(&v.backend_id)
+                    .get(&BackendId(v.backend_id))
                     .is_none_or(|b| b.svc_id != v.svc_id)
         })
         .map(|(k, _)| *k)
@@ -126,7 +129,7 @@ pub fn read_affinities<K: Pod>(
 #[derive(Debug)]
 pub struct CtScan<K> {
     /// Live (not closing, not expired) forward entries per backend id.
-    pub flows: HashMap<u32, u32>,
+    pub flows: HashMap<BackendId, u32>,
     /// Entries to delete.
     pub stale: Vec<K>,
     /// Entries read.
@@ -173,7 +176,7 @@ pub fn read_all6(maps: &Maps) -> Result<Vec<(Ct6Key, CtEntry)>, DatapathError> {
 /// Judges every entry against the programmed backends at `now_ns`.
 pub fn scan<K: CtKey>(
     entries: &[(K, CtEntry)],
-    backends: &HashMap<u32, Backend>,
+    backends: &HashMap<BackendId, Backend>,
     now_ns: u64,
 ) -> CtScan<K> {
     let mut out = CtScan {
@@ -182,7 +185,7 @@ pub fn scan<K: CtKey>(
     };
     let valid = |e: &CtEntry| {
         backends
-            .get(&e.backend_id)
+            .get(&BackendId(e.backend_id))
             .is_some_and(|b| b.svc_id == e.svc_id)
     };
     let fresh = |k: &K, e: &CtEntry| {
@@ -196,7 +199,7 @@ pub fn scan<K: CtKey>(
         if valid(entry) && fresh(key, entry) {
             live_forward.insert(*key, entry.backend_id);
             if !entry.is_closing() {
-                *out.flows.entry(entry.backend_id).or_default() += 1;
+                *out.flows.entry(BackendId(entry.backend_id)).or_default() += 1;
             }
         } else {
             out.stale.push(*key);
@@ -262,19 +265,19 @@ mod tests {
 
     #[test]
     fn live_flow_is_counted_and_kept() {
-        let backends = HashMap::from([(5, backend(1))]);
+        let backends = HashMap::from([(BackendId(5), backend(1))]);
         let scan = scan(
             &flow(IPPROTO_TCP, 5, CT_F_SEEN_REPLY, 100 * S),
             &backends,
             101 * S,
         );
-        assert_eq!(scan.flows.get(&5), Some(&1));
+        assert_eq!(scan.flows.get(&BackendId(5)), Some(&1));
         assert!(scan.stale.is_empty());
     }
 
     #[test]
     fn closing_flow_is_not_live_and_expires_after_close_timeout() {
-        let backends = HashMap::from([(5, backend(1))]);
+        let backends = HashMap::from([(BackendId(5), backend(1))]);
         let closed = CT_F_SEEN_REPLY | CT_F_TX_CLOSING | CT_F_RX_CLOSING;
         let s = scan(&flow(IPPROTO_TCP, 5, closed, 100 * S), &backends, 101 * S);
         assert!(s.flows.is_empty());
@@ -285,13 +288,13 @@ mod tests {
 
     #[test]
     fn half_closed_flow_is_still_live() {
-        let backends = HashMap::from([(5, backend(1))]);
+        let backends = HashMap::from([(BackendId(5), backend(1))]);
         let s = scan(
             &flow(IPPROTO_TCP, 5, CT_F_SEEN_REPLY | CT_F_TX_CLOSING, 100 * S),
             &backends,
             101 * S,
         );
-        assert_eq!(s.flows.get(&5), Some(&1));
+        assert_eq!(s.flows.get(&BackendId(5)), Some(&1));
     }
 
     #[test]
@@ -304,7 +307,7 @@ mod tests {
         assert_eq!(s.stale.len(), 2);
         let s = scan(
             &flow(IPPROTO_TCP, 5, CT_F_SEEN_REPLY, 100 * S),
-            &HashMap::from([(5, backend(2))]),
+            &HashMap::from([(BackendId(5), backend(2))]),
             101 * S,
         );
         assert_eq!(s.stale.len(), 2);
@@ -312,7 +315,7 @@ mod tests {
 
     #[test]
     fn udp_expires_after_its_timeout() {
-        let backends = HashMap::from([(5, backend(1))]);
+        let backends = HashMap::from([(BackendId(5), backend(1))]);
         let s = scan(
             &flow(17, 5, 0, 100 * S),
             &backends,
@@ -329,7 +332,7 @@ mod tests {
 
     #[test]
     fn sctp_follows_its_association() {
-        let backends = HashMap::from([(5, backend(1))]);
+        let backends = HashMap::from([(BackendId(5), backend(1))]);
         let at = |flags: u8, idle_s: u64| {
             scan(
                 &flow(IPPROTO_SCTP, 5, flags, 100 * S),
@@ -339,7 +342,7 @@ mod tests {
         };
         // Established (the backend answered): live until its timeout.
         let s = at(CT_F_SEEN_REPLY, timeouts::SCTP_ESTABLISHED_S);
-        assert_eq!((s.flows.get(&5), s.stale.len()), (Some(&1), 0));
+        assert_eq!((s.flows.get(&BackendId(5)), s.stale.len()), (Some(&1), 0));
         assert_eq!(
             at(CT_F_SEEN_REPLY, timeouts::SCTP_ESTABLISHED_S + 1)
                 .stale
@@ -392,9 +395,9 @@ mod tests {
 
     #[test]
     fn ipv6_flows_follow_the_same_rules() {
-        let backends = HashMap::from([(5, backend(1))]);
+        let backends = HashMap::from([(BackendId(5), backend(1))]);
         let s = scan(&flow6(5, CT_F_SEEN_REPLY, 100 * S), &backends, 101 * S);
-        assert_eq!(s.flows.get(&5), Some(&1));
+        assert_eq!(s.flows.get(&BackendId(5)), Some(&1));
         assert!(
             s.stale.is_empty(),
             "the reply entry finds its forward entry"
@@ -412,7 +415,7 @@ mod tests {
 
     #[test]
     fn orphan_reply_entry_is_stale_after_a_grace_period() {
-        let backends = HashMap::from([(5, backend(1))]);
+        let backends = HashMap::from([(BackendId(5), backend(1))]);
         let [_, reply] = flow(IPPROTO_TCP, 5, 0, 100 * S);
         // Just inserted, its forward entry may not be visible yet.
         assert!(scan(&[reply], &backends, 101 * S).stale.is_empty());
@@ -425,7 +428,7 @@ mod tests {
 /// and entries to delete.
 #[derive(Debug, Default)]
 pub struct SockScan {
-    pub flows: HashMap<u32, u32>,
+    pub flows: HashMap<BackendId, u32>,
     /// Sockets whose backend is gone (they cannot reach it any more).
     pub stale_sockets: Vec<u64>,
     /// Reverse entries of sockets that were released, or whose backend is
@@ -471,16 +474,16 @@ pub fn read_sockets(maps: &Maps) -> Result<SocketEntries, DatapathError> {
 pub fn scan_sockets(
     sockets: &[(u64, SockEntry)],
     revs: &[SockRevKey],
-    backends: &HashMap<u32, Backend>,
+    backends: &HashMap<BackendId, Backend>,
 ) -> SockScan {
     let mut out = SockScan::default();
     let mut live = std::collections::HashSet::new();
     for (cookie, e) in sockets {
         if backends
-            .get(&e.backend_id)
+            .get(&BackendId(e.backend_id))
             .is_some_and(|b| b.svc_id == e.svc_id)
         {
-            *out.flows.entry(e.backend_id).or_default() += 1;
+            *out.flows.entry(BackendId(e.backend_id)).or_default() += 1;
             live.insert(*cookie);
         } else {
             out.stale_sockets.push(*cookie);
@@ -498,8 +501,8 @@ pub fn scan_sockets(
 /// sockets'.
 pub fn live_flows(
     maps: &Maps,
-    backends: &HashMap<u32, Backend>,
-) -> Result<HashMap<u32, u32>, DatapathError> {
+    backends: &HashMap<BackendId, Backend>,
+) -> Result<HashMap<BackendId, u32>, DatapathError> {
     let now = monotonic_ns();
     let mut flows = scan(&read_all(maps)?, backends, now).flows;
     add_flows(&mut flows, scan(&read_all6(maps)?, backends, now).flows);
@@ -509,7 +512,7 @@ pub fn live_flows(
 }
 
 /// Adds per-backend flow counts into `into`.
-pub fn add_flows(into: &mut HashMap<u32, u32>, more: HashMap<u32, u32>) {
+pub fn add_flows(into: &mut HashMap<BackendId, u32>, more: HashMap<BackendId, u32>) {
     for (id, n) in more {
         *into.entry(id).or_default() += n;
     }

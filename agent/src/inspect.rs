@@ -27,7 +27,7 @@ use crate::{
     conntrack,
     datapath::{attached_devices, map_fill, migration_state, read_map_state, DatapathError, Maps},
     model::Scope,
-    reconcile::endpoint_of,
+    reconcile::{endpoint_of, BackendId},
 };
 
 /// Opens the pinned maps with a message an operator can act on.
@@ -97,7 +97,7 @@ struct FrontendRow {
 fn frontends(maps: &Maps) -> Result<Vec<FrontendRow>> {
     let (state, _) = read_map_state(maps)?;
     // Live flows: conntrack's and the node's own sockets'.
-    let flows: HashMap<u32, u32> = conntrack::live_flows(maps, &state.backends)?;
+    let flows: HashMap<BackendId, u32> = conntrack::live_flows(maps, &state.backends)?;
     let mut keys: Vec<_> = state.frontends.keys().copied().collect();
     keys.sort();
     Ok(keys
@@ -112,7 +112,7 @@ fn frontends(maps: &Maps) -> Result<Vec<FrontendRow>> {
                     let b = state.backends.get(id);
                     BackendRow {
                         slot: i + 1,
-                        id: *id,
+                        id: id.get(),
                         address: b
                             .map_or_else(|| "(missing)".into(), |b| endpoint_of(b).to_string()),
                         state: b.map_or("missing", |b| BackendState::from_u8(b.state).as_str()),
@@ -124,7 +124,7 @@ fn frontends(maps: &Maps) -> Result<Vec<FrontendRow>> {
                 frontend: SocketAddr::new(key.addr, key.port).to_string(),
                 protocol: key.proto.as_str(),
                 kind: kind_name(fe.kind()),
-                svc_id: fe.svc_id,
+                svc_id: fe.svc_id.get(),
                 active: fe.active,
                 fallback: fe.fallback,
                 draining_service: fe.flags & SVC_F_DRAINING != 0,
@@ -304,7 +304,7 @@ pub fn ct_list(args: &CtListArgs) -> Result<()> {
                         let ep = endpoint_of(b);
                         ep.addr == addr.ip() && ep.port == addr.port()
                     })
-                    .map(|(id, _)| *id)
+                    .map(|(id, _)| id.get())
                     .with_context(|| format!("no backend {addr} in the maps"))?
             }
         }),
@@ -325,7 +325,7 @@ pub fn ct_list(args: &CtListArgs) -> Result<()> {
         let snat = e.flags & sluice_common::conntrack::CT_F_SNAT != 0;
         let nat = SocketAddr::new(key.addr_of(&e.nat_addr), e.nat_port);
         let peer = SocketAddr::new(key.addr_of(&e.peer_addr), e.peer_port);
-        let backend = state.backends.get(&e.backend_id).map(|b| {
+        let backend = state.backends.get(&BackendId(e.backend_id)).map(|b| {
             let ep = endpoint_of(b);
             SocketAddr::new(ep.addr, ep.port)
         });

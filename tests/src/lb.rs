@@ -198,7 +198,7 @@ impl Lb {
             .backends
             .iter()
             .find(|(_, b)| b.addr_v4() == addr.octets() && b.port == port)
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id.get())
     }
 
     /// The backend id the maps hold for `addr:port` (either family).
@@ -211,7 +211,7 @@ impl Lb {
                 let ep = sluice::reconcile::endpoint_of(b);
                 ep.addr == addr && ep.port == port
             })
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id.get())
     }
 
     /// Conntrack entries (forward and reply, both families) that name

@@ -18,7 +18,7 @@ use sluice_common::{
 use super::DatapathError;
 use crate::{
     model::{Endpoint, FrontendKey, Proto, Scope},
-    reconcile::{FrontendState, MapState},
+    reconcile::{BackendId, FrontendState, MapState, SvcId},
 };
 
 /// The datapath maps. Held by exactly one `MapWriter` in the agent; the
@@ -218,7 +218,7 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
             .entry(frontend)
             .or_insert_with(FrontendState::default);
         if slot == 0 {
-            fe.svc_id = value.svc_id;
+            fe.svc_id = SvcId(value.svc_id);
             fe.flags = value.flags;
             fe.active = value.active;
             fe.fallback = value.fallback;
@@ -226,9 +226,9 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
         } else {
             let i = usize::from(slot) - 1;
             if fe.slots.len() <= i {
-                fe.slots.resize(i + 1, 0);
+                fe.slots.resize(i + 1, BackendId::default());
             }
-            fe.slots[i] = value.backend_id;
+            fe.slots[i] = BackendId(value.backend_id);
         }
     }
     for item in maps.backends.iter() {
@@ -236,7 +236,7 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
             name: names::BACKENDS,
             source,
         })?;
-        state.backends.insert(id, backend);
+        state.backends.insert(BackendId(id), backend);
     }
     for item in maps.source_ranges_v4.iter() {
         let (key, _) = item.map_err(|source| DatapathError::Map {
@@ -247,7 +247,7 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
         let prefix = key.prefix_len().saturating_sub(32).min(32) as u8;
         state
             .source_ranges
-            .entry(u32::from_be_bytes(data.svc_id))
+            .entry(SvcId(u32::from_be_bytes(data.svc_id)))
             .or_default()
             .insert((IpAddr::V4(Ipv4Addr::from(data.addr)), prefix));
     }
@@ -260,7 +260,7 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
         let prefix = key.prefix_len().saturating_sub(32).min(128) as u8;
         state
             .source_ranges
-            .entry(u32::from_be_bytes(data.svc_id))
+            .entry(SvcId(u32::from_be_bytes(data.svc_id)))
             .or_default()
             .insert((IpAddr::V6(Ipv6Addr::from(data.addr)), prefix));
     }
@@ -315,10 +315,10 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
         let Some((frontend, _)) = key.frontend() else {
             continue;
         };
-        let mut ids: Vec<u32> = table.backends.to_vec();
+        let mut ids: Vec<BackendId> = table.backends.iter().copied().map(BackendId).collect();
         ids.sort_unstable();
         ids.dedup();
-        let mut members: Vec<(u32, Endpoint)> = ids
+        let mut members: Vec<(BackendId, Endpoint)> = ids
             .into_iter()
             .map(|id| {
                 let endpoint = state.backends.get(&id).map_or(

@@ -118,14 +118,14 @@ fn lpm6(net: SourceRange, a: std::net::Ipv6Addr) -> Key<[u8; 16]> {
 fn range4(svc: SvcId, range: SourceRange, a: std::net::Ipv4Addr) -> Key<SrcRange4> {
     Key::new(
         SrcRange4::prefix_len(range.1),
-        SrcRange4::new(svc, a.octets()),
+        SrcRange4::new(svc.get(), a.octets()),
     )
 }
 
 fn range6(svc: SvcId, range: SourceRange, a: std::net::Ipv6Addr) -> Key<SrcRange6> {
     Key::new(
         SrcRange6::prefix_len(range.1),
-        SrcRange6::new(svc, a.octets()),
+        SrcRange6::new(svc.get(), a.octets()),
     )
 }
 
@@ -168,7 +168,7 @@ impl MapWrites for MapWriter {
         let m = &mut self.maps;
         let (map, result) = match entry {
             Entry::Config(c) => (names::CONFIG, m.config.set(0, c, 0)),
-            Entry::Backend(id, b) => (names::BACKENDS, m.backends.insert(id, b, 0)),
+            Entry::Backend(id, b) => (names::BACKENDS, m.backends.insert(id.get(), b, 0)),
             Entry::Service(ServiceKey::V4(k), v) => {
                 (names::SERVICES_V4, m.services_v4.insert(k, v, 0))
             }
@@ -205,7 +205,7 @@ impl MapWrites for MapWriter {
     fn delete(&mut self, key: EntryKey) -> Result<(), WriteError> {
         let m = &mut self.maps;
         let (map, result) = match key {
-            EntryKey::Backend(id) => (names::BACKENDS, m.backends.remove(&id)),
+            EntryKey::Backend(id) => (names::BACKENDS, m.backends.remove(&id.get())),
             EntryKey::Service(ServiceKey::V4(k)) => (names::SERVICES_V4, m.services_v4.remove(&k)),
             EntryKey::Service(ServiceKey::V6(k)) => (names::SERVICES_V6, m.services_v6.remove(&k)),
             EntryKey::Maglev(ServiceKey::V4(k)) => (names::MAGLEV_V4, m.maglev_v4.remove(&k)),

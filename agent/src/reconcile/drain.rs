@@ -12,6 +12,8 @@ use std::{
 
 use sluice_common::{Backend, BackendState};
 
+use super::ids::BackendId;
+
 /// A scan only judges a backend if it started this long after the backend
 /// stopped being selectable: a packet that picked the backend just before
 /// may still be inserting its conntrack entry.
@@ -23,13 +25,13 @@ pub struct FlowCounts {
     /// When the scan started: only backends that stopped being selectable
     /// before this instant can be judged by it.
     pub started: Instant,
-    pub flows: HashMap<u32, u32>,
+    pub flows: HashMap<BackendId, u32>,
 }
 
 #[derive(Debug)]
 pub struct Drain {
     timeout: Duration,
-    since: HashMap<u32, Instant>,
+    since: HashMap<BackendId, Instant>,
     last_scan: Option<FlowCounts>,
 }
 
@@ -51,7 +53,7 @@ impl Drain {
     }
 
     /// Backends whose drain is over.
-    pub fn removable(&self, now: Instant) -> HashSet<u32> {
+    pub fn removable(&self, now: Instant) -> HashSet<BackendId> {
         self.since
             .iter()
             .filter(|(id, since)| {
@@ -67,7 +69,7 @@ impl Drain {
 
     /// Starts the clock for backends that just began draining, stops it for
     /// those that became selectable again.
-    pub fn track(&mut self, backends: &[(u32, Backend)], now: Instant) {
+    pub fn track(&mut self, backends: &[(BackendId, Backend)], now: Instant) {
         for (id, backend) in backends {
             if drains(backend.state) {
                 self.since.entry(*id).or_insert(now);
@@ -78,7 +80,7 @@ impl Drain {
     }
 
     /// A backend left the maps.
-    pub fn forget(&mut self, id: u32) {
+    pub fn forget(&mut self, id: BackendId) {
         self.since.remove(&id);
     }
 
@@ -92,7 +94,7 @@ impl Drain {
     }
 
     /// Live flows per backend at the last scan.
-    pub fn flows(&self) -> Option<&HashMap<u32, u32>> {
+    pub fn flows(&self) -> Option<&HashMap<BackendId, u32>> {
         self.last_scan.as_ref().map(|s| &s.flows)
     }
 }
@@ -101,9 +103,9 @@ impl Drain {
 mod tests {
     use super::*;
 
-    fn with_backend(id: u32, state: BackendState) -> Vec<(u32, Backend)> {
+    fn with_backend(id: u32, state: BackendState) -> Vec<(BackendId, Backend)> {
         vec![(
-            id,
+            BackendId(id),
             Backend {
                 state: state as u8,
                 ..Backend::default()
@@ -133,7 +135,7 @@ mod tests {
         let t2 = t1 + SETTLE;
         d.record_scan(FlowCounts {
             started: t2,
-            flows: HashMap::from([(7, 1)]),
+            flows: HashMap::from([(BackendId(7), 1)]),
         });
         assert!(d.removable(t2).is_empty());
         // A later scan without flows releases it.
@@ -143,7 +145,7 @@ mod tests {
         });
         assert_eq!(
             d.removable(t2 + Duration::from_millis(2)),
-            HashSet::from([7])
+            HashSet::from([BackendId(7)])
         );
     }
 
@@ -154,10 +156,13 @@ mod tests {
         d.track(&with_backend(1, BackendState::Terminating), t0);
         d.record_scan(FlowCounts {
             started: t0 + Duration::from_secs(1),
-            flows: HashMap::from([(1, 3)]),
+            flows: HashMap::from([(BackendId(1), 3)]),
         });
         assert!(d.removable(t0 + Duration::from_secs(4)).is_empty());
-        assert_eq!(d.removable(t0 + Duration::from_secs(5)), HashSet::from([1]));
+        assert_eq!(
+            d.removable(t0 + Duration::from_secs(5)),
+            HashSet::from([BackendId(1)])
+        );
     }
 
     #[test]

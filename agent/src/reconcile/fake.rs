@@ -116,7 +116,7 @@ impl FakeMaps {
                 let (fe, slot) = frontend_of(*key);
                 if slot > 0 {
                     assert!(
-                        self.backends.contains_key(&value.backend_id),
+                        self.backends.contains_key(&BackendId(value.backend_id)),
                         "slot {slot} of {fe} names backend {} before it exists",
                         value.backend_id
                     );
@@ -140,7 +140,7 @@ impl FakeMaps {
                 let (fe, _) = frontend_of(*key);
                 for id in table.backends.iter().filter(|id| **id != 0) {
                     assert!(
-                        self.backends.contains_key(id),
+                        self.backends.contains_key(&BackendId(*id)),
                         "Maglev table of {fe} names backend {id} before it exists"
                     );
                 }
@@ -155,7 +155,7 @@ impl FakeMaps {
                 if let Some(((fe, slot), _)) = self
                     .services
                     .iter()
-                    .find(|((_, slot), v)| *slot > 0 && v.backend_id == *id)
+                    .find(|((_, slot), v)| *slot > 0 && BackendId(v.backend_id) == *id)
                 {
                     panic!("backend {id} deleted while slot {slot} of {fe} names it");
                 }
@@ -272,7 +272,7 @@ impl MapReads for FakeMaps {
                 .entry(*fe)
                 .or_insert_with(FrontendState::default);
             if *slot == 0 {
-                f.svc_id = v.svc_id;
+                f.svc_id = SvcId(v.svc_id);
                 f.flags = v.flags;
                 f.active = v.active;
                 f.fallback = v.fallback;
@@ -280,9 +280,9 @@ impl MapReads for FakeMaps {
             } else {
                 let i = usize::from(*slot) - 1;
                 if f.slots.len() <= i {
-                    f.slots.resize(i + 1, 0);
+                    f.slots.resize(i + 1, BackendId::default());
                 }
-                f.slots[i] = v.backend_id;
+                f.slots[i] = BackendId(v.backend_id);
             }
         }
         state.backends = self.backends.iter().map(|(k, v)| (*k, *v)).collect();
@@ -360,7 +360,7 @@ impl MapWrites for FakeMaps {
             Entry::Maglev(k, t) => {
                 let table: &MaglevTable = t;
                 self.maglev
-                    .insert(frontend_of(k).0, table.backends.to_vec());
+                    .insert(frontend_of(k).0, table.backends.map(BackendId).to_vec());
             }
             Entry::SourceRange(svc, r) => {
                 self.source_ranges.insert((svc, r));
@@ -443,7 +443,7 @@ impl FakeMaps {
         let mut owner: BTreeMap<SvcId, FrontendKey> = BTreeMap::new();
         for ((fe, slot), v) in &self.services {
             if *slot == 0 {
-                owner.entry(v.svc_id).or_insert(*fe);
+                owner.entry(SvcId(v.svc_id)).or_insert(*fe);
             }
         }
         let ep = |id: &BackendId| self.backends.get(id).map(endpoint_of);
@@ -455,7 +455,7 @@ impl FakeMaps {
             let slots = (1..=m.total)
                 .filter_map(|i| self.services.get(&(*fe, i)))
                 .filter_map(|s| {
-                    let b = self.backends.get(&s.backend_id)?;
+                    let b = self.backends.get(&BackendId(s.backend_id))?;
                     Some((endpoint_of(b), b.state, b.svc_id == m.svc_id))
                 })
                 .collect();
@@ -474,7 +474,7 @@ impl FakeMaps {
             backends: self
                 .backends
                 .values()
-                .map(|b| (owner.get(&b.svc_id).copied(), endpoint_of(b), b.state))
+                .map(|b| (owner.get(&SvcId::of(b)).copied(), endpoint_of(b), b.state))
                 .collect(),
             source_ranges: self
                 .source_ranges

@@ -12,7 +12,11 @@
 
 use sluice_common::{MaglevTable, SvcValue};
 
-use super::{maglev, state::FrontendState};
+use super::{
+    ids::{BackendId, SvcId},
+    maglev,
+    state::FrontendState,
+};
 use crate::{
     datapath::{Entry, EntryKey, MapWrites, ServiceKey, WriteError},
     model::FrontendKey,
@@ -35,7 +39,7 @@ pub fn sync<W: MapWrites>(
 ) -> Result<(), WriteError> {
     let result = sync_inner(writer, frontend, current, target);
     if result.is_err() {
-        current.svc_id = 0;
+        current.svc_id = SvcId::default();
     }
     result
 }
@@ -55,8 +59,8 @@ fn sync_inner<W: MapWrites>(
             continue;
         }
         let value = SvcValue {
-            svc_id: target.svc_id,
-            backend_id,
+            svc_id: target.svc_id.get(),
+            backend_id: backend_id.get(),
             ..SvcValue::default()
         };
         writer.put(Entry::Service(
@@ -64,7 +68,7 @@ fn sync_inner<W: MapWrites>(
             &value,
         ))?;
         if current.slots.len() <= i {
-            current.slots.resize(i + 1, 0);
+            current.slots.resize(i + 1, BackendId::default());
         }
         current.slots[i] = backend_id;
     }
@@ -77,7 +81,7 @@ fn sync_inner<W: MapWrites>(
             .iter_mut()
             .zip(maglev::populate(&target.maglev))
         {
-            *slot = id;
+            *slot = id.get();
         }
         writer.put(Entry::Maglev(ServiceKey::of(frontend, 0), &table))?;
         current.maglev = target.maglev.clone();
@@ -90,7 +94,7 @@ fn sync_inner<W: MapWrites>(
         || total != target.slots.len();
     if master_changed {
         let value = SvcValue {
-            svc_id: target.svc_id,
+            svc_id: target.svc_id.get(),
             backend_id: 0,
             active: target.active,
             fallback: target.fallback,
@@ -108,7 +112,7 @@ fn sync_inner<W: MapWrites>(
     }
     while current.slots.len() > target.slots.len() {
         let i = current.slots.len() - 1;
-        if current.slots[i] != 0 {
+        if current.slots[i] != BackendId::default() {
             writer.delete(EntryKey::Service(ServiceKey::of(frontend, slot_number(i))))?;
         }
         current.slots.pop();
@@ -129,13 +133,13 @@ pub fn delete<W: MapWrites>(
     current: &mut FrontendState,
 ) -> Result<(), WriteError> {
     writer.delete(EntryKey::Service(ServiceKey::of(frontend, 0)))?;
-    current.svc_id = 0;
+    current.svc_id = SvcId::default();
     if !current.maglev.is_empty() {
         writer.delete(EntryKey::Maglev(ServiceKey::of(frontend, 0)))?;
         current.maglev.clear();
     }
     while let Some(&id) = current.slots.last() {
-        if id != 0 {
+        if id != BackendId::default() {
             let slot = slot_number(current.slots.len() - 1);
             writer.delete(EntryKey::Service(ServiceKey::of(frontend, slot)))?;
         }

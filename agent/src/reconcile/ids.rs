@@ -12,10 +12,10 @@ use crate::model::{FrontendKey, ServicePortName};
 
 #[derive(Debug, Default)]
 pub struct Ids {
-    by_name: HashMap<ServicePortName, u32>,
-    by_id: HashMap<u32, ServicePortName>,
-    next_svc: u32,
-    next_backend: u32,
+    by_name: HashMap<ServicePortName, SvcId>,
+    by_id: HashMap<SvcId, ServicePortName>,
+    next_svc: SvcId,
+    next_backend: BackendId,
 }
 
 impl Ids {
@@ -25,24 +25,29 @@ impl Ids {
             .frontends
             .values()
             .map(|f| f.svc_id)
-            .chain(programmed.backends.values().map(|b| b.svc_id))
+            .chain(programmed.backends.values().map(SvcId::of))
             .max()
-            .unwrap_or(0);
-        let max_backend = programmed.backends.keys().copied().max().unwrap_or(0);
+            .unwrap_or_default();
+        let max_backend = programmed
+            .backends
+            .keys()
+            .copied()
+            .max()
+            .unwrap_or_default();
         Self {
             by_name: HashMap::new(),
             by_id: HashMap::new(),
-            next_svc: max_svc.wrapping_add(1).max(1),
-            next_backend: max_backend.wrapping_add(1).max(1),
+            next_svc: max_svc.next(),
+            next_backend: max_backend.next(),
         }
     }
 
-    pub fn get(&self, name: &ServicePortName) -> Option<u32> {
+    pub fn get(&self, name: &ServicePortName) -> Option<SvcId> {
         self.by_name.get(name).copied()
     }
 
     /// The live service port that holds `id`, if any.
-    pub fn owner(&self, id: u32) -> Option<&ServicePortName> {
+    pub fn owner(&self, id: SvcId) -> Option<&ServicePortName> {
         self.by_id.get(&id)
     }
 
@@ -58,8 +63,8 @@ impl Ids {
         name: &ServicePortName,
         frontends: &[FrontendKey],
         programmed: &MapState,
-        in_use: impl Fn(u32) -> bool,
-    ) -> u32 {
+        in_use: impl Fn(SvcId) -> bool,
+    ) -> SvcId {
         if let Some(id) = self.get(name) {
             return id;
         }
@@ -67,12 +72,12 @@ impl Ids {
             .iter()
             .filter_map(|f| programmed.frontends.get(f))
             .map(|f| f.svc_id)
-            .find(|id| *id != 0 && !self.by_id.contains_key(id));
+            .find(|id| *id != SvcId::default() && !self.by_id.contains_key(id));
         let id = match adopted {
             Some(id) => id,
             None => loop {
                 let id = self.next_svc;
-                self.next_svc = self.next_svc.wrapping_add(1).max(1);
+                self.next_svc = self.next_svc.next();
                 if !in_use(id) && !self.by_id.contains_key(&id) {
                     break id;
                 }
@@ -85,17 +90,17 @@ impl Ids {
 
     /// Forgets a service port that is no longer desired; its id (if its
     /// entries remain) becomes a leftover to drain.
-    pub fn release(&mut self, name: &ServicePortName) -> Option<u32> {
+    pub fn release(&mut self, name: &ServicePortName) -> Option<SvcId> {
         let id = self.by_name.remove(name)?;
         self.by_id.remove(&id);
         Some(id)
     }
 
     /// A backend id that `in_use` says is free.
-    pub fn backend(&mut self, in_use: impl Fn(u32) -> bool) -> u32 {
+    pub fn backend(&mut self, in_use: impl Fn(BackendId) -> bool) -> BackendId {
         loop {
             let id = self.next_backend;
-            self.next_backend = self.next_backend.wrapping_add(1).max(1);
+            self.next_backend = self.next_backend.next();
             if !in_use(id) {
                 return id;
             }
@@ -103,8 +108,49 @@ impl Ids {
     }
 }
 
-/// A service port's id (`SvcValue::svc_id`, `Backend::svc_id`).
-pub type SvcId = u32;
+/// A service port's id (`SvcValue::svc_id`, `Backend::svc_id`, and what
+/// conntrack entries record); 0 is no service port.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SvcId(pub u32);
 
-/// A backend's id (the key of `sl_backends`).
-pub type BackendId = u32;
+/// A backend's id (the key of `sl_backends`, `SvcValue::backend_id` of a
+/// slot); 0 is no backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendId(pub u32);
+
+impl SvcId {
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+
+    /// The service port a backend entry belongs to.
+    pub const fn of(backend: &sluice_common::Backend) -> Self {
+        Self(backend.svc_id)
+    }
+
+    fn next(self) -> Self {
+        Self(self.0.wrapping_add(1).max(1))
+    }
+}
+
+impl BackendId {
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+
+    fn next(self) -> Self {
+        Self(self.0.wrapping_add(1).max(1))
+    }
+}
+
+impl std::fmt::Display for SvcId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::fmt::Display for BackendId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}

@@ -42,8 +42,8 @@ const SKIP_BASIS: u64 = 0x8422_2325_cbf2_9ce4;
 /// The table for `backends` (id, endpoint), `MAGLEV_M` backend ids; empty
 /// without backends. The result depends on the set of endpoints only, not
 /// on the order given or on the ids' values.
-pub fn populate(backends: &[(u32, Endpoint)]) -> Vec<u32> {
-    let mut members: Vec<&(u32, Endpoint)> = backends.iter().collect();
+pub fn populate<Id: Copy + Default>(backends: &[(Id, Endpoint)]) -> Vec<Id> {
+    let mut members: Vec<&(Id, Endpoint)> = backends.iter().collect();
     members.sort_by_key(|(_, ep)| *ep);
     members.dedup_by_key(|(_, ep)| *ep);
     if members.is_empty() {
@@ -62,7 +62,7 @@ pub fn populate(backends: &[(u32, Endpoint)]) -> Vec<u32> {
         })
         .collect();
     let mut next = vec![0u64; members.len()];
-    let mut table: Vec<Option<u32>> = vec![None; MAGLEV_M];
+    let mut table: Vec<Option<Id>> = vec![None; MAGLEV_M];
     let mut filled = 0;
     'fill: loop {
         for (i, (id, _)) in members.iter().enumerate() {
@@ -81,7 +81,7 @@ pub fn populate(backends: &[(u32, Endpoint)]) -> Vec<u32> {
             }
         }
     }
-    table.into_iter().map(|e| e.unwrap_or(0)).collect()
+    table.into_iter().map(Option::unwrap_or_default).collect()
 }
 
 #[cfg(test)]
@@ -131,7 +131,7 @@ mod tests {
                 );
             }
         }
-        assert!(populate(&[]).is_empty());
+        assert!(populate::<u32>(&[]).is_empty());
     }
 
     #[test]

@@ -97,8 +97,8 @@ pub struct Reconciler<W = MapWriter> {
     programmed: MapState,
     /// Backend ids per service-port id, and frontends per service-port id
     /// (0 for frontends whose master entry is missing).
-    backends_of: HashMap<u32, BTreeSet<u32>>,
-    frontends_of: HashMap<u32, BTreeSet<FrontendKey>>,
+    backends_of: HashMap<SvcId, BTreeSet<BackendId>>,
+    frontends_of: HashMap<SvcId, BTreeSet<FrontendKey>>,
     /// Service-map entries in `programmed`, per family.
     service_entries: FamilyCount,
     /// Maglev tables in `programmed`, per family.
@@ -294,7 +294,7 @@ impl<W: MapWrites> Reconciler<W> {
     }
 
     /// Live flows per backend at the last conntrack scan.
-    pub fn flows(&self) -> Option<&HashMap<u32, u32>> {
+    pub fn flows(&self) -> Option<&HashMap<BackendId, u32>> {
         self.drain.flows()
     }
 
@@ -315,23 +315,26 @@ impl<W: MapWrites> Reconciler<W> {
 
     // -- the record of what is programmed, and its indexes --
 
-    fn set_backend(&mut self, id: u32, b: Backend) {
+    fn set_backend(&mut self, id: BackendId, b: Backend) {
         if let Some(old) = self.programmed.backends.insert(id, b) {
             if old.svc_id != b.svc_id {
-                self.unindex_backend(id, old.svc_id);
+                self.unindex_backend(id, SvcId::of(&old));
             }
         }
-        self.backends_of.entry(b.svc_id).or_default().insert(id);
+        self.backends_of
+            .entry(SvcId::of(&b))
+            .or_default()
+            .insert(id);
     }
 
-    fn drop_backend(&mut self, id: u32) {
+    fn drop_backend(&mut self, id: BackendId) {
         if let Some(old) = self.programmed.backends.remove(&id) {
-            self.unindex_backend(id, old.svc_id);
+            self.unindex_backend(id, SvcId::of(&old));
         }
         self.drain.forget(id);
     }
 
-    fn unindex_backend(&mut self, id: u32, svc_id: u32) {
+    fn unindex_backend(&mut self, id: BackendId, svc_id: SvcId) {
         if let Some(set) = self.backends_of.get_mut(&svc_id) {
             set.remove(&id);
             if set.is_empty() {
@@ -365,7 +368,7 @@ impl<W: MapWrites> Reconciler<W> {
         self.programmed.frontends.insert(key, fe);
     }
 
-    fn unit_backends(&self, svc_id: u32) -> Vec<(u32, Backend)> {
+    fn unit_backends(&self, svc_id: SvcId) -> Vec<(BackendId, Backend)> {
         self.backends_of
             .get(&svc_id)
             .into_iter()
@@ -374,7 +377,7 @@ impl<W: MapWrites> Reconciler<W> {
             .collect()
     }
 
-    fn unit_frontends(&self, svc_id: u32) -> BTreeSet<FrontendKey> {
+    fn unit_frontends(&self, svc_id: SvcId) -> BTreeSet<FrontendKey> {
         self.frontends_of.get(&svc_id).cloned().unwrap_or_default()
     }
 
@@ -400,9 +403,9 @@ impl<W: MapWrites> Reconciler<W> {
         let removable = self.drain.removable(now);
         // Units whose draining backends may go are revisited, whoever
         // holds them.
-        let mut leftovers: BTreeSet<u32> = removable
+        let mut leftovers: BTreeSet<SvcId> = removable
             .iter()
-            .filter_map(|id| self.programmed.backends.get(id).map(|b| b.svc_id))
+            .filter_map(|id| self.programmed.backends.get(id).map(SvcId::of))
             .collect();
         let mut names: BTreeSet<ServicePortName> = match scope {
             Scope::All => desired
@@ -456,7 +459,7 @@ impl<W: MapWrites> Reconciler<W> {
         }
 
         // B: desired service ports claim ids and frontends.
-        let mut units: Vec<(&ServicePortName, u32)> = Vec::new();
+        let mut units: Vec<(&ServicePortName, SvcId)> = Vec::new();
         for (name, svc) in names
             .iter()
             .filter_map(|n| desired.services.get_key_value(n))
@@ -567,7 +570,7 @@ impl<W: MapWrites> Reconciler<W> {
 
     /// Whether the Maglev table maps have room for the tables of `plan`
     /// in place of those the unit holds now.
-    fn tables_fit(&self, id: u32, plan: &UnitPlan) -> bool {
+    fn tables_fit(&self, id: SvcId, plan: &UnitPlan) -> bool {
         let mut freed = FamilyCount::default();
         for k in self.unit_frontends(id) {
             if self
@@ -618,7 +621,7 @@ impl<W: MapWrites> Reconciler<W> {
 
     /// Whether the maps have room for `plan` in place of what the unit
     /// holds now (each service map on its own).
-    fn fits(&self, id: u32, plan: &UnitPlan) -> bool {
+    fn fits(&self, id: SvcId, plan: &UnitPlan) -> bool {
         let mut freed = FamilyCount::default();
         for k in self.unit_frontends(id) {
             freed.add(&k, self.entries_of(&k));
@@ -713,7 +716,7 @@ impl<W: MapWrites> Reconciler<W> {
     /// Writes one unit's difference: its backends first, then its frontends
     /// (slots, master, trims), then the frontends and backends it no longer
     /// has.
-    fn apply_unit(&mut self, id: u32, plan: UnitPlan, now: Instant, report: &mut Report) {
+    fn apply_unit(&mut self, id: SvcId, plan: UnitPlan, now: Instant, report: &mut Report) {
         // Source ranges a frontend is about to enforce exist before it does.
         for range in &plan.source_ranges {
             if self
@@ -758,7 +761,7 @@ impl<W: MapWrites> Reconciler<W> {
                 .iter()
                 .find(|b| !self.programmed.backends.contains_key(b))
             {
-                debug!(frontend = %key, backend = missing, "frontend waits: its backend is not written");
+                debug!(frontend = %key, backend = %missing, "frontend waits: its backend is not written");
                 continue;
             }
             let mut current = self.take_frontend(key).unwrap_or_default();
@@ -780,8 +783,8 @@ impl<W: MapWrites> Reconciler<W> {
                 self.set_frontend(key, current);
             }
         }
-        let wanted: HashSet<u32> = plan.backends.iter().map(|(b, _)| *b).collect();
-        let referenced: HashSet<u32> = self
+        let wanted: HashSet<BackendId> = plan.backends.iter().map(|(b, _)| *b).collect();
+        let referenced: HashSet<BackendId> = self
             .unit_frontends(id)
             .iter()
             .filter_map(|k| self.programmed.frontends.get(k))

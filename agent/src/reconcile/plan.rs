@@ -17,7 +17,10 @@ use sluice_common::{
     Backend, BackendState, FAMILY_V4, FAMILY_V6,
 };
 
-use super::state::{FrontendState, SourceRange};
+use super::{
+    ids::{BackendId, SvcId},
+    state::{FrontendState, SourceRange},
+};
 use crate::model::{
     DesiredBackend, DesiredService, Endpoint, FrontendKey, Scope, ServicePortName, WhenEmpty,
 };
@@ -69,7 +72,7 @@ impl fmt::Display for Refusal {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UnitPlan {
     pub frontends: Vec<(FrontendKey, FrontendState)>,
-    pub backends: Vec<(u32, Backend)>,
+    pub backends: Vec<(BackendId, Backend)>,
     /// loadBalancerSourceRanges of the unit's frontends that enforce them.
     pub source_ranges: BTreeSet<SourceRange>,
 }
@@ -89,7 +92,7 @@ fn rank(state: BackendState) -> u8 {
 }
 
 #[allow(clippy::needless_update)] // not needless in the `abi-probe` build
-pub fn backend_value(endpoint: &Endpoint, state: BackendState, svc_id: u32) -> Backend {
+pub fn backend_value(endpoint: &Endpoint, state: BackendState, svc_id: SvcId) -> Backend {
     let (addr, family) = match endpoint.addr {
         IpAddr::V4(a) => {
             let mut addr = [0u8; 16];
@@ -103,7 +106,7 @@ pub fn backend_value(endpoint: &Endpoint, state: BackendState, svc_id: u32) -> B
         port: endpoint.port,
         family,
         state: state as u8,
-        svc_id,
+        svc_id: svc_id.get(),
         ..Backend::default()
     }
 }
@@ -128,13 +131,13 @@ fn same_family(endpoint: &Endpoint, frontend: &FrontendKey) -> bool {
 /// the never-selected rest; deterministic so that an unchanged input gives
 /// unchanged slots.
 fn frontend_state(
-    svc_id: u32,
+    svc_id: SvcId,
     flags: u16,
     affinity_s: u32,
-    members: &[(u32, Endpoint, BackendState)],
+    members: &[(BackendId, Endpoint, BackendState)],
     maglev: bool,
 ) -> FrontendState {
-    let mut order: Vec<(u8, Endpoint, u32)> = members
+    let mut order: Vec<(u8, Endpoint, BackendId)> = members
         .iter()
         .map(|(id, ep, state)| (rank(*state), *ep, *id))
         .collect();
@@ -145,7 +148,7 @@ fn frontend_state(
     // A Maglev table spreads over what new flows may pick: the active
     // backends, or the serving-terminating ones while none is active.
     let pickable = if active > 0 { 0 } else { 1 };
-    let mut table: Vec<(u32, Endpoint)> = if maglev {
+    let mut table: Vec<(BackendId, Endpoint)> = if maglev {
         order
             .iter()
             .filter(|(rank, _, _)| *rank == pickable)
@@ -200,11 +203,11 @@ fn dedup_best(list: &[DesiredBackend]) -> BTreeMap<Endpoint, BackendState> {
 /// A desired service port. `existing` are its backends in the maps (by id),
 /// `new_id` hands out fresh backend ids.
 pub fn plan_desired(
-    svc_id: u32,
+    svc_id: SvcId,
     svc: &DesiredService,
-    existing: &[(u32, Backend)],
-    removable: &HashSet<u32>,
-    mut new_id: impl FnMut() -> u32,
+    existing: &[(BackendId, Backend)],
+    removable: &HashSet<BackendId>,
+    mut new_id: impl FnMut() -> BackendId,
 ) -> UnitPlan {
     // Backend entries are per service port: one per endpoint that any
     // frontend wants, in its most selectable state.
@@ -215,11 +218,11 @@ pub fn plan_desired(
         .collect();
     let wanted = dedup_best(&all);
 
-    let mut by_endpoint: HashMap<Endpoint, u32> = HashMap::new();
+    let mut by_endpoint: HashMap<Endpoint, BackendId> = HashMap::new();
     for (id, b) in existing {
         by_endpoint.entry(endpoint_of(b)).or_insert(*id);
     }
-    let mut ids: HashMap<Endpoint, u32> = HashMap::new();
+    let mut ids: HashMap<Endpoint, BackendId> = HashMap::new();
     let mut backends = Vec::new();
     for (endpoint, state) in &wanted {
         let current = by_endpoint.get(endpoint).copied();
@@ -244,7 +247,7 @@ pub fn plan_desired(
         backends.push((id, backend_value(endpoint, state, svc_id)));
     }
     // In the maps but no longer wanted by any frontend: drain.
-    let used: HashSet<u32> = ids.values().copied().collect();
+    let used: HashSet<BackendId> = ids.values().copied().collect();
     let mut draining = Vec::new();
     for (id, b) in existing {
         if !used.contains(id) && !removable.contains(id) {
@@ -268,7 +271,7 @@ pub fn plan_desired(
         .frontends
         .iter()
         .map(|fe| {
-            let mut members: Vec<(u32, Endpoint, BackendState)> = dedup_best(&fe.backends)
+            let mut members: Vec<(BackendId, Endpoint, BackendState)> = dedup_best(&fe.backends)
                 .into_iter()
                 .filter_map(|(ep, state)| ids.get(&ep).map(|id| (*id, ep, state)))
                 .collect();
@@ -325,12 +328,12 @@ pub fn plan_desired(
 /// selectable backend, so new flows are refused) while its backends drain.
 /// `frontends` are the ones it still holds in the maps.
 pub fn plan_leftover(
-    svc_id: u32,
+    svc_id: SvcId,
     frontends: &[(FrontendKey, u16)],
-    existing: &[(u32, Backend)],
-    removable: &HashSet<u32>,
+    existing: &[(BackendId, Backend)],
+    removable: &HashSet<BackendId>,
 ) -> UnitPlan {
-    let backends: Vec<(u32, Backend)> = existing
+    let backends: Vec<(BackendId, Backend)> = existing
         .iter()
         .filter(|(id, _)| !removable.contains(id))
         .map(|(id, b)| {
@@ -343,7 +346,7 @@ pub fn plan_leftover(
     if backends.is_empty() {
         return UnitPlan::default();
     }
-    let members: Vec<(u32, Endpoint, BackendState)> = backends
+    let members: Vec<(BackendId, Endpoint, BackendState)> = backends
         .iter()
         .map(|(id, b)| (*id, endpoint_of(b), BackendState::Draining))
         .collect();
@@ -402,11 +405,11 @@ mod tests {
         }
     }
 
-    fn ids() -> impl FnMut() -> u32 {
+    fn ids() -> impl FnMut() -> BackendId {
         let mut next = 100;
         move || {
             next += 1;
-            next
+            BackendId(next)
         }
     }
 
@@ -430,7 +433,7 @@ mod tests {
         service
             .frontends
             .extend([external.clone(), internal.clone()]);
-        let plan = plan_desired(1, &service, &[], &HashSet::new(), ids());
+        let plan = plan_desired(SvcId(1), &service, &[], &HashSet::new(), ids());
         let flags = |k: &FrontendKey| {
             plan.frontends
                 .iter()
@@ -449,7 +452,7 @@ mod tests {
         assert_eq!((f & SVC_F_INTERNAL, active), (0, 2));
         // Without its internal scope, the external master is not flagged.
         service.frontends.pop();
-        let plan = plan_desired(1, &service, &[], &HashSet::new(), ids());
+        let plan = plan_desired(SvcId(1), &service, &[], &HashSet::new(), ids());
         let (_, f) = plan
             .frontends
             .iter()
@@ -462,7 +465,7 @@ mod tests {
     fn slots_order_active_then_fallback_then_the_rest() {
         use BackendState::*;
         let plan = plan_desired(
-            1,
+            SvcId(1),
             &svc(&[
                 (3, NotReady),
                 (2, TerminatingServing),
@@ -475,7 +478,7 @@ mod tests {
         );
         let (_, fe) = &plan.frontends[0];
         assert_eq!((fe.active, fe.fallback, fe.slots.len()), (2, 1, 4));
-        let state_of = |id: u32| {
+        let state_of = |id: BackendId| {
             plan.backends
                 .iter()
                 .find(|(i, _)| *i == id)
@@ -493,7 +496,7 @@ mod tests {
         let maglev = |backends: &[(u8, BackendState)]| {
             let mut desired = svc(backends);
             desired.frontends[0].maglev = true;
-            let plan = plan_desired(1, &desired, &[], &HashSet::new(), ids());
+            let plan = plan_desired(SvcId(1), &desired, &[], &HashSet::new(), ids());
             let (_, fe) = plan.frontends[0].clone();
             let members: Vec<Endpoint> = fe.maglev.iter().map(|(_, ep)| *ep).collect();
             (fe.flags & SVC_F_MAGLEV != 0, members)
@@ -516,16 +519,19 @@ mod tests {
         // Nothing selectable: no table, no flag (the frontend rejects).
         assert_eq!(maglev(&[(4, NotReady)]), (false, vec![]));
         // Without the annotation: no table.
-        let plan = plan_desired(1, &svc(&[(1, Active)]), &[], &HashSet::new(), ids());
+        let plan = plan_desired(SvcId(1), &svc(&[(1, Active)]), &[], &HashSet::new(), ids());
         assert!(plan.frontends[0].1.maglev.is_empty());
         assert_eq!(plan.frontends[0].1.flags & SVC_F_MAGLEV, 0);
     }
 
     #[test]
     fn terminating_endpoints_are_kept_but_never_added() {
-        let existing = [(7, backend_value(&ep(1), BackendState::Active, 1))];
+        let existing = [(
+            BackendId(7),
+            backend_value(&ep(1), BackendState::Active, SvcId(1)),
+        )];
         let plan = plan_desired(
-            1,
+            SvcId(1),
             &svc(&[
                 (1, BackendState::Terminating),
                 (2, BackendState::Terminating),
@@ -535,39 +541,49 @@ mod tests {
             ids(),
         );
         assert_eq!(plan.backends.len(), 1, "only the programmed one stays");
-        assert_eq!(plan.backends[0].0, 7);
+        assert_eq!(plan.backends[0].0, BackendId(7));
         assert_eq!(plan.backends[0].1.state, BackendState::Terminating as u8);
         assert_eq!(plan.frontends[0].1.active, 0);
     }
 
     #[test]
     fn vanished_endpoints_drain_until_removable() {
-        let existing = [(7, backend_value(&ep(1), BackendState::Active, 1))];
+        let existing = [(
+            BackendId(7),
+            backend_value(&ep(1), BackendState::Active, SvcId(1)),
+        )];
         let plan = plan_desired(
-            1,
+            SvcId(1),
             &svc(&[(2, BackendState::Active)]),
             &existing,
             &HashSet::new(),
             ids(),
         );
-        let drained: Vec<_> = plan.backends.iter().filter(|(id, _)| *id == 7).collect();
+        let drained: Vec<_> = plan
+            .backends
+            .iter()
+            .filter(|(id, _)| *id == BackendId(7))
+            .collect();
         assert_eq!(drained[0].1.state, BackendState::Draining as u8);
         assert_eq!(plan.frontends[0].1.slots.len(), 2);
         let plan = plan_desired(
-            1,
+            SvcId(1),
             &svc(&[(2, BackendState::Active)]),
             &existing,
-            &HashSet::from([7]),
+            &HashSet::from([BackendId(7)]),
             ids(),
         );
-        assert!(plan.backends.iter().all(|(id, _)| *id != 7));
+        assert!(plan.backends.iter().all(|(id, _)| *id != BackendId(7)));
     }
 
     #[test]
     fn ids_are_kept_by_endpoint_and_revived_backends_reuse_them() {
-        let existing = [(7, backend_value(&ep(1), BackendState::Draining, 1))];
+        let existing = [(
+            BackendId(7),
+            backend_value(&ep(1), BackendState::Draining, SvcId(1)),
+        )];
         let plan = plan_desired(
-            1,
+            SvcId(1),
             &svc(&[(1, BackendState::Active)]),
             &existing,
             &HashSet::new(),
@@ -575,7 +591,10 @@ mod tests {
         );
         assert_eq!(
             plan.backends,
-            vec![(7, backend_value(&ep(1), BackendState::Active, 1))]
+            vec![(
+                BackendId(7),
+                backend_value(&ep(1), BackendState::Active, SvcId(1))
+            )]
         );
     }
 
@@ -583,11 +602,17 @@ mod tests {
     fn same_input_same_plan() {
         let s = svc(&[(1, BackendState::Active), (2, BackendState::Active)]);
         let existing = [
-            (5, backend_value(&ep(1), BackendState::Active, 1)),
-            (6, backend_value(&ep(2), BackendState::Active, 1)),
+            (
+                BackendId(5),
+                backend_value(&ep(1), BackendState::Active, SvcId(1)),
+            ),
+            (
+                BackendId(6),
+                backend_value(&ep(2), BackendState::Active, SvcId(1)),
+            ),
         ];
-        let a = plan_desired(1, &s, &existing, &HashSet::new(), ids());
-        let b = plan_desired(1, &s, &existing, &HashSet::new(), ids());
+        let a = plan_desired(SvcId(1), &s, &existing, &HashSet::new(), ids());
+        let b = plan_desired(SvcId(1), &s, &existing, &HashSet::new(), ids());
         assert_eq!(a, b);
     }
 
@@ -598,31 +623,43 @@ mod tests {
             port: 8080,
         };
         let existing = [
-            (7, backend_value(&ep(1), BackendState::Active, 1)),
-            (8, backend_value(&v6, BackendState::Active, 1)),
+            (
+                BackendId(7),
+                backend_value(&ep(1), BackendState::Active, SvcId(1)),
+            ),
+            (
+                BackendId(8),
+                backend_value(&v6, BackendState::Active, SvcId(1)),
+            ),
         ];
         let mut s = svc(&[(2, BackendState::Active)]);
         let mut fe6 = s.frontends[0].clone();
         fe6.key.addr = "fd00:96::1".parse().expect("literal");
         fe6.backends.clear();
         s.frontends.push(fe6);
-        let plan = plan_desired(1, &s, &existing, &HashSet::new(), ids());
+        let plan = plan_desired(SvcId(1), &s, &existing, &HashSet::new(), ids());
         let slots = |i: usize| plan.frontends[i].1.slots.clone();
-        assert!(slots(0).contains(&7) && !slots(0).contains(&8), "{plan:?}");
-        assert_eq!(slots(1), vec![8], "{plan:?}");
+        assert!(
+            slots(0).contains(&BackendId(7)) && !slots(0).contains(&BackendId(8)),
+            "{plan:?}"
+        );
+        assert_eq!(slots(1), vec![BackendId(8)], "{plan:?}");
 
         let fe4 = plan.frontends[0].0;
         let fe6 = plan.frontends[1].0;
-        let plan = plan_leftover(1, &[(fe4, 0), (fe6, 0)], &existing, &HashSet::new());
-        assert_eq!(plan.frontends[0].1.slots, vec![7]);
-        assert_eq!(plan.frontends[1].1.slots, vec![8]);
+        let plan = plan_leftover(SvcId(1), &[(fe4, 0), (fe6, 0)], &existing, &HashSet::new());
+        assert_eq!(plan.frontends[0].1.slots, vec![BackendId(7)]);
+        assert_eq!(plan.frontends[1].1.slots, vec![BackendId(8)]);
     }
 
     #[test]
     fn leftover_keeps_frontends_until_its_backends_are_gone() {
         let fe = FrontendKey::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)), 80, Proto::Tcp);
-        let existing = [(7, backend_value(&ep(1), BackendState::Active, 3))];
-        let plan = plan_leftover(3, &[(fe, 0)], &existing, &HashSet::new());
+        let existing = [(
+            BackendId(7),
+            backend_value(&ep(1), BackendState::Active, SvcId(3)),
+        )];
+        let plan = plan_leftover(SvcId(3), &[(fe, 0)], &existing, &HashSet::new());
         assert_eq!(plan.frontends.len(), 1);
         let (_, state) = &plan.frontends[0];
         assert_eq!(
@@ -630,7 +667,12 @@ mod tests {
             (0, 0, SVC_F_DRAINING)
         );
         assert_eq!(
-            plan_leftover(3, &[(fe, 0)], &existing, &HashSet::from([7])),
+            plan_leftover(
+                SvcId(3),
+                &[(fe, 0)],
+                &existing,
+                &HashSet::from([BackendId(7)])
+            ),
             UnitPlan::default()
         );
     }

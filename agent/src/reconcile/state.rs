@@ -10,25 +10,26 @@ use std::{
 
 use sluice_common::{service::FRONTEND_KIND_MASK, Backend, FrontendKind};
 
+use super::ids::{BackendId, SvcId};
 use crate::model::{Endpoint, FrontendKey};
 
 /// One frontend: its master entry and its slots.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FrontendState {
-    /// Owner service port; 0 means the master entry is missing or its state
+    /// Owner service port; `SvcId(0)` means the master entry is missing or its state
     /// is unknown (forces a full rewrite).
-    pub svc_id: u32,
+    pub svc_id: SvcId,
     /// `SvcValue::flags` of the master entry.
     pub flags: u16,
     pub active: u16,
     pub fallback: u16,
     /// Session affinity timeout (seconds) of the master entry.
     pub affinity_s: u32,
-    /// Backend id of slot `i + 1`; 0 for a missing slot entry.
-    pub slots: Vec<u32>,
+    /// Backend id of slot `i + 1`; `BackendId(0)` for a missing slot entry.
+    pub slots: Vec<BackendId>,
     /// The backends its Maglev table spreads over (sorted by endpoint);
     /// empty: no table.
-    pub maglev: Vec<(u32, Endpoint)>,
+    pub maglev: Vec<(BackendId, Endpoint)>,
 }
 
 impl FrontendState {
@@ -46,9 +47,9 @@ pub type SourceRange = (IpAddr, u8);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapState {
     pub frontends: HashMap<FrontendKey, FrontendState>,
-    pub backends: HashMap<u32, Backend>,
+    pub backends: HashMap<BackendId, Backend>,
     /// Source ranges per service-port id.
-    pub source_ranges: HashMap<u32, BTreeSet<SourceRange>>,
+    pub source_ranges: HashMap<SvcId, BTreeSet<SourceRange>>,
     /// The cluster's own sources (`sl_local4`, `sl_local6`).
     pub local_sources: BTreeSet<SourceRange>,
     /// The pods' devices (`sl_localif`), by ifindex.

@@ -194,7 +194,7 @@ fn a_removed_endpoint_drains_until_its_flows_end_then_goes() {
     // A scan finds a live flow on it: it stays.
     let flow = CtEntry {
         last_seen_ns: crate::conntrack::monotonic_ns(),
-        backend_id: gone,
+        backend_id: gone.get(),
         svc_id: b.svc_id,
         kind: CtKind::Forward as u8,
         ..CtEntry::default()
@@ -355,8 +355,10 @@ fn a_maglev_table_exists_before_its_master_flags_it_and_goes_after() {
     assert_eq!(table.len(), 1);
     assert!(table[0] < masters[0]);
     assert_ne!(r.writer().services[&(fe, 0)].flags & SVC_F_MAGLEV, 0);
-    let ids: std::collections::BTreeSet<u32> = r.writer().maglev[&fe].iter().copied().collect();
-    let backends: std::collections::BTreeSet<u32> = r.writer().backends.keys().copied().collect();
+    let ids: std::collections::BTreeSet<super::BackendId> =
+        r.writer().maglev[&fe].iter().copied().collect();
+    let backends: std::collections::BTreeSet<super::BackendId> =
+        r.writer().backends.keys().copied().collect();
     assert_eq!(ids, backends, "the table spreads over both backends");
 
     // Off again: the master stops flagging the table, then it goes.
