@@ -226,3 +226,37 @@ fn fill_ratios_count_each_family_under_its_own_map() {
     assert_eq!(fill(names::BACKENDS), 0.3);
     assert_eq!(sync.metrics.slots.get(), 3);
 }
+
+#[test]
+fn while_backends_drain_a_scan_is_due_within_the_drain_interval_and_they_go() {
+    let (mut sync, mut due) = sync_draining(FakeMaps::new(), Duration::ZERO);
+    sync.config.drain_interval = Duration::from_millis(250);
+    wake(&mut sync, &mut due, two_services());
+    let one_left = Update::Slices(Change::Apply(
+        sources::slice(&web_slice("web", &["10.1.0.1"])).unwrap(),
+    ));
+    let before = Instant::now();
+    wake(&mut sync, &mut due, vec![one_left]);
+    assert_eq!(sync.reconciler.draining(), 1);
+    assert_eq!(
+        sync.reconciler.writer().backends.len(),
+        3,
+        "kept while draining"
+    );
+    assert!(
+        due.scan <= before + Duration::from_secs(1),
+        "no scan scheduled"
+    );
+    // The scan is due: it runs, and the drained backend goes (slot first:
+    // the fake checks).
+    due.scan = Instant::now();
+    let writes = wake(&mut sync, &mut due, Vec::new());
+    assert!(
+        writes
+            .iter()
+            .any(|w| matches!(w, Write::Delete(EntryKey::Backend(_)))),
+        "{writes:?}"
+    );
+    assert_eq!(sync.reconciler.writer().backends.len(), 2);
+    assert_eq!(sync.reconciler.draining(), 0);
+}
