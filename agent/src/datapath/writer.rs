@@ -81,6 +81,11 @@ pub trait MapWrites: MapReads {
     fn delete(&mut self, key: EntryKey) -> Result<(), WriteError>;
     /// Successful puts and deletions so far.
     fn writes(&self) -> u64;
+
+    /// Writes the config entry (`sl_config`).
+    fn write_config(&mut self, config: &Config) -> Result<(), WriteError> {
+        self.put(Entry::Config(config))
+    }
 }
 
 pub struct MapWriter {

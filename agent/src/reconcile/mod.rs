@@ -96,7 +96,7 @@ pub struct Reconciler<W = MapWriter> {
     writer: W,
     programmed: MapState,
     /// Backend ids per service-port id, and frontends per service-port id
-    /// (0 for frontends whose master entry is missing).
+    /// (`SvcId(0)` for frontends whose master entry is missing).
     backends_of: HashMap<SvcId, BTreeSet<BackendId>>,
     frontends_of: HashMap<SvcId, BTreeSet<FrontendKey>>,
     /// Service-map entries in `programmed`, per family.
@@ -146,8 +146,9 @@ impl FamilyCount {
 type Member<T> = (fn(T) -> Entry<'static>, fn(T) -> EntryKey);
 
 /// Brings a map that holds a set of keys from `have` (what it holds, kept
-/// up to date write by write) to `want` with `(put, delete)`: the new keys
-/// first, then the stale ones.
+/// up to date write by write) to `want`, with `entry` and `key_of` making
+/// the entry to put and the key to delete: the new keys first, then the
+/// stale ones.
 fn sync_set<T: Ord + Copy, W: MapWrites>(
     writer: &mut W,
     have: &mut BTreeSet<T>,
@@ -202,7 +203,7 @@ impl<W: MapWrites> Reconciler<W> {
             // one migrated: the seed and the rest are kept.
             let fresh = config.abi_version == 0;
             writer
-                .put(Entry::Config(&Config {
+                .write_config(&Config {
                     abi_version: ABI_VERSION,
                     hash_seed: if fresh {
                         random_seed()
@@ -221,7 +222,7 @@ impl<W: MapWrites> Reconciler<W> {
                     },
                     flags: config.flags,
                     netns_cookie: config.netns_cookie,
-                }))
+                })
                 .map_err(|e| DatapathError::Io {
                     path: sluice_common::maps::CONFIG.into(),
                     source: std::io::Error::other(e),
@@ -271,7 +272,7 @@ impl<W: MapWrites> Reconciler<W> {
         }
         config.netns_cookie = cookie;
         self.writer
-            .put(Entry::Config(&config))
+            .write_config(&config)
             .map_err(|e| DatapathError::Io {
                 path: sluice_common::maps::CONFIG.into(),
                 source: std::io::Error::other(e),
