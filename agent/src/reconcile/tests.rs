@@ -473,3 +473,30 @@ fn a_slot_that_changes_no_count_still_grows_the_master() {
     let master = r.writer().services[&(fe, 0)];
     assert_eq!((master.total, master.active, master.fallback), (2, 1, 0));
 }
+
+#[test]
+fn a_service_port_with_more_backends_than_slots_is_refused_and_its_old_state_stays() {
+    let mut r = start(FakeMaps::new());
+    let fe = key("10.96.0.10", 80);
+    let now = Instant::now();
+    sync_all(
+        &mut r,
+        &desired(vec![("web", service(fe, active(&["10.1.0.1"])))]),
+        now,
+    );
+    let before = r.writer().canonical();
+    let many: Vec<String> = (0..=sluice_common::maps::MAX_SLOTS)
+        .map(|i| std::net::Ipv4Addr::from(0x0a02_0000 + i).to_string())
+        .collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let report = sync_all(
+        &mut r,
+        &desired(vec![("web", service(fe, active(&many)))]),
+        now,
+    );
+    assert!(matches!(
+        report.refused.as_slice(),
+        [(n, Refusal::TooManyBackends(_))] if *n == name("web")
+    ));
+    assert_eq!(r.writer().canonical(), before, "nothing of it was written");
+}
