@@ -10,7 +10,7 @@ use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use proptest::{collection::vec, option, prelude::*};
 
 use super::{
-    tests::{no_service_cidrs, node, services, slices, sync_draining, wake},
+    tests::{no_service_cidrs, services, slices, sync_draining, wake, NODE},
     Due, Sync,
 };
 use crate::{
@@ -28,36 +28,44 @@ const SLICES: [(&str, &str); 4] = [("a-1", "a"), ("a-2", "a"), ("b-1", "b"), ("c
 #[derive(Clone, Debug)]
 enum Event {
     /// Service `i` with these of its ports (bit 0: http/TCP, bit 1:
-    /// dns/UDP) and options (bit 2: Maglev, bit 3: session affinity),
-    /// or deleted.
+    /// dns/UDP) and options (bit 2: Maglev, bit 3: session affinity,
+    /// bit 4: type NodePort), or deleted.
     Service(usize, Option<u8>),
     /// Slice `i` with these endpoints (address suffix, condition), or
     /// deleted.
     Slice(usize, Option<Vec<(u8, u8)>>),
+    /// The Node with this last byte of its InternalIP (NodePort
+    /// frontends listen there): every service is translated again.
+    Node(u8),
 }
 
 fn event() -> impl Strategy<Value = Event> {
     prop_oneof![
-        (0..SERVICES.len(), option::of(1u8..16)).prop_map(|(i, p)| Event::Service(i, p)),
+        (0..SERVICES.len(), option::of(1u8..32)).prop_map(|(i, p)| Event::Service(i, p)),
         (
             0..SLICES.len(),
             option::weighted(0.8, vec((1u8..7, 0u8..4), 0..5))
         )
             .prop_map(|(i, e)| Event::Slice(i, e)),
+        (1u8..3).prop_map(Event::Node),
     ]
 }
 
 fn service_object(i: usize, ports: u8) -> Service {
     let (name, ip) = SERVICES[i];
+    let node_ports = ports & 16 != 0;
+    let offset = 30000 + 10 * i as i32;
     let mut list = Vec::new();
-    if ports & 1 != 0 {
-        list.push(port("http", "TCP", 80));
+    if ports & 1 != 0 || ports & 3 == 0 {
+        list.push(node_port("http", "TCP", 80, offset));
     }
     if ports & 2 != 0 {
-        list.push(port("dns", "UDP", 53));
+        list.push(node_port("dns", "UDP", 53, offset + 1));
     }
-    if list.is_empty() {
-        list.push(port("http", "TCP", 80));
+    if !node_ports {
+        for p in &mut list {
+            p.node_port = None;
+        }
     }
     let mut svc = mk_service("default", name, ip, &list);
     if ports & 4 != 0 {
@@ -71,6 +79,9 @@ fn service_object(i: usize, ports: u8) -> Service {
     }
     if ports & 8 != 0 {
         spec_mut(&mut svc).session_affinity = Some("ClientIP".into());
+    }
+    if node_ports {
+        spec_mut(&mut svc).type_ = Some("NodePort".into());
     }
     svc
 }
@@ -108,6 +119,14 @@ fn slice_object(i: usize, endpoints: &[(u8, u8)]) -> EndpointSlice {
 struct World {
     services: BTreeMap<usize, Service>,
     slices: BTreeMap<usize, EndpointSlice>,
+    /// Last byte of the Node's InternalIP (0: the first one, `.1`).
+    node: u8,
+}
+
+fn node_object(last: u8) -> Update {
+    let addr = format!("192.0.2.{}", last.max(1));
+    let n = mk_node(NODE, None, &[("InternalIP", addr.as_str())]);
+    Update::Node(Change::Reset(sources::node(&n).into_iter().collect()))
 }
 
 impl World {
@@ -133,13 +152,22 @@ impl World {
                 self.slices.remove(i);
                 Update::Slices(Change::Delete(sources::slice(&s).unwrap().key))
             }
+            Event::Node(last) => {
+                self.node = *last;
+                node_object(*last)
+            }
         }
     }
 
     fn listing(&self) -> Vec<Update> {
         let svcs: Vec<Service> = self.services.values().cloned().collect();
         let sls: Vec<EndpointSlice> = self.slices.values().cloned().collect();
-        vec![services(&svcs), slices(&sls), node(), no_service_cidrs()]
+        vec![
+            services(&svcs),
+            slices(&sls),
+            node_object(self.node),
+            no_service_cidrs(),
+        ]
     }
 }
 

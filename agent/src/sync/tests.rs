@@ -20,7 +20,7 @@ use crate::{
     translate::{builders::*, TranslateConfig},
 };
 
-const NODE: &str = "node-a";
+pub(super) const NODE: &str = "node-a";
 
 fn config() -> SyncConfig {
     SyncConfig {
