@@ -113,8 +113,12 @@ impl Health {
     }
 
     pub fn report(&self) -> Report {
+        self.report_at(Instant::now())
+    }
+
+    /// The report as of `now`.
+    fn report_at(&self, now: Instant) -> Report {
         self.with(|s| {
-            let now = Instant::now();
             let pending = s.oldest_pending.map(|t| now.duration_since(t));
             let api_down = s
                 .api_down_since
@@ -157,8 +161,7 @@ mod tests {
         let h = Health::new(Duration::from_millis(20), Duration::from_secs(60));
         h.update_sent();
         assert!(h.report().healthy);
-        std::thread::sleep(Duration::from_millis(30));
-        let r = h.report();
+        let r = h.report_at(Instant::now() + Duration::from_millis(30));
         assert!(!r.healthy, "{r:?}");
         h.updates_done(1);
         assert!(h.report().healthy);
@@ -169,8 +172,8 @@ mod tests {
         let h = Health::new(Duration::from_secs(60), Duration::from_millis(20));
         h.api_error("Service");
         assert!(h.report().healthy);
-        std::thread::sleep(Duration::from_millis(30));
-        assert!(!h.report().healthy);
+        let later = Instant::now() + Duration::from_millis(30);
+        assert!(!h.report_at(later).healthy);
         h.api_ok("Service");
         assert!(h.report().healthy);
     }
