@@ -93,6 +93,10 @@ fn dual_stack_service_is_programmed_in_both_families_and_drains_an_ipv6_backend(
     };
     assert_eq!(listed.get(&fe4), Some(&want(false)), "{listed:?}");
     assert_eq!(listed.get(&fe6), Some(&want(true)), "{listed:?}");
+    // Each family's service map fills under its own name.
+    let fill = |map: &str| agent.metric(&format!("sluice_map_fill_ratio{{map=\"{map}\"}}"));
+    let (fill4, fill6) = (fill("sl_svc4")?, fill("sl_svc6")?);
+    assert!(fill4 > 0.0 && fill6 > 0.0, "{fill4} {fill6}");
     let problems = agent.metrics()?;
     let ipv6_rejected = problems
         .lines()
