@@ -220,7 +220,7 @@ impl<W: MapWrites> Reconciler<W> {
                     } else {
                         config.snat_port_max
                     },
-                    flags: config.flags,
+                    _pad: config.flags(),
                     netns_cookie: config.netns_cookie,
                 })
                 .map_err(|e| DatapathError::Io {

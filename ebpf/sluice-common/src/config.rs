@@ -16,18 +16,34 @@ pub struct Config {
     /// ephemeral range (32768-60999) and the NodePort range (30000-32767).
     pub snat_port_min: u16,
     pub snat_port_max: u16,
-    /// Feature switches the agent sets (`CFG_F_*`). Release 0.1.0 wrote
-    /// this word as padding (zero) and its programs never read it, so a
-    /// bit may be given a meaning whose zero is the 0.1.0 behaviour.
+    /// Feature switches the agent sets (`CFG_F_*`): read them with
+    /// [`Config::flags`], write them with [`Config::set_flags`]. The word
+    /// keeps release 0.1.0's name: 0.1.0 wrote it as padding (zero), never
+    /// reads it, and compares maps' BTF field names before it adopts them,
+    /// so a rename would make every rollback to it migrate `sl_config`.
+    /// A bit may be given a meaning whose zero is the 0.1.0 behaviour.
     /// Bits 0-7: datapath events (`sluice monitor`); 8-15: socket-level
     /// balancing; 16-23: XDP; 24-31: unassigned.
-    pub flags: u32,
+    pub _pad: u32,
     /// Network namespace cookie of the node (`SO_NETNS_COOKIE`): the
     /// socket-level programs act only on sockets of this namespace, as
     /// they are attached to a cgroup that may span several.
     pub netns_cookie: u64,
 }
 assert_size!(Config, 24);
+
+impl Config {
+    /// The feature switches (`CFG_F_*`).
+    #[inline(always)]
+    pub const fn flags(&self) -> u32 {
+        self._pad
+    }
+
+    #[inline(always)]
+    pub fn set_flags(&mut self, flags: u32) {
+        self._pad = flags;
+    }
+}
 
 /// Default SNAT port range.
 pub const SNAT_PORT_MIN: u16 = 61_000;
