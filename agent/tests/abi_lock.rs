@@ -117,6 +117,7 @@ fn the_map_table_in_the_docs_follows_the_declaration() {
             MapKind::PerCpuArray => "per-CPU array",
             MapKind::LpmTrie => "LPM trie",
             MapKind::ProgArray => "program array",
+            MapKind::RingBuf => "ring buffer",
         };
         assert!(row[2].starts_with(kind), "{}: type `{}`", decl.name, row[2]);
         let capacity = match decl.capacity {

@@ -26,7 +26,7 @@ pub fn map_fill(root: &Path) -> io::Result<Vec<MapFill>> {
     for decl in &MAPS {
         if matches!(
             decl.kind,
-            MapKind::Array | MapKind::PerCpuArray | MapKind::ProgArray
+            MapKind::Array | MapKind::PerCpuArray | MapKind::ProgArray | MapKind::RingBuf
         ) {
             continue;
         }

@@ -353,7 +353,7 @@ impl Migration {
 fn insertable(decl: &MapDecl) -> bool {
     !matches!(
         decl.kind,
-        MapKind::Array | MapKind::PerCpuArray | MapKind::ProgArray
+        MapKind::Array | MapKind::PerCpuArray | MapKind::ProgArray | MapKind::RingBuf
     )
 }
 

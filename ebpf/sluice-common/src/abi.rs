@@ -8,6 +8,7 @@
 use core::mem::size_of;
 
 use crate::{
+    events::EVENTS_RING_BYTES,
     maps as names,
     stats::{STATS2_MAX, STAT_COUNT},
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Frag4Key,
@@ -25,6 +26,7 @@ pub enum MapKind {
     PerCpuArray = 6,
     LruHash = 9,
     LpmTrie = 11,
+    RingBuf = 27,
 }
 
 /// Which `--*-map-size` flag sizes a map, or a fixed capacity.
@@ -90,7 +92,7 @@ pub const NO_PREALLOC_FLAG: u32 = 1;
 
 /// Every map the agent pins, in the order it creates them. (The per-CPU
 /// scratch maps are per program generation and never pinned.)
-pub const MAPS: [MapDecl; 24] = [
+pub const MAPS: [MapDecl; 25] = [
     decl(
         names::CONFIG,
         MapKind::Array,
@@ -286,6 +288,19 @@ pub const MAPS: [MapDecl; 24] = [
         Capacity::Fixed(names::SVCNET_MAX),
         true,
     ),
+    // A ring buffer has no keys or values (sizes 0); its capacity is bytes.
+    // Nothing to copy: a new generation's ring starts empty.
+    MapDecl {
+        carry: Carry::Fresh,
+        ..decl(
+            names::EVENTS,
+            MapKind::RingBuf,
+            0,
+            0,
+            Capacity::Fixed(EVENTS_RING_BYTES),
+            false,
+        )
+    },
 ];
 
 /// The declaration of map `name`.

@@ -49,4 +49,11 @@ impl Config {
 pub const SNAT_PORT_MIN: u16 = 61_000;
 pub const SNAT_PORT_MAX: u16 = 65_535;
 
+/// `Config::flags` bit: the programs write an event into `sl_events` for
+/// every verdict that is not a plain forward (`sluice monitor`); off,
+/// they do not (the behaviour before events existed).
+pub const CFG_F_EVENTS_DROPS: u32 = 1 << 0;
+/// Mask of the bits owned by datapath events (bits 0-7).
+pub const CFG_F_EVENTS_MASK: u32 = 0xff;
+
 user_pod!(Config);

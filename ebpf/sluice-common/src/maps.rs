@@ -76,6 +76,9 @@ pub const FRAGMENTS_MAX: u32 = 8_192;
 /// cluster IP (unserved port) and dropped when it is a CIDR (unallocated
 /// address), as kube-proxy's nftables `cluster-ips-check` chain does.
 pub const SVCNET_V4: &str = "sl_svcnet4";
+/// Datapath events for `sluice monitor`: a BPF ring buffer of `Event`s
+/// (`events::EVENTS_RING_BYTES`).
+pub const EVENTS: &str = "sl_events";
 /// The IPv6 twin of `sl_svcnet4`: LPM trie of `[u8; 16]` -> `SVCNET_*`.
 pub const SVCNET_V6: &str = "sl_svcnet6";
 /// Capacity of `sl_svcnet4` and of `sl_svcnet6` (cluster IPs and CIDRs).

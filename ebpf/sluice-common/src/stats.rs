@@ -95,6 +95,13 @@ pub enum Stat {
     /// routing header with no segments left, AH, mobility) before it:
     /// handled like any (service or not).
     Ipv6ExtWalked = 40,
+    // 41-50: XDP work.
+    /// A datapath event (`sl_events`, `sluice monitor`) was not written:
+    /// its CPU had spent its rate limit (`EVENTS_PER_SEC`).
+    EventsSuppressed = 51,
+    /// A datapath event was not written: the ring buffer was full (no
+    /// `sluice monitor` reading it, or one reading too slowly).
+    EventsLost = 52,
 }
 
 /// Number of counters in `sl_stats` (its `max_entries`, fixed since ABI 4:
@@ -105,7 +112,7 @@ pub const STAT_COUNT: u32 = 23;
 pub const STATS2_MAX: u32 = 64;
 
 /// Number of counters in all.
-pub const STAT_TOTAL: usize = 30;
+pub const STAT_TOTAL: usize = 32;
 
 const _: () = assert!(STAT_TOTAL <= (STAT_COUNT + STATS2_MAX) as usize);
 
@@ -154,7 +161,14 @@ impl Stat {
         Stat::UnallocatedIp,
         Stat::FragmentDropped,
         Stat::Ipv6ExtWalked,
+        Stat::EventsSuppressed,
+        Stat::EventsLost,
     ];
+
+    /// The counter with index `i`, if any.
+    pub fn from_index(i: u32) -> Option<Stat> {
+        Stat::ALL.iter().copied().find(|s| *s as u32 == i)
+    }
 
     /// The name used in metrics and `sluice status`.
     pub const fn name(&self) -> &'static str {
@@ -189,6 +203,8 @@ impl Stat {
             Stat::UnallocatedIp => "unallocated_ip",
             Stat::FragmentDropped => "fragment_dropped",
             Stat::Ipv6ExtWalked => "ipv6_ext_walked",
+            Stat::EventsSuppressed => "events_suppressed",
+            Stat::EventsLost => "events_lost",
         }
     }
 }

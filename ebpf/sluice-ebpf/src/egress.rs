@@ -6,6 +6,7 @@
 use aya_ebpf::programs::TcContext;
 use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat};
 
+use crate::events;
 use crate::{
     conntrack::{note_reply, v4},
     error::{Error, Verdict},
@@ -14,6 +15,7 @@ use crate::{
     maps::{count, CONNTRACK_V4},
     nat::{self, Side},
 };
+use sluice_common::Hook;
 
 /// The IPv4 path, inlined into the program's own frame: its deepest call
 /// chain (SNAT) already fills the 512-byte stack with that frame, so it
@@ -25,6 +27,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         Parsed::OtherIpv4(ip) => return icmp::egress(ctx, &ip),
         Parsed::UnknownFragment => {
             count(Stat::FragmentUnknown);
+            events::bare(Stat::FragmentUnknown, Hook::Egress);
             return Ok(Verdict::Next);
         }
         Parsed::Other => return Ok(Verdict::Next),

@@ -7,6 +7,7 @@
 use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
 use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat};
 
+use crate::events;
 use crate::{
     conntrack::note_reply6,
     error::{settle, Error, Verdict},
@@ -16,6 +17,7 @@ use crate::{
     nat::Side,
     nat6,
 };
+use sluice_common::Hook;
 
 /// The body of `sl_egress6` (returning a `Verdict`, see `error::settle`).
 #[inline(never)]
@@ -37,6 +39,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     // A fragment: record a first one's ports, or take a later one's.
     if !frag::track6(s) {
         count(Stat::FragmentUnknown);
+        events::flow6(Stat::FragmentUnknown, Hook::Egress, skb, &s.flow, 0, 0);
         return Ok(Verdict::Next);
     }
     s.flow.ct_key_into(&mut s.ct_key);

@@ -80,6 +80,7 @@ pub fn settle(result: Result<Verdict, Error>) -> Verdict {
         Ok(verdict) => verdict,
         Err(err) => {
             maps::count(err.stat());
+            crate::events::bare(err.stat(), sluice_common::Hook::Tc);
             err.verdict()
         }
     }

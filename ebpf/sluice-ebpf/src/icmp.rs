@@ -32,6 +32,7 @@ use sluice_common::{
     conntrack::CT_F_SNAT, Ct4Key, CtKind, Stat, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP,
 };
 
+use crate::events;
 use crate::{
     checksum::{adjust, words4},
     conntrack::v4,
@@ -41,6 +42,7 @@ use crate::{
     maps::{self, count, CONNTRACK_V4},
     snat,
 };
+use sluice_common::Hook;
 
 /// `frag_off` bits of the fragment offset: a quoted packet with one has
 /// no L4 header.
@@ -169,10 +171,12 @@ fn try_cluster_ips_check(skb: *mut __sk_buff) -> Result<Verdict, Error> {
     }
     if kind != sluice_common::maps::SVCNET_CLUSTER_IP {
         count(Stat::UnallocatedIp);
+        events::bare(Stat::UnallocatedIp, Hook::Ingress);
         return Ok(Verdict::Drop);
     }
     if !first {
         count(Stat::FragmentDropped);
+        events::bare(Stat::FragmentDropped, Hook::Ingress);
         return Ok(Verdict::Drop);
     }
     count(Stat::UnservedPort);
@@ -186,6 +190,7 @@ fn try_cluster_ips_check(skb: *mut __sk_buff) -> Result<Verdict, Error> {
         l4_off,
         later: false,
     };
+    events::flow4(Stat::UnservedPort, Hook::Ingress, skb, &flow, 0, 0);
     crate::reject::icmp_port_unreachable(skb, &flow)
 }
 
@@ -264,6 +269,7 @@ fn try_ingress(skb: *mut __sk_buff) -> Result<Verdict, Error> {
     }
     let Some((ifindex, _)) = snat::route_to(ctx, IPPROTO_ICMP, 0, 0, frontend, client) else {
         count(Stat::SnatFailed);
+        events::bare(Stat::SnatFailed, Hook::Ingress);
         return Ok(Verdict::Drop);
     };
     let new_ports = [

@@ -27,6 +27,7 @@ use aya_ebpf::{
 };
 use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 
+use crate::events;
 use crate::{
     checksum::{adjust, sum_addr6, words4},
     error::{settle, Error, Verdict},
@@ -35,6 +36,7 @@ use crate::{
     maps::{self, count, Scratch6, CONNTRACK_V6},
     snat6,
 };
+use sluice_common::Hook;
 
 const DEST_UNREACH: u8 = 1;
 const PACKET_TOO_BIG: u8 = 2;
@@ -170,6 +172,7 @@ fn try_cluster_ips_check(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdic
     }
     if kind != sluice_common::maps::SVCNET_CLUSTER_IP {
         count(Stat::UnallocatedIp);
+        events::bare(Stat::UnallocatedIp, Hook::Ingress);
         return Ok(Verdict::Drop);
     }
     count(Stat::UnservedPort);
@@ -181,6 +184,7 @@ fn try_cluster_ips_check(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdic
     s.flow.tcp_flags = 0;
     s.flow.frag = crate::flow6::FRAG_NONE;
     s.flow.frag_id = 0;
+    events::flow6(Stat::UnservedPort, Hook::Ingress, skb, &s.flow, 0, 0);
     Ok(crate::reject6::port_unreachable(skb, &s.flow))
 }
 
@@ -281,6 +285,7 @@ fn try_ingress(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> 
     s.flow.dport = 0;
     let Some(ifindex) = snat6::route(skb, s, true) else {
         count(Stat::SnatFailed);
+        events::flow6(Stat::SnatFailed, Hook::Ingress, skb, &s.flow, 0, 0);
         return Ok(Verdict::Drop);
     };
     // SAFETY: as above (the entry stays valid for this program run).

@@ -31,6 +31,7 @@ use sluice_common::{
     AffinityValue, Backend, CtKind, Stat, SvcValue, FAMILY_V6, IPPROTO_TCP,
 };
 
+use crate::events;
 use crate::{
     conntrack::tcp_bits_of,
     error::{settle, Error, Verdict},
@@ -42,6 +43,7 @@ use crate::{
     select::{candidates, judge, orphan_snat_segment, sticky, Pick, Tracked},
     snat6,
 };
+use sluice_common::Hook;
 
 /// A separate BPF function (returning a `Verdict`, see `error::settle`).
 #[inline(never)]
@@ -59,6 +61,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
         Parsed6::Flow => {}
         Parsed6::ExtHeader => {
             count(Stat::Ipv6ExtHeader);
+            events::flow6(Stat::Ipv6ExtHeader, Hook::Ingress, skb, &s.flow, 0, 0);
             return Ok(Verdict::Next);
         }
         // An ICMPv6 error may be about an SNATed flow.
@@ -73,6 +76,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     // A fragment: record a first one's ports, or take a later one's.
     if !frag::track6(s) {
         count(Stat::FragmentUnknown);
+        events::flow6(Stat::FragmentUnknown, Hook::Ingress, skb, &s.flow, 0, 0);
         return Ok(Verdict::Next);
     }
     let config = maps::config();
@@ -134,6 +138,14 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
                 }
                 Tracked::Reset if !flow.later() => {
                     count(Stat::StaleReset);
+                    events::flow6(
+                        Stat::StaleReset,
+                        Hook::Ingress,
+                        skb,
+                        flow,
+                        svc_id,
+                        backend_id,
+                    );
                     return Ok(reject6::tcp_reset(skb, flow));
                 }
                 Tracked::Reset | Tracked::Reselect => reselected = true,
@@ -143,10 +155,26 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     if s.flow.later() {
         // A later fragment cannot start a flow (as on the IPv4 path).
         count(Stat::FragmentDropped);
+        events::flow6(
+            Stat::FragmentDropped,
+            Hook::Ingress,
+            skb,
+            &s.flow,
+            master.svc_id,
+            0,
+        );
         return Ok(Verdict::Drop);
     }
     if !reselected && orphan_snat_segment(s.flow.proto, s.flow.tcp_flags, master) {
         count(Stat::SnatFailed);
+        events::flow6(
+            Stat::SnatFailed,
+            Hook::Ingress,
+            skb,
+            &s.flow,
+            master.svc_id,
+            0,
+        );
         return Ok(Verdict::Drop);
     }
     Ok(new_flow(skb, s, master, reselected))
@@ -168,10 +196,12 @@ fn unserved(skb: *mut __sk_buff, s: &mut Scratch6) -> Verdict {
     if s.flow.later() {
         // Its first fragment was answered (or dropped) already.
         count(Stat::FragmentDropped);
+        events::flow6(Stat::FragmentDropped, Hook::Ingress, skb, &s.flow, 0, 0);
         return Verdict::Drop;
     }
     if kind == SVCNET_CLUSTER_IP {
         count(Stat::UnservedPort);
+        events::flow6(Stat::UnservedPort, Hook::Ingress, skb, &s.flow, 0, 0);
         return if s.flow.proto == IPPROTO_TCP {
             reject6::tcp_reset(skb, &s.flow)
         } else {
@@ -179,6 +209,7 @@ fn unserved(skb: *mut __sk_buff, s: &mut Scratch6) -> Verdict {
         };
     }
     count(Stat::UnallocatedIp);
+    events::flow6(Stat::UnallocatedIp, Hook::Ingress, skb, &s.flow, 0, 0);
     Verdict::Drop
 }
 
@@ -214,16 +245,40 @@ fn try_new_flow(
         && !maps::source_allowed6(&mut s.range_key, master.svc_id, &s.flow.src)
     {
         count(Stat::SourceDenied);
+        events::flow6(
+            Stat::SourceDenied,
+            Hook::Ingress,
+            skb,
+            &s.flow,
+            master.svc_id,
+            0,
+        );
         return Ok(Verdict::Drop);
     }
     let (first, n) = match candidates(master) {
         Pick::Slots(first, n) => (first, n),
         Pick::Drop => {
             count(Stat::NoBackendDrop);
+            events::flow6(
+                Stat::NoBackendDrop,
+                Hook::Ingress,
+                skb,
+                &s.flow,
+                master.svc_id,
+                0,
+            );
             return Ok(Verdict::Drop);
         }
         Pick::Reject => {
             count(Stat::NoBackend);
+            events::flow6(
+                Stat::NoBackend,
+                Hook::Ingress,
+                skb,
+                &s.flow,
+                master.svc_id,
+                0,
+            );
             return Ok(if s.flow.proto == IPPROTO_TCP {
                 reject6::tcp_reset(skb, &s.flow)
             } else {

@@ -28,6 +28,7 @@ mod conntrack;
 mod egress;
 mod egress6;
 mod error;
+mod events;
 mod flow;
 mod flow6;
 mod frag;
@@ -65,6 +66,7 @@ use crate::{
     maps::{count, PROGS},
     sock::Family,
 };
+use sluice_common::Hook;
 
 /// IPv4 runs in the program's own frame (see `ingress::handle`); IPv6
 /// jumps to `sl_ingress6`.
@@ -135,6 +137,7 @@ fn jump(ctx: &TcContext, index: u32) -> i32 {
     // success control never comes back here.
     unsafe { PROGS.tail_call(ctx, index) };
     count(Stat::TailCallFailed);
+    events::bare(Stat::TailCallFailed, Hook::Tc);
     Verdict::Next.code()
 }
 

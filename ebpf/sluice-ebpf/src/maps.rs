@@ -4,10 +4,13 @@
 use crate::{flow6::Flow6, headers::Ipv6Hdr};
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, BPF_F_NO_PREALLOC},
-    btf_maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
+    btf_maps::{
+        lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, RingBuf,
+    },
     macros::btf_map,
 };
 use sluice_common::{
+    events::EVENTS_RING_BYTES,
     maps as names,
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX,
@@ -15,9 +18,9 @@ use sluice_common::{
         SOURCE_RANGES_MAX, SVCNET_MAX,
     },
     stats::{STATS2_MAX, STAT_COUNT},
-    Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Frag4Key,
-    Frag6Key, FragPorts, MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6,
-    Stat, Svc4Key, Svc6Key, SvcValue,
+    Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Event,
+    EventBucket, Frag4Key, Frag6Key, FragPorts, MaglevTable, SockEntry, SockRevKey, SockRevValue,
+    SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue,
 };
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -127,6 +130,15 @@ pub static SVCNET_V4: LpmTrie<[u8; 4], u8, { SVCNET_MAX as usize }> = LpmTrie::n
 #[btf_map(name = "sl_svcnet6")]
 pub static SVCNET_V6: LpmTrie<[u8; 16], u8, { SVCNET_MAX as usize }> = LpmTrie::new();
 
+/// Datapath events for `sluice monitor` (`events.rs`).
+#[btf_map(name = "sl_events")]
+pub static EVENTS: RingBuf<Event, { EVENTS_RING_BYTES as usize }> = RingBuf::new();
+
+/// The events' per-CPU rate limit (`events.rs`). Not pinned: each program
+/// generation starts with a full bucket.
+#[btf_map(name = "sl_evrate")]
+pub static EVENT_RATE: PerCpuArray<EventBucket, 1> = PerCpuArray::new();
+
 /// Per-CPU room for temporaries too large for the 512-byte BPF stack: a
 /// conntrack entry under construction, FIB lookup parameters, a reply
 /// packet being built. One program run uses it at a time on a CPU (TC runs
@@ -208,6 +220,7 @@ const _: () = assert!(same("sl_frag4", names::FRAGMENTS_V4));
 const _: () = assert!(same("sl_frag6", names::FRAGMENTS_V6));
 const _: () = assert!(same("sl_svcnet4", names::SVCNET_V4));
 const _: () = assert!(same("sl_svcnet6", names::SVCNET_V6));
+const _: () = assert!(same("sl_events", names::EVENTS));
 
 // Every pinned map above is in the declaration table (its layout is
 // checked against it by agent/tests/abi_lock.rs).
@@ -233,6 +246,7 @@ const _: () = assert!(sluice_common::abi::declared(names::FRAGMENTS_V4));
 const _: () = assert!(sluice_common::abi::declared(names::FRAGMENTS_V6));
 const _: () = assert!(sluice_common::abi::declared(names::SVCNET_V4));
 const _: () = assert!(sluice_common::abi::declared(names::SVCNET_V6));
+const _: () = assert!(sluice_common::abi::declared(names::EVENTS));
 
 /// Adds one to a per-CPU counter.
 #[inline(always)]

@@ -40,11 +40,13 @@ use aya_ebpf::{
 };
 use sluice_common::{crc32c, Stat, IPPROTO_SCTP};
 
+use crate::events;
 use crate::{
     flow6::{is_ext, walk, walked, L4_OFF6},
     headers::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IP_MF_OFFSET, SCTP_LEN},
     maps::{count, PROGS},
 };
+use sluice_common::Hook;
 
 /// `cb[0]` of an skb that an IPv4 program handed to its IPv6 half with a
 /// checksum to settle (`cb[1]`: the ports on entry, `cb[2]`: their offset,
@@ -80,6 +82,7 @@ pub fn defer(ctx: &TcContext, before: u64, code: i32, index: u32) -> i32 {
         PROGS.tail_call(ctx, index);
     }
     count(Stat::TailCallFailed);
+    events::bare(Stat::TailCallFailed, Hook::Tc);
     code
 }
 
@@ -193,6 +196,7 @@ pub fn fix(skb: *mut __sk_buff, before: u64, code: i32) -> i32 {
     let check_off = l4_off + 8;
     let Ok(check) = ctx.load::<[u8; 4]>(check_off) else {
         count(Stat::NatFailed);
+        events::bare(Stat::NatFailed, Hook::Tc);
         return TC_ACT_SHOT;
     };
     let sum = u32::from_le_bytes(check);
@@ -207,6 +211,7 @@ pub fn fix(skb: *mut __sk_buff, before: u64, code: i32) -> i32 {
         .is_err()
     {
         count(Stat::NatFailed);
+        events::bare(Stat::NatFailed, Hook::Tc);
         return TC_ACT_SHOT;
     }
     code

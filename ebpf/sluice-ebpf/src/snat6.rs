@@ -26,6 +26,7 @@ use aya_ebpf::{
 };
 use sluice_common::{conntrack::CT_F_SNAT, CtEntry, CtKind, Stat};
 
+use crate::events;
 use crate::{
     conntrack::{note_reply6, tcp_bits_of},
     error::{settle, Error, Verdict},
@@ -34,6 +35,7 @@ use crate::{
     nat::Side,
     nat6,
 };
+use sluice_common::Hook;
 
 const AF_INET6: u8 = 10;
 /// SNAT port candidates tried before giving up on a new flow.
@@ -154,6 +156,14 @@ fn try_new_flow(
     s.ct_key._pad = [0; 3];
     let Some(ifindex) = route(skb, s, false) else {
         count(Stat::SnatFailed);
+        events::flow6(
+            Stat::SnatFailed,
+            Hook::Ingress,
+            skb,
+            &s.flow,
+            svc_id,
+            backend_id,
+        );
         return Ok(Verdict::Drop);
     };
     s.ct_key.dst = s.snat_addr;
@@ -161,6 +171,14 @@ fn try_new_flow(
     let (min, max) = (config.snat_port_min, config.snat_port_max);
     if min == 0 || max < min {
         count(Stat::SnatFailed);
+        events::flow6(
+            Stat::SnatFailed,
+            Hook::Ingress,
+            skb,
+            &s.flow,
+            svc_id,
+            backend_id,
+        );
         return Ok(Verdict::Drop);
     }
     let range = (max - min) as u32 + 1;
@@ -195,6 +213,14 @@ fn try_new_flow(
     }
     if port == 0 {
         count(Stat::SnatFailed);
+        events::flow6(
+            Stat::SnatFailed,
+            Hook::Ingress,
+            skb,
+            &s.flow,
+            svc_id,
+            backend_id,
+        );
         return Ok(Verdict::Drop);
     }
     e.nat_addr = s.snat_addr;
@@ -224,6 +250,7 @@ pub fn forward(
     s.ct_key.src = backend.addr;
     let Some(ifindex) = route(skb, s, false) else {
         count(Stat::SnatFailed);
+        events::flow6(Stat::SnatFailed, Hook::Ingress, skb, &s.flow, 0, backend_id);
         return Ok(Verdict::Drop);
     };
     // SAFETY: the caller found the entry; the fields are copied at once.
@@ -249,6 +276,7 @@ pub fn reply(skb: *mut __sk_buff, s: &mut Scratch6, entry: *mut CtEntry) -> Resu
     note_reply6(&s.flow, entry);
     let Some(ifindex) = route(skb, s, true) else {
         count(Stat::SnatFailed);
+        events::flow6(Stat::SnatFailed, Hook::Ingress, skb, &s.flow, 0, 0);
         return Ok(Verdict::Drop);
     };
     // SAFETY: as above.

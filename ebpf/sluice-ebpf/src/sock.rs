@@ -28,11 +28,13 @@ use sluice_common::{
     Svc4Key, Svc6Key, SvcValue, FAMILY_V4, FAMILY_V6, IPPROTO_TCP, IPPROTO_UDP,
 };
 
+use crate::events;
 use crate::{
     maglev,
     maps::{self, count, AFFINITY_V4, AFFINITY_V6, SOCKETS, SOCK_REV},
     select::{candidates, sticky, Pick},
 };
+use sluice_common::Hook;
 
 /// What cgroup socket-address programs return to let the call proceed.
 const ALLOW: i32 = 1;
@@ -289,10 +291,26 @@ fn unserved(at: &Target) -> i32 {
         0 => return ALLOW,
         SVCNET_CLUSTER_IP => {
             count(Stat::UnservedPort);
+            events::sock(
+                Stat::UnservedPort,
+                Hook::Socket,
+                &at.addr,
+                at.port,
+                at.proto,
+                at.v4,
+            );
             ECONNREFUSED
         }
         _ => {
             count(Stat::UnallocatedIp);
+            events::sock(
+                Stat::UnallocatedIp,
+                Hook::Socket,
+                &at.addr,
+                at.port,
+                at.proto,
+                at.v4,
+            );
             ETIMEDOUT
         }
     };
@@ -335,6 +353,14 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         // loadBalancerSourceRanges without a node address: kube-proxy
         // drops the node's packets, so the caller would time out.
         count(Stat::SourceDenied);
+        events::sock(
+            Stat::SourceDenied,
+            Hook::Socket,
+            &at.addr,
+            at.port,
+            at.proto,
+            at.v4,
+        );
         // SAFETY: plain helper call; sets the errno the syscall returns.
         unsafe { bpf_set_retval(-ETIMEDOUT) };
         return REJECT;
@@ -354,12 +380,28 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
             // kube-proxy drops the connection's packets, so the caller
             // would time out: say so at once.
             count(Stat::NoBackendDrop);
+            events::sock(
+                Stat::NoBackendDrop,
+                Hook::Socket,
+                &at.addr,
+                at.port,
+                at.proto,
+                at.v4,
+            );
             // SAFETY: plain helper call; sets the errno the syscall returns.
             unsafe { bpf_set_retval(-ETIMEDOUT) };
             return REJECT;
         }
         Pick::Reject => {
             count(Stat::SockRefused);
+            events::sock(
+                Stat::SockRefused,
+                Hook::Socket,
+                &at.addr,
+                at.port,
+                at.proto,
+                at.v4,
+            );
             // SAFETY: plain helper call; sets the errno the syscall returns.
             unsafe { bpf_set_retval(-ECONNREFUSED) };
             return REJECT;
@@ -376,10 +418,26 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
     let backend_id = pick(&at, master, scope, first, n, h);
     let Some(backend) = maps::backend(backend_id) else {
         count(Stat::Dangling);
+        events::sock(
+            Stat::Dangling,
+            Hook::Socket,
+            &at.addr,
+            at.port,
+            at.proto,
+            at.v4,
+        );
         return ALLOW;
     };
     if (backend.family == FAMILY_V4) != at.v4 {
         count(Stat::Dangling);
+        events::sock(
+            Stat::Dangling,
+            Hook::Socket,
+            &at.addr,
+            at.port,
+            at.proto,
+            at.v4,
+        );
         return ALLOW;
     }
     let baddr = socket_view(backend, mapped);
