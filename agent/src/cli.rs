@@ -31,6 +31,16 @@ pub enum Command {
     Ct(CtCommand),
     /// Agent health, last sync, map fill and datapath counters.
     Status(StatusArgs),
+    /// Why packets were dropped or rejected: the datapath's events, live.
+    ///
+    /// Reads the pinned ring buffer `sl_events` (works whether the agent
+    /// runs or not) and prints one line per event: every drop, reject and
+    /// packet passed unbalanced, with its reason (the counter it counts in
+    /// `sluice status`), hook, 5-tuple, frontend and backend. The agent
+    /// emits events while `--monitor-events` is `drops` (the default).
+    /// Ctrl-C (or SIGTERM) prints the count per reason. Events older than
+    /// the start of the command are skipped.
+    Monitor(MonitorArgs),
     /// Remove every trace of sluice from this node, for an uninstall.
     ///
     /// Detaches sluice's programs from the devices of this network namespace
@@ -142,6 +152,13 @@ pub struct AgentArgs {
     /// which crosses no TC ingress hook) with cgroup socket programs.
     #[arg(long, env = "SLUICE_SOCKET_LB", default_value_t = true, action = clap::ArgAction::Set)]
     pub socket_lb: bool,
+
+    /// Datapath events for `sluice monitor`: `drops` makes the programs
+    /// write an event for every drop, reject and packet passed unbalanced
+    /// (rate limited per CPU; nothing is done for forwarded packets);
+    /// `off` writes none.
+    #[arg(long, env = "SLUICE_MONITOR_EVENTS", value_enum, default_value_t = MonitorEvents::Drops)]
+    pub monitor_events: MonitorEvents,
 
     /// Balance IPv6 frontends too (`sl_svc6`). Off: IPv6 addresses and
     /// endpoints are skipped and reported as `ipv6_unsupported`; the IPv4
@@ -271,6 +288,25 @@ pub struct AgentArgs {
     pub masquerade_all: bool,
 }
 
+/// What the datapath reports to `sluice monitor`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MonitorEvents {
+    /// No events.
+    Off,
+    /// An event for every verdict that is not a plain forward.
+    Drops,
+}
+
+impl MonitorEvents {
+    /// Its bits of `Config::flags` (`CFG_F_EVENTS_*`).
+    pub fn flags(self) -> u32 {
+        match self {
+            MonitorEvents::Off => 0,
+            MonitorEvents::Drops => sluice_common::config::CFG_F_EVENTS_DROPS,
+        }
+    }
+}
+
 /// kube-proxy's `--detect-local-mode` values, spelled as kube-proxy does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DetectLocalMode {
@@ -322,6 +358,32 @@ pub struct CtListArgs {
     pub backend: Option<String>,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct MonitorArgs {
+    #[command(flatten)]
+    pub bpf: BpfRootArg,
+    /// Only events of these reasons (counter names such as `no_backend`,
+    /// `source_denied`; repeat or separate with commas).
+    #[arg(long, value_delimiter = ',')]
+    pub reason: Vec<String>,
+    /// Only events for this frontend (`ADDR:PORT`, `[ADDR6]:PORT`, or an
+    /// address alone).
+    #[arg(long)]
+    pub frontend: Option<String>,
+    /// Only events whose source, destination or backend is this address.
+    #[arg(long)]
+    pub addr: Option<std::net::IpAddr>,
+    /// Only events whose source, destination or backend port is this one.
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// One JSON object per line instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Exit after this many events (that pass the filters).
+    #[arg(long)]
+    pub count: Option<u64>,
 }
 
 #[derive(Debug, Args)]

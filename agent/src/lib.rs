@@ -13,6 +13,7 @@ pub mod inspect;
 pub mod manifests;
 pub mod metrics;
 pub mod model;
+pub mod monitor;
 pub mod netdev;
 pub mod reconcile;
 pub mod run;

@@ -4,7 +4,7 @@ use clap::Parser;
 use sluice::{
     cleanup,
     cli::{CleanupArgs, Cli, Command, CtCommand, LbCommand},
-    inspect, run,
+    inspect, monitor, run,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -38,6 +38,7 @@ async fn main() -> ExitCode {
         Command::Lb(LbCommand::List(args)) => inspect::lb_list(&args),
         Command::Ct(CtCommand::List(args)) => inspect::ct_list(&args),
         Command::Status(args) => inspect::status(&args),
+        Command::Monitor(args) => monitor::run(&args).await,
         Command::Cleanup(args) => clean(&args),
     };
     match result {

@@ -160,6 +160,10 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     let (mut datapath, maps) = Datapath::load(root, &sizes).context("loading the datapath")?;
     let mut reconciler = Reconciler::new(MapWriter::new(maps), &sizes, args.drain_timeout.0)
         .context("adopting the pinned maps")?;
+    reconciler.set_config_flags(
+        sluice_common::config::CFG_F_EVENTS_MASK,
+        args.monitor_events.flags(),
+    )?;
     let cgroup = if args.socket_lb {
         let cgroup = match &args.cgroup_root {
             Some(path) => path.clone(),

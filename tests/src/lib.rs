@@ -17,6 +17,7 @@ pub mod clients;
 pub mod fuzz;
 pub mod host;
 pub mod lb;
+pub mod monitor;
 pub mod netns;
 pub mod sctp;
 pub mod servers;

@@ -279,6 +279,23 @@ impl<W: MapWrites> Reconciler<W> {
             })
     }
 
+    /// Sets the bits of `Config::flags` under `mask` to `bits` (written only
+    /// when they change, so a restart with the same flags writes nothing).
+    pub fn set_config_flags(&mut self, mask: u32, bits: u32) -> Result<(), DatapathError> {
+        let mut config = self.writer.maps().config()?;
+        let flags = (config.flags & !mask) | (bits & mask);
+        if config.flags == flags {
+            return Ok(());
+        }
+        config.flags = flags;
+        self.writer
+            .write_config(&config)
+            .map_err(|e| DatapathError::Io {
+                path: sluice_common::maps::CONFIG.into(),
+                source: std::io::Error::other(e),
+            })
+    }
+
     /// What the maps hold.
     pub fn programmed(&self) -> &MapState {
         &self.programmed

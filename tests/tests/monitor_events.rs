@@ -1,0 +1,279 @@
+//! `sluice monitor`: each drop and reject the datapath makes shows up in
+//! `sluice monitor --json` with its reason and the packet's fields; with
+//! events off nothing is written; a flood is held to the rate limit; the
+//! agent's `--monitor-events` sets the switch, and a socket's refusal
+//! shows too.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context, Result};
+use serde_json::Value;
+use sluice::{
+    datapath::Maps,
+    model::{BackendState, FrontendKind, Proto, WhenEmpty},
+};
+use sluice_common::{
+    config::{CFG_F_EVENTS_DROPS, CFG_F_EVENTS_MASK},
+    events::{EVENTS_BURST, EVENTS_PER_SEC},
+    Stat,
+};
+use sluice_tests::{
+    agent::{yaml, Agent, ManifestDir},
+    clients::{self, Stream},
+    host::HostClient,
+    lb::{cluster_ip, frontend, service, vip, Lb},
+    monitor::Monitor,
+    servers, Netns, Topology,
+};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 80);
+const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 81);
+const DROP_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 82);
+const UNALLOCATED: Ipv4Addr = Ipv4Addr::new(10, 96, 9, 9);
+const LB_IP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
+const WAIT: Duration = Duration::from_secs(5);
+
+fn events_on(lb: &mut Lb, on: bool) -> Result<()> {
+    let bits = if on { CFG_F_EVENTS_DROPS } else { 0 };
+    lb.reconciler.set_config_flags(CFG_F_EVENTS_MASK, bits)?;
+    Ok(())
+}
+
+fn times_out(ns: &Netns, addr: SocketAddr) -> Result<()> {
+    let outcome = ns.run(move || TcpStream::connect_timeout(&addr, Duration::from_millis(500)))?;
+    ensure!(
+        matches!(&outcome, Err(e) if e.kind() == std::io::ErrorKind::TimedOut),
+        "expected a silent drop, got {outcome:?}"
+    );
+    Ok(())
+}
+
+fn udp_send(ns: &Netns, to: SocketAddr, n: usize) -> Result<Duration> {
+    Ok(ns.run(move || -> std::io::Result<Duration> {
+        let socket = UdpSocket::bind("0.0.0.0:0")?;
+        let started = Instant::now();
+        for _ in 0..n {
+            socket.send_to(b"q", to)?;
+        }
+        Ok(started.elapsed())
+    })??)
+}
+
+fn is(v: &Value, reason: &str, dst: Ipv4Addr, dport: u16) -> bool {
+    v["reason"] == reason && v["dst"] == dst.to_string() && v["dport"] == dport
+}
+
+#[test]
+fn each_drop_and_reject_shows_in_sluice_monitor_with_its_fields() -> Result<()> {
+    let mut topo = Topology::new(1, 1)?;
+    topo.add_external()?;
+    topo.add_external()?;
+    let b0 = &topo.backends[0];
+    let _server = servers::tcp_greeter(&b0.ns, 8080, &b0.name)?;
+    let client = &topo.clients[0];
+    let mut lb = Lb::load_with(&topo, Default::default(), Duration::ZERO)?;
+    events_on(&mut lb, true)?;
+    let monitor = Monitor::start(topo.bpf.path(), &[])?;
+
+    // No endpoint, TCP: a RST, and an event naming the frontend.
+    lb.set(cluster_ip("empty", EMPTY_VIP, 80, Proto::Tcp, &[]));
+    clients::tcp_hello(&client.ns, vip(EMPTY_VIP, 80)).expect_err("refused");
+    let v = monitor.wait_for("no_backend", WAIT, |v| is(v, "no_backend", EMPTY_VIP, 80))?;
+    assert_eq!(v["hook"], "ingress", "{v}");
+    assert_eq!(v["family"], "ipv4", "{v}");
+    assert_eq!(v["proto"], "tcp", "{v}");
+    assert_eq!(v["src"], client.ip.to_string(), "{v}");
+    assert!(v["sport"].as_u64().is_some_and(|p| p > 0), "{v}");
+    assert_eq!(v["frontend"], format!("{EMPTY_VIP}:80"), "{v}");
+    assert!(v["svc_id"].as_u64().is_some(), "{v}");
+    assert!(v["backend"].is_null() && v["backend_id"].is_null(), "{v}");
+    assert!(v["ifindex"].as_u64().is_some(), "{v}");
+    assert!(v["time"].as_str().is_some_and(|t| t.ends_with('Z')), "{v}");
+
+    // A tracked flow whose backend is gone: reset, with its backend id
+    // (the only backend of b0 so far).
+    let backends = [(b0.ip, 8080, BackendState::Active)];
+    lb.set(cluster_ip("web", VIP, 80, Proto::Tcp, &backends));
+    let id = lb.backend_id(b0.ip, 8080).context("backend id")?;
+    let mut stream = Stream::connect(&client.ns, vip(VIP, 80))?;
+    stream.ping()?;
+    lb.set(cluster_ip("web", VIP, 80, Proto::Tcp, &[]));
+    lb.apply();
+    stream.ping().expect_err("reset");
+    let v = monitor.wait_for("stale_reset", WAIT, |v| is(v, "stale_reset", VIP, 80))?;
+    assert_eq!(v["backend_id"], id, "{v}");
+
+    // No endpoint, drop when empty (externalTrafficPolicy Local), UDP.
+    let (name, mut svc) = cluster_ip("drop", DROP_VIP, 53, Proto::Udp, &[]);
+    svc.frontends[0].when_empty = WhenEmpty::Drop;
+    lb.set((name, svc));
+    udp_send(&client.ns, vip(DROP_VIP, 53).into(), 1)?;
+    let v = monitor.wait_for("no_backend_drop", WAIT, |v| {
+        is(v, "no_backend_drop", DROP_VIP, 53)
+    })?;
+    assert_eq!(v["proto"], "udp", "{v}");
+
+    // A client outside loadBalancerSourceRanges.
+    let mut fe = frontend(
+        FrontendKind::LoadBalancer,
+        IpAddr::V4(LB_IP),
+        80,
+        Proto::Tcp,
+        &[(IpAddr::V4(b0.ip), 8080, BackendState::Active)],
+    );
+    fe.source_ranges = vec![(IpAddr::V4(Ipv4Addr::new(192, 168, 1, 0)), 24)];
+    lb.set(service("public", 80, Proto::Tcp, vec![fe]));
+    let denied = &topo.externals[1];
+    times_out(&denied.ns, SocketAddr::new(IpAddr::V4(LB_IP), 80))?;
+    let v = monitor.wait_for("source_denied", WAIT, |v| is(v, "source_denied", LB_IP, 80))?;
+    assert_eq!(v["src"], denied.ip.to_string(), "{v}");
+    assert!(v["svc_id"].as_u64().is_some(), "{v}");
+
+    // The service address space: an unserved port of a cluster IP is
+    // rejected, an unallocated address of the service CIDR dropped.
+    lb.desired.cluster_ips.insert(IpAddr::V4(EMPTY_VIP));
+    lb.desired
+        .service_cidrs
+        .insert((IpAddr::V4(Ipv4Addr::new(10, 96, 0, 0)), 16));
+    assert!(lb.apply().errors.is_empty());
+    clients::tcp_hello(&client.ns, vip(EMPTY_VIP, 81)).expect_err("refused");
+    monitor.wait_for("unserved_port", WAIT, |v| {
+        is(v, "unserved_port", EMPTY_VIP, 81)
+    })?;
+    times_out(&client.ns, vip(UNALLOCATED, 80).into())?;
+    monitor.wait_for("unallocated_ip", WAIT, |v| {
+        is(v, "unallocated_ip", UNALLOCATED, 80)
+    })?;
+
+    // Ctrl-C: the count per reason.
+    let summary = monitor.interrupt()?;
+    for reason in [
+        "no_backend=1",
+        "no_backend_drop=1",
+        "source_denied=",
+        "unserved_port=1",
+        "unallocated_ip=",
+        "stale_reset=",
+    ] {
+        assert!(summary.contains(reason), "{reason} in {summary}");
+    }
+
+    // Filters: only what is asked for (one monitor at a time: a ring
+    // buffer has one reader position, two readers would split the events).
+    let filtered = Monitor::start(topo.bpf.path(), &["--reason", "no_backend", "--port", "80"])?;
+    clients::tcp_hello(&client.ns, vip(EMPTY_VIP, 81)).expect_err("refused");
+    clients::tcp_hello(&client.ns, vip(EMPTY_VIP, 80)).expect_err("refused");
+    filtered.wait_for("filtered no_backend", WAIT, |v| {
+        is(v, "no_backend", EMPTY_VIP, 80)
+    })?;
+    let summary = filtered.interrupt()?;
+    assert!(summary.contains("1 events: no_backend=1"), "{summary}");
+
+    Ok(())
+}
+
+#[test]
+fn with_events_off_nothing_is_written() -> Result<()> {
+    let topo = Topology::new(1, 0)?;
+    let client = &topo.clients[0];
+    let mut lb = Lb::load(&topo)?;
+    lb.set(cluster_ip("empty", EMPTY_VIP, 80, Proto::Tcp, &[]));
+    lb.set(cluster_ip("empty2", EMPTY_VIP, 81, Proto::Tcp, &[]));
+    let monitor = Monitor::start(topo.bpf.path(), &[])?;
+    assert!(
+        monitor.stderr().contains("events are off"),
+        "{}",
+        monitor.stderr()
+    );
+
+    // Off (a fresh datapath): the reject happens, no event is written.
+    clients::tcp_hello(&client.ns, vip(EMPTY_VIP, 80)).expect_err("refused");
+    assert_eq!(lb.stat(Stat::NoBackend)?, 1);
+    // On: the next one is written. The ring is in order, so had the first
+    // been written, the monitor would print it before this one.
+    events_on(&mut lb, true)?;
+    clients::tcp_hello(&client.ns, vip(EMPTY_VIP, 81)).expect_err("refused");
+    monitor.wait_for("the second reject", WAIT, |v| {
+        is(v, "no_backend", EMPTY_VIP, 81)
+    })?;
+    let events = monitor.events();
+    assert_eq!(events.len(), 1, "only the event made while on: {events:#?}");
+    Ok(())
+}
+
+#[test]
+fn a_flood_of_drops_is_held_to_the_rate_limit() -> Result<()> {
+    let topo = Topology::new(1, 0)?;
+    let client = &topo.clients[0];
+    let mut lb = Lb::load(&topo)?;
+    events_on(&mut lb, true)?;
+    lb.set(cluster_ip("empty-dns", EMPTY_VIP, 53, Proto::Udp, &[]));
+    let monitor = Monitor::start(topo.bpf.path(), &["--reason", "no_backend"])?;
+
+    const N: u64 = 20_000;
+    let started = Instant::now();
+    udp_send(&client.ns, vip(EMPTY_VIP, 53).into(), N as usize)?;
+    // Every datagram reaches the program (its counter), each answered.
+    let deadline = Instant::now() + WAIT;
+    while lb.stat(Stat::NoBackend)? < N && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let elapsed = started.elapsed();
+    assert_eq!(lb.stat(Stat::NoBackend)?, N);
+    let suppressed = lb.stat(Stat::EventsSuppressed)?;
+    let lost = lb.stat(Stat::EventsLost)?;
+    let written = N - suppressed - lost;
+    let cpus = std::thread::available_parallelism()?.get() as u64;
+    let allowed = cpus * (EVENTS_BURST + EVENTS_PER_SEC * (elapsed.as_millis() as u64 + 1) / 1000);
+    assert!(suppressed > 0, "the rate limit held events back");
+    assert!(
+        written <= allowed,
+        "{written} events written in {elapsed:?} on {cpus} CPUs, at most {allowed} allowed"
+    );
+    // What was written reaches the monitor.
+    let seen = monitor.wait_count(written as usize, WAIT)?;
+    assert_eq!(seen as u64, written, "suppressed {suppressed}, lost {lost}");
+    let summary = monitor.interrupt()?;
+    assert!(
+        summary.contains(&format!("{suppressed} not written (rate limit)")),
+        "{summary}"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_agent_flag_switches_events_and_socket_refusals_show() -> Result<()> {
+    let topo = Topology::new(0, 0)?;
+    let dir = ManifestDir::create()?;
+    dir.write("empty.yaml", &yaml::service("empty", EMPTY_VIP, 80, 8080))?;
+    let source = format!("dir:{}", dir.path().display());
+    let flags = || -> Result<u32> { Ok(Maps::open_pinned(topo.bpf.path())?.config()?.flags) };
+
+    let mut agent = Agent::start(&topo, &source, &[])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    assert_eq!(
+        flags()? & CFG_F_EVENTS_MASK,
+        CFG_F_EVENTS_DROPS,
+        "on by default"
+    );
+    let monitor = Monitor::start(topo.bpf.path(), &[])?;
+    let out = HostClient::once(&topo, "tcp", &EMPTY_VIP.to_string(), 80)?;
+    ensure!(out == ["error", "ECONNREFUSED"], "{out:?}");
+    let v = monitor.wait_for("sock_refused", WAIT, |v| {
+        is(v, "sock_refused", EMPTY_VIP, 80)
+    })?;
+    assert_eq!(v["hook"], "socket", "{v}");
+    assert_eq!(v["proto"], "tcp", "{v}");
+    assert_eq!(v["frontend"], format!("{EMPTY_VIP}:80"), "{v}");
+    assert!(v["src"].is_null(), "{v}");
+    drop(monitor);
+
+    agent.stop()?;
+    let mut agent = Agent::start(&topo, &source, &["--monitor-events=off"])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    assert_eq!(flags()? & CFG_F_EVENTS_MASK, 0, "--monitor-events=off");
+    Ok(())
+}
