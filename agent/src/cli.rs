@@ -6,7 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, str::FromStr, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::datapath::DEFAULT_BPF_ROOT;
+use crate::datapath::{log::LogLevel, DEFAULT_BPF_ROOT};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -159,6 +159,14 @@ pub struct AgentArgs {
     /// `off` writes none.
     #[arg(long, env = "SLUICE_MONITOR_EVENTS", value_enum, default_value_t = MonitorEvents::Drops)]
     pub monitor_events: MonitorEvents,
+
+    /// Developer logs of the kernel programs (aya-log), forwarded into the
+    /// agent's output under the target `sluice_ebpf`: `off` (the default),
+    /// `error`, `warn`, `info`, `debug`, `trace`. They sit on rare paths
+    /// only (a missing tail-call target, SNAT port exhaustion, a dangling
+    /// socket pick); for operators, `sluice monitor` is the tool.
+    #[arg(long, env = "SLUICE_DATAPATH_LOG_LEVEL", value_enum, default_value_t = LogLevel::Off)]
+    pub datapath_log_level: LogLevel,
 
     /// Balance IPv6 frontends too (`sl_svc6`). Off: IPv6 addresses and
     /// endpoints are skipped and reported as `ipv6_unsupported`; the IPv4

@@ -447,6 +447,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     let fill = map_fill(root)
         .with_context(|| format!("counting the entries of the maps under {}", root.display()))?;
     let config = maps.config().unwrap_or_default();
+    let events_on = config.flags & sluice_common::config::CFG_F_EVENTS_DROPS != 0;
     let migration = migration_state(root);
     let counters: Vec<(&str, u64)> = Stat::ALL
         .iter()
@@ -475,6 +476,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
             "maps": fill,
             "devices": devices,
             "datapath": counters,
+            "events": if events_on { "drops" } else { "off" },
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -521,5 +523,12 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     );
     let line: Vec<String> = counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!("datapath:  {}", line.join(" "));
+    if events_on {
+        println!(
+            "events:    on: `sluice monitor` shows each drop and reject with its reason and packet"
+        );
+    } else {
+        println!("events:    off (agent --monitor-events=off): `sluice monitor` shows nothing until they are on");
+    }
     Ok(())
 }

@@ -26,10 +26,17 @@ fn clean(args: &CleanupArgs) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // The programs' own logs, at the level `--datapath-log-level` asks for.
+    if let Command::Agent(args) = &cli.command {
+        if let Some(directive) = args.datapath_log_level.directive() {
+            if let Ok(d) = directive.parse() {
+                filter = filter.add_directive(d);
+            }
+        }
+    }
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();

@@ -157,7 +157,9 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     ));
     let metrics = Arc::new(Metrics::new());
 
-    let (mut datapath, maps) = Datapath::load(root, &sizes).context("loading the datapath")?;
+    let (mut datapath, maps) = Datapath::load_logging(root, &sizes, args.datapath_log_level)
+        .context("loading the datapath")?;
+    let datapath_logger = datapath.take_logger();
     let mut reconciler = Reconciler::new(MapWriter::new(maps), &sizes, args.drain_timeout.0)
         .context("adopting the pinned maps")?;
     reconciler.set_config_flags(
@@ -199,6 +201,10 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
                 args.healthz_bind_address
             )
         })?;
+    if let Some(logger) = datapath_logger {
+        info!(level = ?args.datapath_log_level, "forwarding the datapath's logs");
+        tasks.spawn(crate::datapath::log::forward(logger, shutdown_rx.clone()));
+    }
     info!(addr = %healthz.local_addr()?, "serving /healthz");
     tasks.spawn(admin.clone().serve(healthz, shutdown_rx.clone()));
     if args.metrics_bind_address != args.healthz_bind_address {

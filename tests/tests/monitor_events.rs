@@ -277,3 +277,47 @@ fn the_agent_flag_switches_events_and_socket_refusals_show() -> Result<()> {
     assert_eq!(flags()? & CFG_F_EVENTS_MASK, 0, "--monitor-events=off");
     Ok(())
 }
+
+fn node_port_yaml(node_ip: Ipv4Addr) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-1\nstatus:\n  addresses:\n  - type: InternalIP\n    address: {node_ip}\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: np\n  namespace: default\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.91\n  clusterIPs: [10.96.0.91]\n  ports:\n  - name: http\n    protocol: TCP\n    port: 80\n    targetPort: 8080\n    nodePort: 30090\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: np-1\n  namespace: default\n  labels:\n    kubernetes.io/service-name: np\naddressType: IPv4\nports:\n- name: http\n  protocol: TCP\n  port: 8080\nendpoints:\n- addresses: [\"10.20.0.2\"]\n  nodeName: node-1\n  conditions: {{ready: true}}\n"
+    )
+}
+
+/// SNAT port exhaustion (a range of one port): the second flow is dropped,
+/// `sluice monitor` says so with the backend, and the datapath's debug log
+/// (`--datapath-log-level debug`, aya-log) reaches the agent's output.
+#[test]
+fn snat_exhaustion_is_an_event_and_a_datapath_log() -> Result<()> {
+    let mut topo = Topology::new(0, 1)?;
+    topo.add_external()?;
+    let b0 = &topo.backends[0];
+    let _server = servers::tcp_greeter(&b0.ns, 8080, &b0.name)?;
+    let dir = ManifestDir::create()?;
+    dir.write("np.yaml", &node_port_yaml(topo.node_address(0)))?;
+    let source = format!("dir:{}", dir.path().display());
+    let mut agent = Agent::start(&topo, &source, &["--datapath-log-level", "debug"])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    // One SNAT port (the test stands in for an operator's tiny range).
+    let mut maps = Maps::open_pinned(topo.bpf.path())?;
+    let mut config = maps.config()?;
+    config.snat_port_min = 61_000;
+    config.snat_port_max = 61_000;
+    maps.config.set(0, config, 0)?;
+    let monitor = Monitor::start(topo.bpf.path(), &["--reason", "snat_failed"])?;
+
+    let ext = &topo.externals[0];
+    let node_port = SocketAddr::new(IpAddr::V4(topo.node_address(0)), 30090);
+    let _first = Stream::connect(&ext.ns, node_port)?;
+    times_out(&ext.ns, node_port)?;
+    let v = monitor.wait_for("snat_failed", WAIT, |v| {
+        is(v, "snat_failed", topo.node_address(0), 30090)
+    })?;
+    assert_eq!(v["src"], ext.ip.to_string(), "{v}");
+    assert_eq!(v["backend"], format!("{}:8080", b0.ip), "{v}");
+    assert!(v["svc_id"].as_u64().is_some(), "{v}");
+    agent.wait_until("the datapath's debug log", WAIT, |a| {
+        Ok(a.log().contains("no free port in 61000-61000"))
+    })?;
+    Ok(())
+}

@@ -9,6 +9,8 @@ pub enum DatapathError {
         "this sluice binary was built without its eBPF object: run `cargo xtask build-ebpf`, then rebuild"
     )]
     NoObject,
+    #[error("reading the programs' logs (--datapath-log-level): {0}")]
+    Log(#[source] aya_log::Error),
     #[error("{0} is not on a bpffs mount (mount one with `mount -t bpf bpf /sys/fs/bpf`)")]
     NotBpffs(PathBuf),
     #[error("reading BTF: {0}")]

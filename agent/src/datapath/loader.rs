@@ -15,7 +15,13 @@ use aya::{
 };
 use sluice_common::{abi::MAPS, maps as names};
 
-use super::{layout, links::Hook, migrate::Migration, DatapathError, Maps, BPF_OBJECT, LINKS_DIR};
+use super::{
+    layout,
+    links::Hook,
+    log::{LogLevel, Logger},
+    migrate::Migration,
+    DatapathError, Maps, BPF_OBJECT, LINKS_DIR,
+};
 
 /// Capacities of the sized maps (the `--*-map-size` flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +51,8 @@ pub struct Datapath {
     pub(super) ebpf: Ebpf,
     pub(super) root: PathBuf,
     pub(super) migration: Migration,
+    /// The reader of the programs' logs, when `--datapath-log-level` is on.
+    logger: Option<Logger>,
 }
 
 /// `statfs` magic of bpffs.
@@ -54,6 +62,16 @@ impl Datapath {
     /// Loads the programs, reusing the maps pinned under `root` (creating
     /// and pinning them on first start). Nothing is attached yet.
     pub fn load(root: &Path, sizes: &MapSizes) -> Result<(Self, Maps), DatapathError> {
+        Self::load_logging(root, sizes, LogLevel::Off)
+    }
+
+    /// `load`, with the programs' developer logs at `log_level` (read by
+    /// `take_logger`).
+    pub fn load_logging(
+        root: &Path,
+        sizes: &MapSizes,
+        log_level: LogLevel,
+    ) -> Result<(Self, Maps), DatapathError> {
         if BPF_OBJECT.is_empty() {
             return Err(DatapathError::NoObject);
         }
@@ -63,6 +81,8 @@ impl Datapath {
         let mut migration = Migration::begin(root, sizes, BPF_OBJECT)?;
 
         let mut loader = EbpfLoader::new();
+        let level = log_level.aya();
+        loader.override_global("AYA_LOG_LEVEL", &level, true);
         for decl in &MAPS {
             loader
                 .map_max_entries(decl.name, layout::capacity(decl, sizes))
@@ -93,11 +113,20 @@ impl Datapath {
             }
         }
         let maps = Maps::take(&mut ebpf)?;
+        let logger = if log_level == LogLevel::Off {
+            None
+        } else {
+            Some(
+                aya_log::EbpfLogger::init_with_logger(&mut ebpf, super::log::Forward)
+                    .map_err(DatapathError::Log)?,
+            )
+        };
         Ok((
             Self {
                 ebpf,
                 root: root.to_owned(),
                 migration,
+                logger,
             },
             maps,
         ))
@@ -108,6 +137,11 @@ impl Datapath {
     /// the pins fitted as they were.
     pub fn finish_migration(&mut self) -> Result<(), DatapathError> {
         self.migration.finish()
+    }
+
+    /// The reader of the programs' logs (once; `None` with logs off).
+    pub fn take_logger(&mut self) -> Option<Logger> {
+        self.logger.take()
     }
 
     /// Whether the pins are being migrated to this agent's layout.

@@ -11,6 +11,7 @@ mod fill;
 mod layout;
 mod links;
 mod loader;
+pub mod log;
 mod maps;
 pub mod migrate;
 mod sys;

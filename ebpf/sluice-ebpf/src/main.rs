@@ -38,6 +38,7 @@ mod icmp;
 mod icmp6;
 mod ingress;
 mod ingress6;
+mod log;
 mod maglev;
 mod maps;
 mod nat;
@@ -138,6 +139,7 @@ fn jump(ctx: &TcContext, index: u32) -> i32 {
     unsafe { PROGS.tail_call(ctx, index) };
     count(Stat::TailCallFailed);
     events::bare(Stat::TailCallFailed, Hook::Tc);
+    log::tail_call_missing(ctx, index);
     Verdict::Next.code()
 }
 

@@ -172,6 +172,7 @@ pub fn new_flow(skb: *mut __sk_buff, flow: &Flow4, nf: &NewFlow) -> Result<Verdi
     }
     if port == 0 {
         count(Stat::SnatFailed);
+        crate::log::snat_exhausted(skb, nf.backend_id, min, max);
         events::flow4(
             Stat::SnatFailed,
             Hook::Ingress,

@@ -418,6 +418,7 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
     let backend_id = pick(&at, master, scope, first, n, h);
     let Some(backend) = maps::backend(backend_id) else {
         count(Stat::Dangling);
+        crate::log::socket_dangling(ctx, backend_id);
         events::sock(
             Stat::Dangling,
             Hook::Socket,
