@@ -5,7 +5,7 @@
 //! shows too.
 
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},
     time::{Duration, Instant},
 };
 
@@ -24,16 +24,18 @@ use sluice_tests::{
     agent::{yaml, Agent, ManifestDir},
     clients::{self, Stream},
     host::HostClient,
-    lb::{cluster_ip, frontend, service, vip, Lb},
+    lb::{cluster_ip, cluster_ip6, frontend, service, vip, vip6, Lb},
     monitor::Monitor,
     servers, Netns, Topology,
 };
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 80);
 const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 81);
 const DROP_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 82);
 const UNALLOCATED: Ipv4Addr = Ipv4Addr::new(10, 96, 9, 9);
 const LB_IP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
+const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x81);
 const WAIT: Duration = Duration::from_secs(5);
 
 fn events_on(lb: &mut Lb, on: bool) -> Result<()> {
@@ -319,5 +321,56 @@ fn snat_exhaustion_is_an_event_and_a_datapath_log() -> Result<()> {
     agent.wait_until("the datapath's debug log", WAIT, |a| {
         Ok(a.log().contains("no free port in 61000-61000"))
     })?;
+    Ok(())
+}
+
+/// IPv6: the event carries the 16-byte addresses and the family.
+#[test]
+fn an_ipv6_reject_is_an_ipv6_event() -> Result<()> {
+    let topo = Topology::new(1, 0)?;
+    topo.wait_ipv6_ready()?;
+    let client = &topo.clients[0];
+    let mut lb = Lb::load(&topo)?;
+    events_on(&mut lb, true)?;
+    lb.set(cluster_ip6("empty6", VIP6, 80, Proto::Tcp, &[]));
+    let monitor = Monitor::start(topo.bpf.path(), &["--frontend", &format!("[{VIP6}]:80")])?;
+    clients::tcp_hello(&client.ns, vip6(VIP6, 80)).expect_err("refused");
+    let v = monitor.wait_for("no_backend (IPv6)", WAIT, |v| v["reason"] == "no_backend")?;
+    assert_eq!(v["family"], "ipv6", "{v}");
+    assert_eq!(v["src"], client.addr(true).to_string(), "{v}");
+    assert_eq!(v["dst"], VIP6.to_string(), "{v}");
+    assert_eq!(v["frontend"], format!("[{VIP6}]:80"), "{v}");
+    Ok(())
+}
+
+/// A later IPv4 fragment whose first was never seen passes unbalanced:
+/// an event without a tuple (its ports are unknown), reason
+/// `fragment_unknown`.
+#[test]
+fn an_unknown_fragment_is_an_event() -> Result<()> {
+    let topo = Topology::new(1, 0)?;
+    let client = &topo.clients[0];
+    let mut lb = Lb::load(&topo)?;
+    events_on(&mut lb, true)?;
+    let monitor = Monitor::start(topo.bpf.path(), &["--reason", "fragment_unknown"])?;
+    let (src, dst) = (client.ip, VIP);
+    client.ns.run(move || -> std::io::Result<()> {
+        // IPv4, UDP, id 0x5eed, fragment offset 8 bytes (1), last fragment.
+        let mut p = vec![0x45u8, 0, 0, 28, 0x5e, 0xed, 0, 1, 64, 17, 0, 0];
+        p.extend_from_slice(&src.octets());
+        p.extend_from_slice(&dst.octets());
+        p.extend_from_slice(&[0u8; 8]);
+        let raw = Socket::new(
+            Domain::IPV4,
+            Type::RAW,
+            Some(Protocol::from(libc::IPPROTO_RAW)),
+        )?;
+        raw.send_to(&p, &SockAddr::from(SocketAddr::new(IpAddr::V4(dst), 0)))?;
+        Ok(())
+    })??;
+    let v = monitor.wait_for("fragment_unknown", WAIT, |_| true)?;
+    assert_eq!(v["hook"], "ingress", "{v}");
+    assert!(v["family"].is_null() && v["src"].is_null(), "{v}");
+    assert_eq!(lb.stat(Stat::FragmentUnknown)?, 1);
     Ok(())
 }
