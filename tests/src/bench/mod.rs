@@ -13,6 +13,7 @@
 pub mod control;
 pub mod cpu;
 pub mod env;
+pub mod events;
 pub mod kubeproxy;
 pub mod report;
 pub mod services;
@@ -104,6 +105,8 @@ pub struct Config {
     pub churn_budget: Duration,
     pub seed: u64,
     pub out: PathBuf,
+    /// Rounds of the datapath events scenario (`events`; 0: skipped).
+    pub events_rounds: usize,
 }
 
 impl Config {
@@ -133,6 +136,7 @@ impl Config {
             churn_budget: Duration::from_secs(40),
             seed: 0x5eed,
             out,
+            events_rounds: 5,
         }
     }
 
@@ -153,6 +157,7 @@ impl Config {
             churn_samples: 20,
             churn_min: 3,
             churn_budget: Duration::from_secs(3),
+            events_rounds: 2,
             ..Self::full(out)
         }
     }
@@ -342,6 +347,9 @@ pub struct Results {
     pub seconds: f64,
     pub complete: bool,
     pub sizes: Vec<SizeResult>,
+    /// The cost of datapath events (`events`).
+    #[serde(default)]
+    pub events: Option<events::EventsCost>,
 }
 
 /// Maps big enough for the largest N of the run, used at every N (a real
@@ -905,6 +913,15 @@ pub fn run(cfg: &Config) -> Result<Results> {
     );
     let cpus = results.machine.cpus;
     traffic::set_pinning((cfg.pin && cpus >= 2).then_some((0, 1)));
+    if cfg.events_rounds > 0 {
+        eprintln!("datapath events: sl_ingress ns per packet, events off and on");
+        let cost = events::run(cfg.events_rounds, 20_000)?;
+        for c in &cost.cases {
+            eprintln!("  {}: {:.1} ns", c.case, c.ns_per_packet);
+        }
+        results.events = Some(cost);
+        report::write_all(&results, &cfg.out)?;
+    }
     let mut history = History::default();
     for &n in &cfg.sizes {
         let size = run_size(n, cfg, sizes, &mut history)?;

@@ -484,6 +484,10 @@ pub fn markdown(r: &Results) -> String {
     }
     let _ = writeln!(t, "\n### Endpoint change to datapath (sluice)\n");
     t.push_str(&churn_table(r));
+    if let Some(e) = &r.events {
+        let _ = writeln!(t, "\n### Datapath events (`sluice monitor`)\n");
+        t.push_str(&events_table(e));
+    }
     let _ = writeln!(t, "\n### Goals\n");
     let _ = writeln!(t, "| goal | target | measured | met |");
     let _ = writeln!(t, "|---|---|---|---|");
@@ -499,6 +503,21 @@ pub fn markdown(r: &Results) -> String {
                 Some(false) => "**no**",
                 None => "-",
             }
+        );
+    }
+    t
+}
+
+fn events_table(e: &super::events::EventsCost) -> String {
+    let mut t = format!(
+        "`sl_ingress` run time per packet (kernel BPF statistics), median of {} rounds.\n\n| case | packets per round | ns per packet |\n|---|---|---|\n",
+        e.rounds
+    );
+    for c in &e.cases {
+        let _ = writeln!(
+            t,
+            "| {} | {} | {:.1} |",
+            c.case, c.packets_per_round, c.ns_per_packet
         );
     }
     t

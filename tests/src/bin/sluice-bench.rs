@@ -48,6 +48,12 @@ struct Args {
     /// Seed of the random target service.
     #[arg(long)]
     seed: Option<u64>,
+    /// Only the datapath events scenario (events off vs on).
+    #[arg(long)]
+    events_only: bool,
+    /// Skip the datapath events scenario.
+    #[arg(long)]
+    no_events: bool,
 }
 
 fn main() -> Result<()> {
@@ -90,6 +96,12 @@ fn main() -> Result<()> {
         cfg.seed = s;
     }
     cfg.agent = !args.no_agent;
+    if args.events_only {
+        cfg.sizes.clear();
+    }
+    if args.no_events {
+        cfg.events_rounds = 0;
+    }
     cfg.pin = !args.no_pin;
     if cfg.sizes.iter().any(|n| *n == 0 || *n >= 1_000_000) || cfg.rounds == 0 || cfg.connects == 0
     {
