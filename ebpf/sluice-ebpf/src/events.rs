@@ -11,7 +11,7 @@
 //! functions here are separate BPF functions with frames of their own, a
 //! few bytes each).
 
-use aya_ebpf::{bindings::__sk_buff, helpers::bpf_ktime_get_ns};
+use aya_ebpf::{bindings::__sk_buff, helpers::bpf_ktime_get_ns, maps::ring_buf::RingBufEntry};
 use sluice_common::{
     config::CFG_F_EVENTS_DROPS,
     events::{BUDGET_MAX_NS, NS_PER_EVENT},
@@ -78,7 +78,7 @@ pub fn bare(reason: Stat, hook: Hook) {
 /// A slot in the ring for one event, if events are on, this CPU's rate
 /// limit allows one and the ring has room (each refusal counted).
 #[inline(always)]
-fn reserve(code: u32) -> Option<*mut Event> {
+fn reserve(code: u32) -> Option<RingBufEntry<Event>> {
     // Only the flags word: no copy of the whole `Config` on the stack.
     let config = CONFIG.get_ptr(0)?;
     // SAFETY: array slot 0 always exists; one word read.
@@ -122,23 +122,15 @@ fn reserve(code: u32) -> Option<*mut Event> {
         (*event).ifindex = 0;
         (*event)._pad = 0;
     }
-    core::mem::forget(entry);
-    Some(event)
-}
-
-/// Hands a filled slot to the readers.
-#[inline(always)]
-fn submit(event: *mut Event) {
-    // SAFETY: `event` came from `bpf_ringbuf_reserve` in `reserve` and is
-    // submitted exactly once.
-    unsafe { aya_ebpf::helpers::bpf_ringbuf_submit(event.cast(), 0) };
+    Some(entry)
 }
 
 #[inline(never)]
 fn emit4(code: u32, skb: *mut __sk_buff, flow: &Flow4, svc_id: u32, backend_id: u32) {
-    let Some(event) = reserve(code) else {
+    let Some(mut entry) = reserve(code) else {
         return;
     };
+    let event = entry.as_mut_ptr();
     // SAFETY: a reserved slot (see `reserve`); reading the context.
     unsafe {
         (*event).family = FAMILY_V4;
@@ -152,14 +144,15 @@ fn emit4(code: u32, skb: *mut __sk_buff, flow: &Flow4, svc_id: u32, backend_id: 
         (*event).backend_id = backend_id;
         (*event).ifindex = (*skb).ifindex;
     }
-    submit(event);
+    entry.submit(0);
 }
 
 #[inline(never)]
 fn emit6(code: u32, skb: *mut __sk_buff, flow: &Flow6, svc_id: u32, backend_id: u32) {
-    let Some(event) = reserve(code) else {
+    let Some(mut entry) = reserve(code) else {
         return;
     };
+    let event = entry.as_mut_ptr();
     // SAFETY: a reserved slot (see `reserve`); reading the context.
     unsafe {
         (*event).family = FAMILY_V6;
@@ -172,14 +165,15 @@ fn emit6(code: u32, skb: *mut __sk_buff, flow: &Flow6, svc_id: u32, backend_id: 
         (*event).backend_id = backend_id;
         (*event).ifindex = (*skb).ifindex;
     }
-    submit(event);
+    entry.submit(0);
 }
 
 #[inline(never)]
 fn emit_sock(code: u32, addr: &[u8; 16], port: u32) {
-    let Some(event) = reserve(code) else {
+    let Some(mut entry) = reserve(code) else {
         return;
     };
+    let event = entry.as_mut_ptr();
     // SAFETY: a reserved slot (see `reserve`).
     unsafe {
         (*event).proto = (code >> 16) as u8;
@@ -187,12 +181,12 @@ fn emit_sock(code: u32, addr: &[u8; 16], port: u32) {
         (*event).dst = *addr;
         (*event).dport = port as u16;
     }
-    submit(event);
+    entry.submit(0);
 }
 
 #[inline(never)]
 fn emit_bare(code: u32) {
-    if let Some(event) = reserve(code) {
-        submit(event);
+    if let Some(entry) = reserve(code) {
+        entry.submit(0);
     }
 }
