@@ -30,17 +30,16 @@ const fn code(reason: Stat, hook: Hook) -> u32 {
     reason as u32 | (hook as u32) << 8
 }
 
-/// An IPv4 packet's event (TC programs).
+/// An IPv4 packet's event at `sl_ingress`.
 #[inline(always)]
-pub fn flow4(
-    reason: Stat,
-    hook: Hook,
-    skb: *mut __sk_buff,
-    flow: &Flow4,
-    svc_id: u32,
-    backend_id: u32,
-) {
-    emit4(code(reason, hook), skb, flow, svc_id, backend_id);
+pub fn ingress4(reason: Stat, skb: *mut __sk_buff, flow: &Flow4, svc_id: u32, backend_id: u32) {
+    emit4(code(reason, Hook::Ingress), skb, flow, svc_id, backend_id);
+}
+
+/// An IPv6 packet's event at `sl_ingress6`.
+#[inline(always)]
+pub fn ingress6(reason: Stat, skb: *mut __sk_buff, flow: &Flow6, svc_id: u32, backend_id: u32) {
+    flow6(reason, Hook::Ingress, skb, flow, svc_id, backend_id);
 }
 
 /// An IPv6 packet's event (TC programs).
@@ -56,13 +55,13 @@ pub fn flow6(
     emit6(code(reason, hook), skb, flow, svc_id, backend_id);
 }
 
-/// A socket's refused `connect()`/`sendmsg()` to `addr`:`port` (16 bytes,
-/// IPv4 in the first 4 with `v4`).
+/// A socket's refused (or dangling) `connect()`/`sendmsg()` to
+/// `addr`:`port` (16 bytes, IPv4 in the first 4 with `v4`).
 #[inline(always)]
-pub fn sock(reason: Stat, hook: Hook, addr: &[u8; 16], port: u16, proto: u8, v4: bool) {
+pub fn sock(reason: Stat, addr: &[u8; 16], port: u16, proto: u8, v4: bool) {
     let family = if v4 { FAMILY_V4 } else { FAMILY_V6 };
     emit_sock(
-        code(reason, hook) | (proto as u32) << 16 | (family as u32) << 24,
+        code(reason, Hook::Socket) | (proto as u32) << 16 | (family as u32) << 24,
         addr,
         port as u32,
     );

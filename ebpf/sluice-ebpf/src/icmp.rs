@@ -190,7 +190,7 @@ fn try_cluster_ips_check(skb: *mut __sk_buff) -> Result<Verdict, Error> {
         l4_off,
         later: false,
     };
-    events::flow4(Stat::UnservedPort, Hook::Ingress, skb, &flow, 0, 0);
+    events::ingress4(Stat::UnservedPort, skb, &flow, 0, 0);
     crate::reject::icmp_port_unreachable(skb, &flow)
 }
 

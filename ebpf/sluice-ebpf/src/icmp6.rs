@@ -184,7 +184,7 @@ fn try_cluster_ips_check(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdic
     s.flow.tcp_flags = 0;
     s.flow.frag = crate::flow6::FRAG_NONE;
     s.flow.frag_id = 0;
-    events::flow6(Stat::UnservedPort, Hook::Ingress, skb, &s.flow, 0, 0);
+    events::ingress6(Stat::UnservedPort, skb, &s.flow, 0, 0);
     Ok(crate::reject6::port_unreachable(skb, &s.flow))
 }
 
@@ -285,7 +285,7 @@ fn try_ingress(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> 
     s.flow.dport = 0;
     let Some(ifindex) = snat6::route(skb, s, true) else {
         count(Stat::SnatFailed);
-        events::flow6(Stat::SnatFailed, Hook::Ingress, skb, &s.flow, 0, 0);
+        events::ingress6(Stat::SnatFailed, skb, &s.flow, 0, 0);
         return Ok(Verdict::Drop);
     };
     // SAFETY: as above (the entry stays valid for this program run).

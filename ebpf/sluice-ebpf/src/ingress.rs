@@ -137,14 +137,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
                 }
                 Tracked::Reset if !flow.later => {
                     count(Stat::StaleReset);
-                    events::flow4(
-                        Stat::StaleReset,
-                        Hook::Ingress,
-                        ctx.skb.skb,
-                        &flow,
-                        svc_id,
-                        backend_id,
-                    );
+                    events::ingress4(Stat::StaleReset, ctx.skb.skb, &flow, svc_id, backend_id);
                     return reject::tcp_reset(ctx.skb.skb, &flow);
                 }
                 Tracked::Reset | Tracked::Reselect => reselected = true,
@@ -155,26 +148,12 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         // A later fragment cannot start a flow: its first fragment was
         // dropped or rejected, or the flow changed in between.
         count(Stat::FragmentDropped);
-        events::flow4(
-            Stat::FragmentDropped,
-            Hook::Ingress,
-            ctx.skb.skb,
-            &flow,
-            master.svc_id,
-            0,
-        );
+        events::ingress4(Stat::FragmentDropped, ctx.skb.skb, &flow, master.svc_id, 0);
         return Ok(Verdict::Drop);
     }
     if !reselected && orphan_snat_segment(flow.proto, flow.tcp_flags, master) {
         count(Stat::SnatFailed);
-        events::flow4(
-            Stat::SnatFailed,
-            Hook::Ingress,
-            ctx.skb.skb,
-            &flow,
-            master.svc_id,
-            0,
-        );
+        events::ingress4(Stat::SnatFailed, ctx.skb.skb, &flow, master.svc_id, 0);
         return Ok(Verdict::Drop);
     }
     new_flow(ctx, &flow, master, now, reselected, &config)
@@ -205,12 +184,12 @@ fn unserved(skb: *mut __sk_buff, flow: &Flow4, snat_port: bool) -> Result<Verdic
     if flow.later {
         // Its first fragment was answered (or dropped) already.
         count(Stat::FragmentDropped);
-        events::flow4(Stat::FragmentDropped, Hook::Ingress, skb, flow, 0, 0);
+        events::ingress4(Stat::FragmentDropped, skb, flow, 0, 0);
         return Ok(Verdict::Drop);
     }
     if kind == SVCNET_CLUSTER_IP {
         count(Stat::UnservedPort);
-        events::flow4(Stat::UnservedPort, Hook::Ingress, skb, flow, 0, 0);
+        events::ingress4(Stat::UnservedPort, skb, flow, 0, 0);
         return if flow.proto == IPPROTO_TCP {
             reject::tcp_reset(skb, flow)
         } else {
@@ -218,7 +197,7 @@ fn unserved(skb: *mut __sk_buff, flow: &Flow4, snat_port: bool) -> Result<Verdic
         };
     }
     count(Stat::UnallocatedIp);
-    events::flow4(Stat::UnallocatedIp, Hook::Ingress, skb, flow, 0, 0);
+    events::ingress4(Stat::UnallocatedIp, skb, flow, 0, 0);
     Ok(Verdict::Drop)
 }
 
@@ -298,40 +277,19 @@ fn new_flow(
     }
     if master.flags & SVC_F_SOURCE_RANGES != 0 && !maps::source_allowed(master.svc_id, flow.src) {
         count(Stat::SourceDenied);
-        events::flow4(
-            Stat::SourceDenied,
-            Hook::Ingress,
-            ctx.skb.skb,
-            flow,
-            master.svc_id,
-            0,
-        );
+        events::ingress4(Stat::SourceDenied, ctx.skb.skb, flow, master.svc_id, 0);
         return Ok(Verdict::Drop);
     }
     let (first, n) = match candidates(master) {
         Pick::Slots(first, n) => (first, n),
         Pick::Drop => {
             count(Stat::NoBackendDrop);
-            events::flow4(
-                Stat::NoBackendDrop,
-                Hook::Ingress,
-                ctx.skb.skb,
-                flow,
-                master.svc_id,
-                0,
-            );
+            events::ingress4(Stat::NoBackendDrop, ctx.skb.skb, flow, master.svc_id, 0);
             return Ok(Verdict::Drop);
         }
         Pick::Reject => {
             count(Stat::NoBackend);
-            events::flow4(
-                Stat::NoBackend,
-                Hook::Ingress,
-                ctx.skb.skb,
-                flow,
-                master.svc_id,
-                0,
-            );
+            events::ingress4(Stat::NoBackend, ctx.skb.skb, flow, master.svc_id, 0);
             return if flow.proto == IPPROTO_TCP {
                 reject::tcp_reset(ctx.skb.skb, flow)
             } else {

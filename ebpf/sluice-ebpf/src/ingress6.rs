@@ -43,7 +43,6 @@ use crate::{
     select::{candidates, judge, orphan_snat_segment, sticky, Pick, Tracked},
     snat6,
 };
-use sluice_common::Hook;
 
 /// A separate BPF function (returning a `Verdict`, see `error::settle`).
 #[inline(never)]
@@ -61,7 +60,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
         Parsed6::Flow => {}
         Parsed6::ExtHeader => {
             count(Stat::Ipv6ExtHeader);
-            events::flow6(Stat::Ipv6ExtHeader, Hook::Ingress, skb, &s.flow, 0, 0);
+            events::ingress6(Stat::Ipv6ExtHeader, skb, &s.flow, 0, 0);
             return Ok(Verdict::Next);
         }
         // An ICMPv6 error may be about an SNATed flow.
@@ -76,7 +75,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     // A fragment: record a first one's ports, or take a later one's.
     if !frag::track6(s) {
         count(Stat::FragmentUnknown);
-        events::flow6(Stat::FragmentUnknown, Hook::Ingress, skb, &s.flow, 0, 0);
+        events::ingress6(Stat::FragmentUnknown, skb, &s.flow, 0, 0);
         return Ok(Verdict::Next);
     }
     let config = maps::config();
@@ -138,14 +137,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
                 }
                 Tracked::Reset if !flow.later() => {
                     count(Stat::StaleReset);
-                    events::flow6(
-                        Stat::StaleReset,
-                        Hook::Ingress,
-                        skb,
-                        flow,
-                        svc_id,
-                        backend_id,
-                    );
+                    events::ingress6(Stat::StaleReset, skb, flow, svc_id, backend_id);
                     return Ok(reject6::tcp_reset(skb, flow));
                 }
                 Tracked::Reset | Tracked::Reselect => reselected = true,
@@ -155,26 +147,12 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     if s.flow.later() {
         // A later fragment cannot start a flow (as on the IPv4 path).
         count(Stat::FragmentDropped);
-        events::flow6(
-            Stat::FragmentDropped,
-            Hook::Ingress,
-            skb,
-            &s.flow,
-            master.svc_id,
-            0,
-        );
+        events::ingress6(Stat::FragmentDropped, skb, &s.flow, master.svc_id, 0);
         return Ok(Verdict::Drop);
     }
     if !reselected && orphan_snat_segment(s.flow.proto, s.flow.tcp_flags, master) {
         count(Stat::SnatFailed);
-        events::flow6(
-            Stat::SnatFailed,
-            Hook::Ingress,
-            skb,
-            &s.flow,
-            master.svc_id,
-            0,
-        );
+        events::ingress6(Stat::SnatFailed, skb, &s.flow, master.svc_id, 0);
         return Ok(Verdict::Drop);
     }
     Ok(new_flow(skb, s, master, reselected))
@@ -196,12 +174,12 @@ fn unserved(skb: *mut __sk_buff, s: &mut Scratch6) -> Verdict {
     if s.flow.later() {
         // Its first fragment was answered (or dropped) already.
         count(Stat::FragmentDropped);
-        events::flow6(Stat::FragmentDropped, Hook::Ingress, skb, &s.flow, 0, 0);
+        events::ingress6(Stat::FragmentDropped, skb, &s.flow, 0, 0);
         return Verdict::Drop;
     }
     if kind == SVCNET_CLUSTER_IP {
         count(Stat::UnservedPort);
-        events::flow6(Stat::UnservedPort, Hook::Ingress, skb, &s.flow, 0, 0);
+        events::ingress6(Stat::UnservedPort, skb, &s.flow, 0, 0);
         return if s.flow.proto == IPPROTO_TCP {
             reject6::tcp_reset(skb, &s.flow)
         } else {
@@ -209,7 +187,7 @@ fn unserved(skb: *mut __sk_buff, s: &mut Scratch6) -> Verdict {
         };
     }
     count(Stat::UnallocatedIp);
-    events::flow6(Stat::UnallocatedIp, Hook::Ingress, skb, &s.flow, 0, 0);
+    events::ingress6(Stat::UnallocatedIp, skb, &s.flow, 0, 0);
     Verdict::Drop
 }
 
@@ -245,40 +223,19 @@ fn try_new_flow(
         && !maps::source_allowed6(&mut s.range_key, master.svc_id, &s.flow.src)
     {
         count(Stat::SourceDenied);
-        events::flow6(
-            Stat::SourceDenied,
-            Hook::Ingress,
-            skb,
-            &s.flow,
-            master.svc_id,
-            0,
-        );
+        events::ingress6(Stat::SourceDenied, skb, &s.flow, master.svc_id, 0);
         return Ok(Verdict::Drop);
     }
     let (first, n) = match candidates(master) {
         Pick::Slots(first, n) => (first, n),
         Pick::Drop => {
             count(Stat::NoBackendDrop);
-            events::flow6(
-                Stat::NoBackendDrop,
-                Hook::Ingress,
-                skb,
-                &s.flow,
-                master.svc_id,
-                0,
-            );
+            events::ingress6(Stat::NoBackendDrop, skb, &s.flow, master.svc_id, 0);
             return Ok(Verdict::Drop);
         }
         Pick::Reject => {
             count(Stat::NoBackend);
-            events::flow6(
-                Stat::NoBackend,
-                Hook::Ingress,
-                skb,
-                &s.flow,
-                master.svc_id,
-                0,
-            );
+            events::ingress6(Stat::NoBackend, skb, &s.flow, master.svc_id, 0);
             return Ok(if s.flow.proto == IPPROTO_TCP {
                 reject6::tcp_reset(skb, &s.flow)
             } else {

@@ -36,7 +36,6 @@ use crate::{
     maps::{self, count, CONNTRACK_V4},
     nat::{self, Side},
 };
-use sluice_common::Hook;
 
 const AF_INET: u8 = 2;
 /// SNAT port candidates tried before giving up on a new flow.
@@ -130,28 +129,14 @@ pub fn new_flow(skb: *mut __sk_buff, flow: &Flow4, nf: &NewFlow) -> Result<Verdi
     let baddr = backend.addr_v4();
     let Some((ifindex, src)) = route(ctx, flow, baddr) else {
         count(Stat::SnatFailed);
-        events::flow4(
-            Stat::SnatFailed,
-            Hook::Ingress,
-            skb,
-            flow,
-            nf.svc_id,
-            nf.backend_id,
-        );
+        events::ingress4(Stat::SnatFailed, skb, flow, nf.svc_id, nf.backend_id);
         return Ok(Verdict::Drop);
     };
     let config = maps::config();
     let (min, max) = (config.snat_port_min, config.snat_port_max);
     if min == 0 || max < min {
         count(Stat::SnatFailed);
-        events::flow4(
-            Stat::SnatFailed,
-            Hook::Ingress,
-            skb,
-            flow,
-            nf.svc_id,
-            nf.backend_id,
-        );
+        events::ingress4(Stat::SnatFailed, skb, flow, nf.svc_id, nf.backend_id);
         return Ok(Verdict::Drop);
     }
     let range = (max - min) as u32 + 1;
@@ -173,14 +158,7 @@ pub fn new_flow(skb: *mut __sk_buff, flow: &Flow4, nf: &NewFlow) -> Result<Verdi
     if port == 0 {
         count(Stat::SnatFailed);
         crate::log::snat_exhausted(skb, nf.backend_id, min, max);
-        events::flow4(
-            Stat::SnatFailed,
-            Hook::Ingress,
-            skb,
-            flow,
-            nf.svc_id,
-            nf.backend_id,
-        );
+        events::ingress4(Stat::SnatFailed, skb, flow, nf.svc_id, nf.backend_id);
         return Ok(Verdict::Drop);
     }
     e.nat_addr = v4_in_16(src);
@@ -215,7 +193,7 @@ pub fn forward(
     let (snat_addr, snat_port) = unsafe { (v4(&(*entry).nat_addr), (*entry).nat_port) };
     let Some((ifindex, _)) = route(ctx, flow, baddr) else {
         count(Stat::SnatFailed);
-        events::flow4(Stat::SnatFailed, Hook::Ingress, skb, flow, 0, backend_id);
+        events::ingress4(Stat::SnatFailed, skb, flow, 0, backend_id);
         return Ok(Verdict::Drop);
     };
     nat::rewrite(ctx, flow, Side::Dst, baddr, backend.port)?;
@@ -239,7 +217,7 @@ pub fn reply(skb: *mut __sk_buff, flow: &Flow4, entry: *mut CtEntry) -> Result<V
     note_reply(flow, entry);
     let Some((ifindex, _)) = route(ctx, flow, client) else {
         count(Stat::SnatFailed);
-        events::flow4(Stat::SnatFailed, Hook::Ingress, skb, flow, 0, 0);
+        events::ingress4(Stat::SnatFailed, skb, flow, 0, 0);
         return Ok(Verdict::Drop);
     };
     nat::rewrite(ctx, flow, Side::Src, frontend, frontend_port)?;

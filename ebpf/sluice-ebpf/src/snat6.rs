@@ -35,7 +35,6 @@ use crate::{
     nat::Side,
     nat6,
 };
-use sluice_common::Hook;
 
 const AF_INET6: u8 = 10;
 /// SNAT port candidates tried before giving up on a new flow.
@@ -156,14 +155,7 @@ fn try_new_flow(
     s.ct_key._pad = [0; 3];
     let Some(ifindex) = route(skb, s, false) else {
         count(Stat::SnatFailed);
-        events::flow6(
-            Stat::SnatFailed,
-            Hook::Ingress,
-            skb,
-            &s.flow,
-            svc_id,
-            backend_id,
-        );
+        events::ingress6(Stat::SnatFailed, skb, &s.flow, svc_id, backend_id);
         return Ok(Verdict::Drop);
     };
     s.ct_key.dst = s.snat_addr;
@@ -171,14 +163,7 @@ fn try_new_flow(
     let (min, max) = (config.snat_port_min, config.snat_port_max);
     if min == 0 || max < min {
         count(Stat::SnatFailed);
-        events::flow6(
-            Stat::SnatFailed,
-            Hook::Ingress,
-            skb,
-            &s.flow,
-            svc_id,
-            backend_id,
-        );
+        events::ingress6(Stat::SnatFailed, skb, &s.flow, svc_id, backend_id);
         return Ok(Verdict::Drop);
     }
     let range = (max - min) as u32 + 1;
@@ -213,14 +198,7 @@ fn try_new_flow(
     }
     if port == 0 {
         count(Stat::SnatFailed);
-        events::flow6(
-            Stat::SnatFailed,
-            Hook::Ingress,
-            skb,
-            &s.flow,
-            svc_id,
-            backend_id,
-        );
+        events::ingress6(Stat::SnatFailed, skb, &s.flow, svc_id, backend_id);
         return Ok(Verdict::Drop);
     }
     e.nat_addr = s.snat_addr;
@@ -250,7 +228,7 @@ pub fn forward(
     s.ct_key.src = backend.addr;
     let Some(ifindex) = route(skb, s, false) else {
         count(Stat::SnatFailed);
-        events::flow6(Stat::SnatFailed, Hook::Ingress, skb, &s.flow, 0, backend_id);
+        events::ingress6(Stat::SnatFailed, skb, &s.flow, 0, backend_id);
         return Ok(Verdict::Drop);
     };
     // SAFETY: the caller found the entry; the fields are copied at once.
@@ -276,7 +254,7 @@ pub fn reply(skb: *mut __sk_buff, s: &mut Scratch6, entry: *mut CtEntry) -> Resu
     note_reply6(&s.flow, entry);
     let Some(ifindex) = route(skb, s, true) else {
         count(Stat::SnatFailed);
-        events::flow6(Stat::SnatFailed, Hook::Ingress, skb, &s.flow, 0, 0);
+        events::ingress6(Stat::SnatFailed, skb, &s.flow, 0, 0);
         return Ok(Verdict::Drop);
     };
     // SAFETY: as above.

@@ -34,7 +34,6 @@ use crate::{
     maps::{self, count, AFFINITY_V4, AFFINITY_V6, SOCKETS, SOCK_REV},
     select::{candidates, sticky, Pick},
 };
-use sluice_common::Hook;
 
 /// What cgroup socket-address programs return to let the call proceed.
 const ALLOW: i32 = 1;
@@ -291,26 +290,12 @@ fn unserved(at: &Target) -> i32 {
         0 => return ALLOW,
         SVCNET_CLUSTER_IP => {
             count(Stat::UnservedPort);
-            events::sock(
-                Stat::UnservedPort,
-                Hook::Socket,
-                &at.addr,
-                at.port,
-                at.proto,
-                at.v4,
-            );
+            events::sock(Stat::UnservedPort, &at.addr, at.port, at.proto, at.v4);
             ECONNREFUSED
         }
         _ => {
             count(Stat::UnallocatedIp);
-            events::sock(
-                Stat::UnallocatedIp,
-                Hook::Socket,
-                &at.addr,
-                at.port,
-                at.proto,
-                at.v4,
-            );
+            events::sock(Stat::UnallocatedIp, &at.addr, at.port, at.proto, at.v4);
             ETIMEDOUT
         }
     };
@@ -353,14 +338,7 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         // loadBalancerSourceRanges without a node address: kube-proxy
         // drops the node's packets, so the caller would time out.
         count(Stat::SourceDenied);
-        events::sock(
-            Stat::SourceDenied,
-            Hook::Socket,
-            &at.addr,
-            at.port,
-            at.proto,
-            at.v4,
-        );
+        events::sock(Stat::SourceDenied, &at.addr, at.port, at.proto, at.v4);
         // SAFETY: plain helper call; sets the errno the syscall returns.
         unsafe { bpf_set_retval(-ETIMEDOUT) };
         return REJECT;
@@ -380,28 +358,14 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
             // kube-proxy drops the connection's packets, so the caller
             // would time out: say so at once.
             count(Stat::NoBackendDrop);
-            events::sock(
-                Stat::NoBackendDrop,
-                Hook::Socket,
-                &at.addr,
-                at.port,
-                at.proto,
-                at.v4,
-            );
+            events::sock(Stat::NoBackendDrop, &at.addr, at.port, at.proto, at.v4);
             // SAFETY: plain helper call; sets the errno the syscall returns.
             unsafe { bpf_set_retval(-ETIMEDOUT) };
             return REJECT;
         }
         Pick::Reject => {
             count(Stat::SockRefused);
-            events::sock(
-                Stat::SockRefused,
-                Hook::Socket,
-                &at.addr,
-                at.port,
-                at.proto,
-                at.v4,
-            );
+            events::sock(Stat::SockRefused, &at.addr, at.port, at.proto, at.v4);
             // SAFETY: plain helper call; sets the errno the syscall returns.
             unsafe { bpf_set_retval(-ECONNREFUSED) };
             return REJECT;
@@ -419,26 +383,12 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
     let Some(backend) = maps::backend(backend_id) else {
         count(Stat::Dangling);
         crate::log::socket_dangling(ctx, backend_id);
-        events::sock(
-            Stat::Dangling,
-            Hook::Socket,
-            &at.addr,
-            at.port,
-            at.proto,
-            at.v4,
-        );
+        events::sock(Stat::Dangling, &at.addr, at.port, at.proto, at.v4);
         return ALLOW;
     };
     if (backend.family == FAMILY_V4) != at.v4 {
         count(Stat::Dangling);
-        events::sock(
-            Stat::Dangling,
-            Hook::Socket,
-            &at.addr,
-            at.port,
-            at.proto,
-            at.v4,
-        );
+        events::sock(Stat::Dangling, &at.addr, at.port, at.proto, at.v4);
         return ALLOW;
     }
     let baddr = socket_view(backend, mapped);
