@@ -261,6 +261,11 @@ fn the_agent_flag_switches_events_and_socket_refusals_show() -> Result<()> {
         CFG_F_EVENTS_DROPS,
         "on by default"
     );
+    let status = agent.cli(&["status"])?;
+    assert!(
+        status.contains("events:    on: `sluice monitor`"),
+        "{status}"
+    );
     let monitor = Monitor::start(topo.bpf.path(), &[])?;
     let out = HostClient::once(&topo, "tcp", &EMPTY_VIP.to_string(), 80)?;
     ensure!(out == ["error", "ECONNREFUSED"], "{out:?}");
@@ -277,6 +282,8 @@ fn the_agent_flag_switches_events_and_socket_refusals_show() -> Result<()> {
     let mut agent = Agent::start(&topo, &source, &["--monitor-events=off"])?;
     agent.wait_ready(Duration::from_secs(20))?;
     assert_eq!(flags()? & CFG_F_EVENTS_MASK, 0, "--monitor-events=off");
+    let status = agent.cli(&["status"])?;
+    assert!(status.contains("events:    off"), "{status}");
     Ok(())
 }
 

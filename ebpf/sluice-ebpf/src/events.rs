@@ -87,8 +87,9 @@ fn reserve(code: u32) -> Option<RingBufEntry<Event>> {
     let bucket = EVENT_RATE.get_ptr_mut(0)?;
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: this CPU's slot; TC and the socket programs run with
-    // preemption off, so nothing else on this CPU writes it meanwhile.
+    // SAFETY: this CPU's slot (programs run with migration off). A socket
+    // program preempted by a TC one on the same CPU may race on it: that
+    // only miscounts a token, never an out-of-bounds access.
     unsafe {
         let budget = ((*bucket).budget_ns + now.wrapping_sub((*bucket).last_ns)).min(BUDGET_MAX_NS);
         (*bucket).last_ns = now;
