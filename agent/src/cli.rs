@@ -156,9 +156,15 @@ pub struct AgentArgs {
     /// Datapath events for `sluice monitor`: `drops` makes the programs
     /// write an event for every drop, reject and packet passed unbalanced
     /// (rate limited per CPU; nothing is done for forwarded packets);
-    /// `off` writes none.
+    /// `all` also one for new flows (the backend picked), sampled by
+    /// `--monitor-trace-sample`; `off` writes none.
     #[arg(long, env = "SLUICE_MONITOR_EVENTS", value_enum, default_value_t = MonitorEvents::Drops)]
     pub monitor_events: MonitorEvents,
+
+    /// With `--monitor-events all`: trace one new flow in this many (a
+    /// power of two, 1 to 32768).
+    #[arg(long, env = "SLUICE_MONITOR_TRACE_SAMPLE", default_value_t = 1, value_parser = parse_sample)]
+    pub monitor_trace_sample: u32,
 
     /// Developer logs of the kernel programs (aya-log), forwarded into the
     /// agent's output under the target `sluice_ebpf`: `off` (the default),
@@ -303,15 +309,34 @@ pub enum MonitorEvents {
     Off,
     /// An event for every verdict that is not a plain forward.
     Drops,
+    /// `drops`, and an event for new flows (sampled).
+    All,
 }
 
 impl MonitorEvents {
-    /// Its bits of `Config::flags` (`CFG_F_EVENTS_*`).
-    pub fn flags(self) -> u32 {
+    /// Its bits of `Config::flags` (`CFG_F_EVENTS_*`), tracing one new flow
+    /// in `sample` (a power of two) with `All`.
+    pub fn flags(self, sample: u32) -> u32 {
+        use sluice_common::config::{
+            CFG_EVENTS_SAMPLE_MASK, CFG_EVENTS_SAMPLE_SHIFT, CFG_F_EVENTS_DROPS, CFG_F_EVENTS_TRACE,
+        };
         match self {
             MonitorEvents::Off => 0,
-            MonitorEvents::Drops => sluice_common::config::CFG_F_EVENTS_DROPS,
+            MonitorEvents::Drops => CFG_F_EVENTS_DROPS,
+            MonitorEvents::All => {
+                let shift = sample.max(1).trailing_zeros() << CFG_EVENTS_SAMPLE_SHIFT;
+                CFG_F_EVENTS_DROPS | CFG_F_EVENTS_TRACE | (shift & CFG_EVENTS_SAMPLE_MASK)
+            }
         }
+    }
+}
+
+fn parse_sample(s: &str) -> Result<u32, String> {
+    let n: u32 = s.parse().map_err(|e| format!("{e}"))?;
+    if n.is_power_of_two() && n <= 32_768 {
+        Ok(n)
+    } else {
+        Err(format!("{n} is not a power of two from 1 to 32768"))
     }
 }
 
@@ -425,6 +450,30 @@ pub struct CleanupArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+}
+
+#[cfg(test)]
+mod monitor_flag_tests {
+    use super::*;
+    use sluice_common::config::{CFG_EVENTS_SAMPLE_MASK, CFG_F_EVENTS_DROPS, CFG_F_EVENTS_TRACE};
+
+    #[test]
+    fn monitor_events_become_config_bits() {
+        assert_eq!(MonitorEvents::Off.flags(1), 0);
+        assert_eq!(MonitorEvents::Drops.flags(16), CFG_F_EVENTS_DROPS);
+        let all = MonitorEvents::All.flags(16);
+        assert_eq!(
+            all & !CFG_EVENTS_SAMPLE_MASK,
+            CFG_F_EVENTS_DROPS | CFG_F_EVENTS_TRACE
+        );
+        assert_eq!((all & CFG_EVENTS_SAMPLE_MASK) >> 2, 4);
+        assert_eq!(
+            MonitorEvents::All.flags(32_768) & CFG_EVENTS_SAMPLE_MASK,
+            15 << 2
+        );
+        assert!(parse_sample("3").is_err() && parse_sample("65536").is_err());
+        assert_eq!(parse_sample("8"), Ok(8));
+    }
 }
 
 #[cfg(test)]

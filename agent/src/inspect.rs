@@ -448,6 +448,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         .with_context(|| format!("counting the entries of the maps under {}", root.display()))?;
     let config = maps.config().unwrap_or_default();
     let events_on = config.flags & sluice_common::config::CFG_F_EVENTS_DROPS != 0;
+    let tracing = config.flags & sluice_common::config::CFG_F_EVENTS_TRACE != 0;
     let migration = migration_state(root);
     let counters: Vec<(&str, u64)> = Stat::ALL
         .iter()
@@ -476,7 +477,11 @@ pub fn status(args: &StatusArgs) -> Result<()> {
             "maps": fill,
             "devices": devices,
             "datapath": counters,
-            "events": if events_on { "drops" } else { "off" },
+            "events": match (events_on, tracing) {
+                (true, true) => "all",
+                (true, false) => "drops",
+                _ => "off",
+            },
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());

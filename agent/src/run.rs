@@ -164,7 +164,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         .context("adopting the pinned maps")?;
     reconciler.set_config_flags(
         sluice_common::config::CFG_F_EVENTS_MASK,
-        args.monitor_events.flags(),
+        args.monitor_events.flags(args.monitor_trace_sample),
     )?;
     let cgroup = if args.socket_lb {
         let cgroup = match &args.cgroup_root {

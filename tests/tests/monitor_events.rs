@@ -12,6 +12,7 @@ use std::{
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
 use sluice::{
+    cli::MonitorEvents,
     datapath::Maps,
     model::{BackendState, FrontendKind, Proto, WhenEmpty},
 };
@@ -379,5 +380,55 @@ fn an_unknown_fragment_is_an_event() -> Result<()> {
     assert_eq!(v["hook"], "ingress", "{v}");
     assert!(v["family"].is_null() && v["src"].is_null(), "{v}");
     assert_eq!(lb.stat(Stat::FragmentUnknown)?, 1);
+    Ok(())
+}
+
+/// `--monitor-events all`: new flows are traced with the backend they
+/// picked, one in `--monitor-trace-sample`.
+#[test]
+fn all_traces_new_flows_with_their_backend_sampled() -> Result<()> {
+    let topo = Topology::new(1, 1)?;
+    let b0 = &topo.backends[0];
+    let _server = servers::tcp_greeter(&b0.ns, 8080, &b0.name)?;
+    let client = &topo.clients[0];
+    let mut lb = Lb::load(&topo)?;
+    lb.reconciler
+        .set_config_flags(CFG_F_EVENTS_MASK, MonitorEvents::All.flags(1))?;
+    let backend = [(b0.ip, 8080, BackendState::Active)];
+    lb.set(cluster_ip("web", VIP, 80, Proto::Tcp, &backend));
+    lb.set(cluster_ip("dns", VIP, 53, Proto::Udp, &backend));
+    lb.set(cluster_ip("empty", EMPTY_VIP, 80, Proto::Tcp, &[]));
+    let monitor = Monitor::start(topo.bpf.path(), &[])?;
+
+    assert_eq!(clients::tcp_hello(&client.ns, vip(VIP, 80))?, b0.name);
+    let v = monitor.wait_for("new_flow", WAIT, |v| is(v, "new_flow", VIP, 80))?;
+    assert_eq!(v["backend"], format!("{}:8080", b0.ip), "{v}");
+    assert!(
+        v["backend_id"].as_u64().is_some() && v["svc_id"].as_u64().is_some(),
+        "{v}"
+    );
+
+    // One in 8: 400 new UDP flows (each from its own socket), then a
+    // reject as a marker (the ring is in order).
+    lb.reconciler
+        .set_config_flags(CFG_F_EVENTS_MASK, MonitorEvents::All.flags(8))?;
+    let to = SocketAddr::from(vip(VIP, 53));
+    client.ns.run(move || -> std::io::Result<()> {
+        for _ in 0..400 {
+            UdpSocket::bind("0.0.0.0:0")?.send_to(b"q", to)?;
+        }
+        Ok(())
+    })??;
+    clients::tcp_hello(&client.ns, vip(EMPTY_VIP, 80)).expect_err("refused");
+    monitor.wait_for("the marker", WAIT, |v| is(v, "no_backend", EMPTY_VIP, 80))?;
+    let traced = monitor
+        .events()
+        .iter()
+        .filter(|v| is(v, "new_flow", VIP, 53))
+        .count();
+    assert!(
+        (16..=150).contains(&traced),
+        "{traced} of 400 new flows traced, about 50 expected"
+    );
     Ok(())
 }

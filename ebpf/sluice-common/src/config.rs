@@ -53,6 +53,14 @@ pub const SNAT_PORT_MAX: u16 = 65_535;
 /// every verdict that is not a plain forward (`sluice monitor`); off,
 /// they do not (the behaviour before events existed).
 pub const CFG_F_EVENTS_DROPS: u32 = 1 << 0;
+/// `Config::flags` bit: also an event for new flows (reason `new_flow` or
+/// `reselected`, with the backend picked), one in `2^n` of them where `n`
+/// is the `CFG_EVENTS_SAMPLE_*` field; off, none (the behaviour before).
+pub const CFG_F_EVENTS_TRACE: u32 = 1 << 1;
+/// `Config::flags` bits 2-5: log2 of the new-flow sampling (0: every new
+/// flow is traced, 4: one in 16).
+pub const CFG_EVENTS_SAMPLE_SHIFT: u32 = 2;
+pub const CFG_EVENTS_SAMPLE_MASK: u32 = 0xf << CFG_EVENTS_SAMPLE_SHIFT;
 /// Mask of the bits owned by datapath events (bits 0-7).
 pub const CFG_F_EVENTS_MASK: u32 = 0xff;
 

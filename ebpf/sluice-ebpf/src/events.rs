@@ -11,9 +11,15 @@
 //! functions here are separate BPF functions with frames of their own, a
 //! few bytes each).
 
-use aya_ebpf::{bindings::__sk_buff, helpers::bpf_ktime_get_ns, maps::ring_buf::RingBufEntry};
+use aya_ebpf::{
+    bindings::__sk_buff,
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+    maps::ring_buf::RingBufEntry,
+};
 use sluice_common::{
-    config::CFG_F_EVENTS_DROPS,
+    config::{
+        CFG_EVENTS_SAMPLE_MASK, CFG_EVENTS_SAMPLE_SHIFT, CFG_F_EVENTS_DROPS, CFG_F_EVENTS_TRACE,
+    },
     events::{BUDGET_MAX_NS, NS_PER_EVENT},
     Event, Hook, Stat, FAMILY_V4, FAMILY_V6,
 };
@@ -28,6 +34,73 @@ use crate::{
 #[inline(always)]
 const fn code(reason: Stat, hook: Hook) -> u32 {
     reason as u32 | (hook as u32) << 8
+}
+
+/// In a code: a new-flow trace (gated on `CFG_F_EVENTS_TRACE`), not a
+/// drop.
+const TRACE: u32 = 1 << 15;
+
+/// A new IPv4 flow picked `backend_id`: traced when `flags` (the
+/// `Config::flags` the caller already holds) ask for it and the flow is
+/// sampled. Off, one test of a word on the stack.
+#[inline(always)]
+pub fn new_flow4(
+    flags: u32,
+    reselected: bool,
+    skb: *mut __sk_buff,
+    flow: &Flow4,
+    svc_id: u32,
+    backend_id: u32,
+) {
+    if flags & CFG_F_EVENTS_TRACE != 0 && sampled(flags) {
+        let reason = if reselected {
+            Stat::Reselected
+        } else {
+            Stat::NewFlow
+        };
+        emit4(
+            code(reason, Hook::Ingress) | TRACE,
+            skb,
+            flow,
+            svc_id,
+            backend_id,
+        );
+    }
+}
+
+/// `new_flow4` for IPv6 (reads the flags word itself).
+#[inline(always)]
+pub fn new_flow6(
+    reselected: bool,
+    skb: *mut __sk_buff,
+    flow: &Flow6,
+    svc_id: u32,
+    backend_id: u32,
+) {
+    // SAFETY: array slot 0 always exists; one word read.
+    let flags = CONFIG.get_ptr(0).map_or(0, |c| unsafe { (*c).flags });
+    if flags & CFG_F_EVENTS_TRACE != 0 && sampled(flags) {
+        let reason = if reselected {
+            Stat::Reselected
+        } else {
+            Stat::NewFlow
+        };
+        emit6(
+            code(reason, Hook::Ingress) | TRACE,
+            skb,
+            flow,
+            svc_id,
+            backend_id,
+        );
+    }
+}
+
+/// Whether this new flow is one of the `2^n` traced.
+#[inline(always)]
+fn sampled(flags: u32) -> bool {
+    let shift = (flags & CFG_EVENTS_SAMPLE_MASK) >> CFG_EVENTS_SAMPLE_SHIFT;
+    // SAFETY: plain helper call.
+    shift == 0 || unsafe { bpf_get_prandom_u32() } & ((1 << shift) - 1) == 0
 }
 
 /// An IPv4 packet's event at `sl_ingress`.
@@ -81,7 +154,12 @@ fn reserve(code: u32) -> Option<RingBufEntry<Event>> {
     // Only the flags word: no copy of the whole `Config` on the stack.
     let config = CONFIG.get_ptr(0)?;
     // SAFETY: array slot 0 always exists; one word read.
-    if unsafe { (*config).flags } & CFG_F_EVENTS_DROPS == 0 {
+    let wanted = if code & TRACE != 0 {
+        CFG_F_EVENTS_TRACE
+    } else {
+        CFG_F_EVENTS_DROPS
+    };
+    if unsafe { (*config).flags } & wanted == 0 {
         return None;
     }
     let bucket = EVENT_RATE.get_ptr_mut(0)?;
@@ -110,7 +188,7 @@ fn reserve(code: u32) -> Option<RingBufEntry<Event>> {
     unsafe {
         (*event).ts_ns = now;
         (*event).reason = code as u8;
-        (*event).hook = (code >> 8) as u8;
+        (*event).hook = (code >> 8) as u8 & 0x7f;
         (*event).family = 0;
         (*event).proto = 0;
         (*event).src = [0; 16];

@@ -341,6 +341,14 @@ fn new_flow(
     } else {
         Stat::NewFlow
     });
+    events::new_flow4(
+        config.flags,
+        reselected,
+        ctx.skb.skb,
+        flow,
+        master.svc_id,
+        backend_id,
+    );
     let nf = snat::NewFlow {
         svc_id: master.svc_id,
         backend_id,

@@ -273,6 +273,7 @@ fn try_new_flow(
     } else {
         Stat::NewFlow
     });
+    events::new_flow6(reselected, skb, &s.flow, master.svc_id, backend_id);
     // SNAT when the frontend asks for it, or when the client is the
     // backend itself (hairpin: it would answer itself directly, from the
     // wrong address).
