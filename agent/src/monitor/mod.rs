@@ -9,6 +9,7 @@ mod record;
 
 use std::{
     collections::BTreeMap,
+    io::Write as _,
     net::SocketAddr,
     path::Path,
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -156,10 +157,10 @@ pub async fn run(args: &MonitorArgs) -> Result<()> {
                         continue;
                     }
                     *counts.entry(r.reason.clone()).or_default() += 1;
-                    if args.json {
-                        println!("{}", serde_json::to_string(&r)?);
-                    } else {
-                        println!("{}", line(&r));
+                    let text = if args.json { serde_json::to_string(&r)? } else { line(&r) };
+                    // A closed pipe (`| head`) ends the command quietly.
+                    if writeln!(std::io::stdout(), "{text}").is_err() {
+                        break 'outer;
                     }
                     shown += 1;
                     if shown >= limit {
