@@ -294,11 +294,12 @@ fn node_port_yaml(node_ip: Ipv4Addr) -> String {
     )
 }
 
-/// SNAT port exhaustion (a range of one port): the second flow is dropped,
+/// A TTL 1 packet on the SNAT path is dropped (`ttl_expired`). SNAT port
+/// exhaustion (a range of one port): the second flow is dropped,
 /// `sluice monitor` says so with the backend, and the datapath's debug log
 /// (`--datapath-log-level debug`, aya-log) reaches the agent's output.
 #[test]
-fn snat_exhaustion_is_an_event_and_a_datapath_log() -> Result<()> {
+fn snat_exhaustion_and_ttl_expiry_are_events_and_a_datapath_log() -> Result<()> {
     let mut topo = Topology::new(0, 1)?;
     topo.add_external()?;
     let b0 = &topo.backends[0];
@@ -308,16 +309,38 @@ fn snat_exhaustion_is_an_event_and_a_datapath_log() -> Result<()> {
     let source = format!("dir:{}", dir.path().display());
     let mut agent = Agent::start(&topo, &source, &["--datapath-log-level", "debug"])?;
     agent.wait_ready(Duration::from_secs(20))?;
-    // One SNAT port (the test stands in for an operator's tiny range).
+    let ext = &topo.externals[0];
+    let node_port = SocketAddr::new(IpAddr::V4(topo.node_address(0)), 30090);
+
+    // A SYN with TTL 1: the datapath routes SNATed packets itself, and
+    // drops one that a router would drop.
+    let monitor = Monitor::start(topo.bpf.path(), &["--reason", "ttl_expired"])?;
+    let outcome = ext.ns.run(move || -> std::io::Result<()> {
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_ttl_v4(1)?;
+        socket.connect_timeout(&node_port.into(), Duration::from_millis(500))
+    })?;
+    ensure!(outcome.is_err(), "a TTL 1 SYN got through");
+    let v = monitor.wait_for("ttl_expired", WAIT, |_| true)?;
+    assert_eq!(v["hook"], "ingress", "{v}");
+    drop(monitor);
+
+    // One SNAT port (the test stands in for an operator's tiny range), one
+    // the TTL 1 SYN did not claim.
     let mut maps = Maps::open_pinned(topo.bpf.path())?;
+    let claimed: Vec<u16> = sluice::conntrack::read_all(&maps)?
+        .iter()
+        .map(|(k, _)| k.dport)
+        .collect();
+    let port = (61_000..)
+        .find(|p| !claimed.contains(p))
+        .context("a free port")?;
     let mut config = maps.config()?;
-    config.snat_port_min = 61_000;
-    config.snat_port_max = 61_000;
+    config.snat_port_min = port;
+    config.snat_port_max = port;
     maps.config.set(0, config, 0)?;
     let monitor = Monitor::start(topo.bpf.path(), &["--reason", "snat_failed"])?;
 
-    let ext = &topo.externals[0];
-    let node_port = SocketAddr::new(IpAddr::V4(topo.node_address(0)), 30090);
     let _first = Stream::connect(&ext.ns, node_port)?;
     times_out(&ext.ns, node_port)?;
     let v = monitor.wait_for("snat_failed", WAIT, |v| {
@@ -327,7 +350,7 @@ fn snat_exhaustion_is_an_event_and_a_datapath_log() -> Result<()> {
     assert_eq!(v["backend"], format!("{}:8080", b0.ip), "{v}");
     assert!(v["svc_id"].as_u64().is_some(), "{v}");
     agent.wait_until("the datapath's debug log", WAIT, |a| {
-        Ok(a.log().contains("no free port in 61000-61000"))
+        Ok(a.log().contains(&format!("no free port in {port}-{port}")))
     })?;
     Ok(())
 }

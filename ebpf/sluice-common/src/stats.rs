@@ -102,6 +102,10 @@ pub enum Stat {
     /// A datapath event was not written: the ring buffer was full (no
     /// `sluice monitor` reading it, or one reading too slowly).
     EventsLost = 52,
+    /// A packet the datapath forwards itself (SNAT, an SNAT reply, an ICMP
+    /// error about an SNATed flow) arrived with a TTL (hop limit) of 1 or
+    /// less: dropped, as a router drops it.
+    TtlExpired = 53,
 }
 
 /// Number of counters in `sl_stats` (its `max_entries`, fixed since ABI 4:
@@ -112,7 +116,7 @@ pub const STAT_COUNT: u32 = 23;
 pub const STATS2_MAX: u32 = 64;
 
 /// Number of counters in all.
-pub const STAT_TOTAL: usize = 32;
+pub const STAT_TOTAL: usize = 33;
 
 const _: () = assert!(STAT_TOTAL <= (STAT_COUNT + STATS2_MAX) as usize);
 
@@ -163,6 +167,7 @@ impl Stat {
         Stat::Ipv6ExtWalked,
         Stat::EventsSuppressed,
         Stat::EventsLost,
+        Stat::TtlExpired,
     ];
 
     /// The counter with index `i`, if any.
@@ -205,6 +210,7 @@ impl Stat {
             Stat::Ipv6ExtWalked => "ipv6_ext_walked",
             Stat::EventsSuppressed => "events_suppressed",
             Stat::EventsLost => "events_lost",
+            Stat::TtlExpired => "ttl_expired",
         }
     }
 }

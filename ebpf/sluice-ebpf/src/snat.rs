@@ -103,6 +103,8 @@ pub(crate) fn send(ctx: &TcContext, ifindex: u32) -> Result<Verdict, Error> {
     let ttl: u8 = ctx.load(ETH_LEN + 8).map_err(|_| Error::Truncated)?;
     let proto: u8 = ctx.load(ETH_LEN + 9).map_err(|_| Error::Truncated)?;
     if ttl <= 1 {
+        count(Stat::TtlExpired);
+        events::bare(Stat::TtlExpired, sluice_common::Hook::Ingress);
         return Ok(Verdict::Drop);
     }
     let from = u16::from_ne_bytes([ttl, proto]) as u64;

@@ -112,6 +112,8 @@ pub(crate) fn send(skb: *mut __sk_buff, ifindex: u32) -> Result<Verdict, Error> 
     let ctx = &TcContext::new(skb);
     let hops: u8 = ctx.load(HOP_LIMIT_OFF).map_err(|_| Error::Truncated)?;
     if hops <= 1 {
+        count(Stat::TtlExpired);
+        events::bare(Stat::TtlExpired, sluice_common::Hook::Ingress);
         return Ok(Verdict::Drop);
     }
     ctx.store(HOP_LIMIT_OFF, &(hops - 1), 0)
