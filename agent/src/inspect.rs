@@ -447,8 +447,8 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     let fill = map_fill(root)
         .with_context(|| format!("counting the entries of the maps under {}", root.display()))?;
     let config = maps.config().unwrap_or_default();
-    let events_on = config.flags & sluice_common::config::CFG_F_EVENTS_DROPS != 0;
-    let tracing = config.flags & sluice_common::config::CFG_F_EVENTS_TRACE != 0;
+    let events_on = config.flags() & sluice_common::config::CFG_F_EVENTS_DROPS != 0;
+    let tracing = config.flags() & sluice_common::config::CFG_F_EVENTS_TRACE != 0;
     let migration = migration_state(root);
     let counters: Vec<(&str, u64)> = Stat::ALL
         .iter()

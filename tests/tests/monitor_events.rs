@@ -253,7 +253,7 @@ fn the_agent_flag_switches_events_and_socket_refusals_show() -> Result<()> {
     let dir = ManifestDir::create()?;
     dir.write("empty.yaml", &yaml::service("empty", EMPTY_VIP, 80, 8080))?;
     let source = format!("dir:{}", dir.path().display());
-    let flags = || -> Result<u32> { Ok(Maps::open_pinned(topo.bpf.path())?.config()?.flags) };
+    let flags = || -> Result<u32> { Ok(Maps::open_pinned(topo.bpf.path())?.config()?.flags()) };
 
     let mut agent = Agent::start(&topo, &source, &[])?;
     agent.wait_ready(Duration::from_secs(20))?;

@@ -111,7 +111,7 @@ pub async fn run(args: &MonitorArgs) -> Result<()> {
     let maps = Maps::open_pinned(root).ok();
     if let Some(m) = &maps {
         if m.config()
-            .map(|c| c.flags & CFG_F_EVENTS_DROPS == 0)
+            .map(|c| c.flags() & CFG_F_EVENTS_DROPS == 0)
             .unwrap_or(false)
         {
             eprintln!(

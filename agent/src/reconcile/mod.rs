@@ -282,12 +282,12 @@ impl<W: MapWrites> Reconciler<W> {
     /// Sets the bits of `Config::flags` under `mask` to `bits` (written only
     /// when they change, so a restart with the same flags writes nothing).
     pub fn set_config_flags(&mut self, mask: u32, bits: u32) -> Result<(), DatapathError> {
-        let mut config = self.writer.maps().config()?;
-        let flags = (config.flags & !mask) | (bits & mask);
-        if config.flags == flags {
+        let mut config = self.writer.config()?;
+        let flags = (config.flags() & !mask) | (bits & mask);
+        if config.flags() == flags {
             return Ok(());
         }
-        config.flags = flags;
+        config.set_flags(flags);
         self.writer
             .write_config(&config)
             .map_err(|e| DatapathError::Io {

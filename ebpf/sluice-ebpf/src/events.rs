@@ -78,7 +78,7 @@ pub fn new_flow6(
     backend_id: u32,
 ) {
     // SAFETY: array slot 0 always exists; one word read.
-    let flags = CONFIG.get_ptr(0).map_or(0, |c| unsafe { (*c).flags });
+    let flags = CONFIG.get_ptr(0).map_or(0, |c| unsafe { (*c).flags() });
     if flags & CFG_F_EVENTS_TRACE != 0 && sampled(flags) {
         let reason = if reselected {
             Stat::Reselected
@@ -159,7 +159,7 @@ fn reserve(code: u32) -> Option<RingBufEntry<Event>> {
     } else {
         CFG_F_EVENTS_DROPS
     };
-    if unsafe { (*config).flags } & wanted == 0 {
+    if unsafe { (*config).flags() } & wanted == 0 {
         return None;
     }
     let bucket = EVENT_RATE.get_ptr_mut(0)?;

@@ -342,7 +342,7 @@ fn new_flow(
         Stat::NewFlow
     });
     events::new_flow4(
-        config.flags,
+        config.flags(),
         reselected,
         ctx.skb.skb,
         flow,
