@@ -60,6 +60,10 @@ pub struct AgentRun {
     pub vm_rss_end_kb: Option<u64>,
     pub bytes_per_service: Option<f64>,
     pub churn: Churn,
+    /// API source only: endpoint-change latency under background churn,
+    /// by rate (`super::churn`).
+    #[serde(default)]
+    pub churn_rates: Vec<super::churn::RatePoint>,
 }
 
 const CHUNK: usize = 1000;
@@ -83,7 +87,7 @@ fn service_json(set: &ServiceSet, i: usize) -> serde_json::Value {
 
 /// The EndpointSlice of service `i`; endpoint `not_ready` (if any) has
 /// `ready: false`.
-fn slice_json(set: &ServiceSet, i: usize, not_ready: Option<usize>) -> serde_json::Value {
+pub(super) fn slice_json(set: &ServiceSet, i: usize, not_ready: Option<usize>) -> serde_json::Value {
     let endpoints: Vec<serde_json::Value> = set
         .endpoints(i)
         .iter()
@@ -301,6 +305,19 @@ pub fn agent_run(
         ..Churn::default()
     });
     out.churn.path = feed.path().into();
+    if let Feed::Kube { server, .. } = &feed {
+        if !cfg.churn_rates.is_empty() {
+            let maps = Maps::open_pinned(topo.bpf.path())?;
+            out.churn_rates = super::churn::rate_series(
+                server,
+                &maps,
+                set,
+                churned,
+                &cfg.churn_rates,
+                cfg.churn_rate_window,
+            );
+        }
+    }
 
     if let Some(pid) = agent.pid() {
         out.vm_hwm_kb = status_kb(pid, "VmHWM");

@@ -10,6 +10,7 @@
 //! aggregated over rounds: rates are the median of the per-round rates,
 //! latency percentiles come from all samples of all rounds.
 
+pub mod churn;
 pub mod control;
 pub mod cpu;
 pub mod env;
@@ -103,6 +104,15 @@ pub struct Config {
     pub churn_samples: usize,
     pub churn_min: usize,
     pub churn_budget: Duration,
+    /// Background endpoint-change rates (changes/s) under which the
+    /// API-fed agent's endpoint-change latency is measured (empty: none).
+    pub churn_rates: Vec<u32>,
+    /// How long each background churn rate runs.
+    pub churn_rate_window: Duration,
+    /// Only the control plane: no data-plane rounds.
+    pub control_only: bool,
+    /// Which agent sources run (default both).
+    pub agent_sources: Vec<AgentSource>,
     pub seed: u64,
     pub out: PathBuf,
     /// Rounds of the datapath events scenario (`events`; 0: skipped).
@@ -134,6 +144,10 @@ impl Config {
             churn_samples: 1000,
             churn_min: 5,
             churn_budget: Duration::from_secs(40),
+            churn_rates: vec![250, 500, 1000, 2000, 4000],
+            churn_rate_window: Duration::from_secs(4),
+            control_only: false,
+            agent_sources: vec![AgentSource::Dir, AgentSource::Kube],
             seed: 0x5eed,
             out,
             events_rounds: 5,
@@ -158,6 +172,8 @@ impl Config {
             churn_min: 3,
             churn_budget: Duration::from_secs(3),
             events_rounds: 2,
+            churn_rates: vec![500],
+            churn_rate_window: Duration::from_secs(1),
             ..Self::full(out)
         }
     }
@@ -753,7 +769,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
     }
     check_interrupted()?;
     if cfg.agent && cfg.variants.contains(&Variant::Sluice) {
-        for source in [AgentSource::Dir, AgentSource::Kube] {
+        for &source in &cfg.agent_sources {
             check_interrupted()?;
             let run = control::agent_run(&set, cfg, sizes, source).unwrap_or_else(|e| AgentRun {
                 start_to_ready: Measure::skipped(format!("{e:#}")),
@@ -766,6 +782,9 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
                 run.vm_hwm_kb.unwrap_or(0),
                 report::churn_text(&run.churn)
             );
+            for p in &run.churn_rates {
+                eprintln!("    under churn: {}", report::rate_text(p));
+            }
             match source {
                 AgentSource::Dir => control.agent_dir = Some(run),
                 AgentSource::Kube => control.agent = Some(run),
@@ -773,6 +792,11 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
         }
     }
 
+    if cfg.control_only {
+        for v in &cfg.variants {
+            errors.entry(*v).or_insert_with(|| "not measured: control plane only".into());
+        }
+    }
     // Every variant must reach the targets before anything is measured.
     for env in &envs {
         if errors.contains_key(&env.variant) {
@@ -793,7 +817,9 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
         }
     }
     // Let kernel clean-up after the loads (RCU, workqueues) finish.
-    std::thread::sleep(Duration::from_secs(if cfg.quick { 1 } else { 3 }));
+    if !cfg.control_only {
+        std::thread::sleep(Duration::from_secs(if cfg.quick { 1 } else { 3 }));
+    }
 
     let mut accs: Vec<Acc> = envs
         .iter()
@@ -802,7 +828,12 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
             ..Acc::default()
         })
         .collect();
-    for round in 0..cfg.warmup_rounds + cfg.rounds {
+    let rounds = if cfg.control_only {
+        0
+    } else {
+        cfg.warmup_rounds + cfg.rounds
+    };
+    for round in 0..rounds {
         let warmup = round < cfg.warmup_rounds;
         if warmup {
             eprintln!("  warm-up round (not recorded)");

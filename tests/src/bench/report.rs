@@ -6,7 +6,7 @@ use std::{fmt::Write as _, fs, path::Path};
 
 use anyhow::{Context, Result};
 
-use super::{control::Churn, Measure, Results, SizeResult, VariantResult};
+use super::{churn::RatePoint, control::Churn, Measure, Results, SizeResult, VariantResult};
 
 pub fn measure_text(m: &Measure) -> String {
     match (&m.seconds, &m.not_measured) {
@@ -60,6 +60,68 @@ pub fn churn_text(c: &Churn) -> String {
         (None, Some(why)) => format!("not measured: {why}"),
         _ => "-".into(),
     }
+}
+
+/// One background churn rate, for the log.
+pub fn rate_text(p: &RatePoint) -> String {
+    if let Some(e) = &p.error {
+        return format!("{}/s: failed: {e}", p.rate);
+    }
+    format!(
+        "{}/s (published {:.0}/s): target change {}; last background change lag {}{}",
+        p.rate,
+        p.achieved,
+        p.latency
+            .as_ref()
+            .map_or("-".into(), |l| format!("p50 {} / p99 {} ({})", ms(l.p50_us), ms(l.p99_us), l.samples)),
+        p.lag_ms.map_or("-".into(), |l| format!("{l:.1} ms")),
+        if p.sustained() { "" } else { " (not kept up)" }
+    )
+}
+
+/// Endpoint-change latency of the API-fed agent under background churn.
+fn churn_rate_table(r: &Results) -> String {
+    let mut t = String::new();
+    if !r
+        .sizes
+        .iter()
+        .any(|s| s.control.agent.as_ref().is_some_and(|a| !a.churn_rates.is_empty()))
+    {
+        return t;
+    }
+    let _ = writeln!(
+        t,
+        "| services | background changes/s (published) | target change p50 / p99 (changes) | last background change lag | kept up |"
+    );
+    let _ = writeln!(t, "|--:|--:|--:|--:|--|");
+    for s in &r.sizes {
+        let Some(a) = &s.control.agent else { continue };
+        for p in &a.churn_rates {
+            let _ = writeln!(
+                t,
+                "| {} | {} ({:.0}) | {} | {} | {} |",
+                s.services,
+                p.rate,
+                p.achieved,
+                p.latency.as_ref().map_or_else(
+                    || p.error.clone().unwrap_or_else(|| "-".into()),
+                    |l| format!("{} / {} ({})", ms(l.p50_us), ms(l.p99_us), l.samples)
+                ),
+                p.lag_ms.map_or("-".into(), |l| format!("{l:.1} ms")),
+                if p.sustained() { "yes" } else { "**no**" }
+            );
+        }
+        let _ = writeln!(
+            t,
+            "| {} | sustained (p99 < {} ms, lag < {} ms) | {} | | |",
+            s.services,
+            super::churn::GOAL_P99_MS,
+            super::churn::BACKLOG_MS,
+            super::churn::sustained_rate(&a.churn_rates)
+                .map_or("none of the rates".into(), |r| format!("**{r}/s**"))
+        );
+    }
+    t
 }
 
 fn ms(us: f64) -> String {
@@ -487,6 +549,14 @@ pub fn markdown(r: &Results) -> String {
     if let Some(e) = &r.events {
         let _ = writeln!(t, "\n### Datapath events (`sluice monitor`)\n");
         t.push_str(&events_table(e));
+    }
+    let rates = churn_rate_table(r);
+    if !rates.is_empty() {
+        let _ = writeln!(
+            t,
+            "\n### Endpoint change to datapath under churn (agent via API)\n"
+        );
+        t.push_str(&rates);
     }
     let _ = writeln!(t, "\n### Goals\n");
     let _ = writeln!(t, "| goal | target | measured | met |");

@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::{bail, Result};
 use clap::Parser;
-use sluice_tests::bench::{self, env::Variant, Config};
+use sluice_tests::bench::{self, control::AgentSource, env::Variant, Config};
 
 #[derive(Parser)]
 #[command(
@@ -45,6 +45,17 @@ struct Args {
     /// into --out (no measurement, no root needed).
     #[arg(long)]
     render: Option<PathBuf>,
+    /// Only the control plane (programming, agent runs, endpoint changes):
+    /// no data-plane rounds.
+    #[arg(long)]
+    control_only: bool,
+    /// Agent sources to run, comma separated: dir, kube (default both).
+    #[arg(long, value_delimiter = ',')]
+    agent_sources: Vec<String>,
+    /// Background endpoint-change rates (changes/s, comma separated) for
+    /// the API-fed agent's latency under churn; 0 disables.
+    #[arg(long, value_delimiter = ',')]
+    churn_rates: Vec<u32>,
     /// Seed of the random target service.
     #[arg(long)]
     seed: Option<u64>,
@@ -101,6 +112,21 @@ fn main() -> Result<()> {
     }
     if args.no_events {
         cfg.events_rounds = 0;
+    }
+    cfg.control_only = args.control_only;
+    if !args.agent_sources.is_empty() {
+        cfg.agent_sources = args
+            .agent_sources
+            .iter()
+            .map(|s| match s.as_str() {
+                "dir" => Ok(AgentSource::Dir),
+                "kube" => Ok(AgentSource::Kube),
+                other => Err(anyhow::anyhow!("unknown agent source {other} (dir, kube)")),
+            })
+            .collect::<Result<_>>()?;
+    }
+    if !args.churn_rates.is_empty() {
+        cfg.churn_rates = args.churn_rates.into_iter().filter(|r| *r > 0).collect();
     }
     cfg.pin = !args.no_pin;
     if cfg.sizes.iter().any(|n| *n == 0 || *n >= 1_000_000) || cfg.rounds == 0 || cfg.connects == 0
