@@ -1,7 +1,7 @@
 //! The sync task's stores of trimmed objects, the problems of objects it
 //! could not use, and which services an update touched.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::{
     sources::{Change, Converted, Kind, Update},
@@ -15,7 +15,8 @@ pub struct Dirty {
     pub all: bool,
     /// Services whose translation may have changed.
     pub services: BTreeSet<ObjectKey>,
-    /// The set of rejected objects changed (metrics, logs).
+    /// The problems of stored objects changed: the set of rejected
+    /// objects, or a slice's own problems (metrics, logs).
     pub rejected: bool,
     /// The ServiceCIDR objects changed (the service address space).
     pub cidrs: bool,
@@ -48,6 +49,8 @@ pub struct Stores {
     pub rejected: BTreeMap<(Kind, ObjectKey), Problem>,
     /// Kinds whose complete set has arrived at least once.
     pub synced: BTreeSet<Kind>,
+    /// Per kind with a list in progress: the keys its pages held so far.
+    listing: BTreeMap<Kind, HashSet<ObjectKey>>,
 }
 
 /// The service a slice belongs to.
@@ -111,6 +114,8 @@ impl Store<SliceInfo> for Slices<'_> {
         new: Option<&SliceInfo>,
         dirty: &mut Dirty,
     ) {
+        let has_problems = |s: Option<&SliceInfo>| s.is_some_and(|s| !s.problems.is_empty());
+        dirty.rejected |= has_problems(old) || has_problems(new);
         if let Some(old) = old {
             let svc = owner(key, old);
             if let Some(set) = self.index.get_mut(&svc) {
@@ -194,10 +199,39 @@ fn apply_one<T: PartialEq + Clone>(
     set_rejected(rejected, kind, &key, problem, dirty);
 }
 
+/// Removes every object of `kind` whose key is not in `listed`, and the
+/// rejections of objects not listed.
+fn remove_unlisted<T: PartialEq + Clone>(
+    kind: Kind,
+    store: &mut impl Store<T>,
+    rejected: &mut BTreeMap<(Kind, ObjectKey), Problem>,
+    listed: &HashSet<ObjectKey>,
+    dirty: &mut Dirty,
+) {
+    let gone: Vec<ObjectKey> = store
+        .map()
+        .keys()
+        .filter(|k| !listed.contains(*k))
+        .cloned()
+        .collect();
+    for key in gone {
+        set(store, &key, None, dirty);
+    }
+    let stale: Vec<ObjectKey> = rejected
+        .keys()
+        .filter(|(k, key)| *k == kind && !listed.contains(key))
+        .map(|(_, key)| key.clone())
+        .collect();
+    for key in stale {
+        set_rejected(rejected, kind, &key, None, dirty);
+    }
+}
+
 fn apply_change<T: PartialEq + Clone>(
     kind: Kind,
     store: &mut impl Store<T>,
     rejected: &mut BTreeMap<(Kind, ObjectKey), Problem>,
+    listing: &mut BTreeMap<Kind, HashSet<ObjectKey>>,
     change: Change<T>,
     dirty: &mut Dirty,
 ) {
@@ -209,27 +243,25 @@ fn apply_change<T: PartialEq + Clone>(
         }
         Change::Reset(items) => {
             // Everything not in the new set is gone.
-            let listed: BTreeSet<ObjectKey> = items.iter().map(|c| c.key.clone()).collect();
-            let gone: Vec<ObjectKey> = store
-                .map()
-                .keys()
-                .filter(|k| !listed.contains(*k))
-                .cloned()
-                .collect();
-            for key in gone {
-                set(store, &key, None, dirty);
-            }
-            let stale: Vec<ObjectKey> = rejected
-                .keys()
-                .filter(|(k, key)| *k == kind && !listed.contains(key))
-                .map(|(_, key)| key.clone())
-                .collect();
-            for key in stale {
-                set_rejected(rejected, kind, &key, None, dirty);
-            }
+            let listed: HashSet<ObjectKey> = items.iter().map(|c| c.key.clone()).collect();
+            remove_unlisted(kind, store, rejected, &listed, dirty);
             for item in items {
                 apply_one(kind, store, rejected, item, dirty);
             }
+        }
+        Change::ListStart => {
+            listing.insert(kind, HashSet::new());
+        }
+        Change::ListPage(items) => {
+            let seen = listing.entry(kind).or_default();
+            for item in items {
+                seen.insert(item.key.clone());
+                apply_one(kind, store, rejected, item, dirty);
+            }
+        }
+        Change::ListEnd => {
+            let listed = listing.remove(&kind).unwrap_or_default();
+            remove_unlisted(kind, store, rejected, &listed, dirty);
         }
     }
 }
@@ -248,6 +280,7 @@ impl Stores {
                 kind,
                 &mut Services(&mut self.services),
                 &mut self.rejected,
+                &mut self.listing,
                 c,
                 &mut dirty,
             ),
@@ -258,6 +291,7 @@ impl Stores {
                     index: &mut self.slices_by_service,
                 },
                 &mut self.rejected,
+                &mut self.listing,
                 c,
                 &mut dirty,
             ),
@@ -265,6 +299,7 @@ impl Stores {
                 kind,
                 &mut Nodes(&mut self.nodes),
                 &mut self.rejected,
+                &mut self.listing,
                 c,
                 &mut dirty,
             ),
@@ -272,6 +307,7 @@ impl Stores {
                 kind,
                 &mut ServiceCidrs(&mut self.service_cidrs),
                 &mut self.rejected,
+                &mut self.listing,
                 c,
                 &mut dirty,
             ),
@@ -374,5 +410,53 @@ mod tests {
             value: Ok(Some(slice("b"))),
         }])));
         assert!(again.is_empty(), "an identical relist changes nothing");
+    }
+
+    fn list(keys: &[(&str, &str)]) -> Vec<Update> {
+        let page = |items: &[(&str, &str)]| {
+            Update::Slices(Change::ListPage(
+                items
+                    .iter()
+                    .map(|(k, svc)| Converted {
+                        key: ObjectKey::new("default", *k),
+                        value: Ok(Some(slice(svc))),
+                    })
+                    .collect(),
+            ))
+        };
+        let (a, b) = keys.split_at(keys.len() / 2);
+        vec![
+            Update::Slices(Change::ListStart),
+            page(a),
+            page(b),
+            Update::Slices(Change::ListEnd),
+        ]
+    }
+
+    #[test]
+    fn a_paged_relist_changes_only_what_differs_and_drops_the_unlisted_at_its_end() {
+        let mut st = Stores::default();
+        let mut first = Dirty::default();
+        for u in list(&[("s-1", "a"), ("s-2", "b"), ("s-3", "c")]) {
+            assert!(!st.all_synced());
+            first.merge(st.apply(u));
+        }
+        assert!(first.all, "the end of the first list retranslates everything");
+        assert!(st.synced.contains(&Kind::EndpointSlice));
+        // The same objects again: nothing to do.
+        for u in list(&[("s-1", "a"), ("s-2", "b"), ("s-3", "c")]) {
+            assert!(st.apply(u).is_empty());
+        }
+        // s-2 was deleted meanwhile: it stays until the list ends.
+        let mut updates = list(&[("s-1", "a"), ("s-3", "c")]);
+        let end = updates.pop().unwrap();
+        for u in updates {
+            assert!(st.apply(u).is_empty());
+        }
+        assert_eq!(st.slices.len(), 3);
+        let d = st.apply(end);
+        assert_eq!(d.services, BTreeSet::from([ObjectKey::new("default", "b")]));
+        assert_eq!(st.slices.len(), 2);
+        assert!(st.listing.is_empty(), "nothing kept once the list ends");
     }
 }

@@ -61,14 +61,17 @@ struct Desired {
 
 impl Desired {
     /// Retranslates `services` (all when `dirty.all`); returns the service
-    /// ports whose desired state changed.
+    /// ports whose desired state changed, and whether the problems the
+    /// services contribute changed.
     fn update(
         &mut self,
         stores: &Stores,
         dirty: &Dirty,
         config: &TranslateConfig,
-    ) -> BTreeSet<ServicePortName> {
+    ) -> (BTreeSet<ServicePortName>, bool) {
         let mut changed = BTreeSet::new();
+        let wanted_node_ports = !self.wants_node_ports.is_empty();
+        let mut problems_changed = dirty.all;
         if dirty.all || dirty.cidrs {
             let objects: Vec<_> = stores.service_cidrs().into_iter().collect();
             self.state.service_cidrs = wanted_service_cidrs(&objects, config);
@@ -95,7 +98,7 @@ impl Desired {
                 .into_iter()
                 .filter_map(|name| self.state.services.remove(&name).map(|svc| (name, svc)))
                 .collect();
-            self.problems_of.remove(&key);
+            let old_problems = self.problems_of.remove(&key);
             for ip in self.cluster_ips_of.remove(&key).unwrap_or_default() {
                 self.release_cluster_ip(ip);
             }
@@ -134,11 +137,13 @@ impl Desired {
                     changed.insert(name);
                 }
             }
+            problems_changed |= old_problems.as_ref() != self.problems_of.get(&key);
             if !new_names.is_empty() {
                 self.ports_of.insert(key, new_names);
             }
         }
-        changed
+        problems_changed |= wanted_node_ports != !self.wants_node_ports.is_empty();
+        (changed, problems_changed)
     }
 
     /// One service less holds cluster IP `ip`.
@@ -213,7 +218,17 @@ pub struct Sync<W = MapWriter> {
     local_ifaces: Option<watch::Receiver<BTreeSet<u32>>>,
     /// `local_ifaces` changed and is not in the maps yet.
     ifaces_dirty: bool,
+    /// The problem report may have changed (it walks every stored object:
+    /// only then).
+    problems_dirty: bool,
+    /// When the gauges (which walk every programmed frontend) are to be
+    /// refreshed next; `None` when they are current.
+    gauges_due: Option<Instant>,
+    gauges_at: Option<Instant>,
 }
+
+/// The gauges are refreshed at most this often while changes stream in.
+const GAUGES_EVERY: Duration = Duration::from_secs(1);
 
 impl<W: MapWrites> Sync<W> {
     pub fn new(
@@ -238,6 +253,9 @@ impl<W: MapWrites> Sync<W> {
             health_checks,
             local_ifaces: None,
             ifaces_dirty: false,
+            problems_dirty: true,
+            gauges_due: None,
+            gauges_at: None,
         }
     }
 
@@ -281,6 +299,7 @@ impl<W: MapWrites> Sync<W> {
             let wait = due
                 .scan
                 .min(due.resync)
+                .min(self.gauges_due.unwrap_or(due.scan))
                 .saturating_duration_since(Instant::now());
             tokio::select! {
                 biased;
@@ -325,10 +344,11 @@ impl<W: MapWrites> Sync<W> {
         let dirty = std::mem::take(&mut self.dirty);
         let translated = !dirty.is_empty() || !self.first_sync;
         if translated {
-            let changed = self
-                .desired
-                .update(&self.stores, &dirty, &self.config.translate);
+            let (changed, problems_changed) =
+                self.desired
+                    .update(&self.stores, &dirty, &self.config.translate);
             self.pending.extend(changed);
+            self.problems_dirty |= problems_changed || dirty.rejected || dirty.cidrs;
             let checks = self.desired.health_checks();
             self.health_checks.send_if_modified(|current| {
                 let modified = *current != checks;
@@ -344,8 +364,12 @@ impl<W: MapWrites> Sync<W> {
         // The problem report walks every stored object: after the map
         // writes, so that it never delays a change reaching the maps.
         let ok = !work || tokio::task::block_in_place(|| self.reconcile(resync_due));
-        if translated {
+        if translated && self.problems_dirty {
+            self.problems_dirty = false;
             self.refresh_problems();
+        }
+        if self.gauges_due.is_some_and(|t| Instant::now() >= t) {
+            self.update_gauges();
         }
         if work {
             if !ok {
@@ -419,7 +443,7 @@ impl<W: MapWrites> Sync<W> {
             warn!(error = %e, "map write failed");
         }
         if !report.errors.is_empty() {
-            self.update_gauges();
+            self.schedule_gauges();
             // Try these again.
             self.pending.extend(pending);
             return false;
@@ -431,8 +455,9 @@ impl<W: MapWrites> Sync<W> {
                 .update_latency
                 .observe(now.duration_since(sent).as_secs_f64());
         }
-        // Gauges walk every programmed frontend: after the latency is taken.
-        self.update_gauges();
+        // Gauges walk every programmed frontend: after the latency is taken,
+        // and at most once a GAUGES_EVERY while changes stream in.
+        self.schedule_gauges();
         self.health.updates_done(n);
         self.health.synced();
         if let Ok(t) = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH) {
@@ -480,7 +505,21 @@ impl<W: MapWrites> Sync<W> {
         }
     }
 
-    fn update_gauges(&self) {
+    /// Refreshes the gauges now if they were last refreshed more than
+    /// `GAUGES_EVERY` ago (or never), else once that much has passed.
+    fn schedule_gauges(&mut self) {
+        let now = Instant::now();
+        match self.gauges_at {
+            Some(at) if now.duration_since(at) < GAUGES_EVERY => {
+                self.gauges_due.get_or_insert(at + GAUGES_EVERY);
+            }
+            _ => self.update_gauges(),
+        }
+    }
+
+    fn update_gauges(&mut self) {
+        self.gauges_at = Some(Instant::now());
+        self.gauges_due = None;
         let programmed = self.reconciler.programmed();
         let occupancy = self.reconciler.occupancy();
         let entries: usize = occupancy

@@ -1,7 +1,10 @@
 //! The Kubernetes source: kube-rs watchers on Services (with kube-proxy's
 //! label selector), EndpointSlices, this node's Node and the ServiceCIDRs,
-//! with the default backoff. Relists arrive as complete sets (`Change::Reset`), so deletes
-//! missed while disconnected are not lost. Every watch event passes the
+//! with the default backoff. Lists and relists stream through in pages
+//! (`Change::ListStart`, `ListPage`, `ListEnd`): the stores apply each page
+//! as it comes (an unchanged object changes nothing) and drop what the list
+//! did not hold at its end, so deletes missed while disconnected are not
+//! lost and a relist never holds a second copy of every object. Every watch event passes the
 //! resourceVersion guard: a stale event restarts the watcher with a fresh
 //! list instead of letting it resume from the past (incident 4).
 
@@ -149,6 +152,9 @@ fn not_found(e: &watcher::Error) -> bool {
     }
 }
 
+/// Objects per `Change::ListPage` sent to the sync task.
+const LIST_PAGE: usize = 500;
+
 /// What the guard makes of a watch event.
 enum Step {
     Use,
@@ -186,7 +192,8 @@ where
                 .default_backoff()
                 .boxed();
             let mut guard = RvGuard::new();
-            let mut listing: Vec<Converted<T>> = Vec::new();
+            let mut page: Vec<Converted<T>> = Vec::new();
+            let mut listed = 0usize;
             loop {
                 let event = match stream.next().await {
                     Some(Ok(event)) => {
@@ -214,20 +221,36 @@ where
                 let (obj, deleted) = match event {
                     Event::Init => {
                         guard = RvGuard::new();
-                        listing.clear();
+                        page.clear();
+                        listed = 0;
                         metrics.relist(kind);
                         debug!(%kind, "listing");
+                        if !self.send(tx, health, Change::ListStart).await {
+                            return;
+                        }
                         continue;
                     }
                     Event::InitApply(obj) => {
                         guard.listed(obj.resource_version().as_deref());
-                        listing.extend((self.convert)(&obj));
+                        page.extend((self.convert)(&obj));
+                        listed += 1;
+                        if page.len() >= LIST_PAGE {
+                            let full = std::mem::replace(&mut page, Vec::with_capacity(LIST_PAGE));
+                            if !self.send(tx, health, Change::ListPage(full)).await {
+                                return;
+                            }
+                        }
                         continue;
                     }
                     Event::InitDone => {
-                        info!(%kind, objects = listing.len(), "listed");
-                        let all = std::mem::take(&mut listing);
-                        if !self.send(tx, health, Change::Reset(all)).await {
+                        info!(%kind, objects = listed, "listed");
+                        if !page.is_empty() {
+                            let rest = std::mem::take(&mut page);
+                            if !self.send(tx, health, Change::ListPage(rest)).await {
+                                return;
+                            }
+                        }
+                        if !self.send(tx, health, Change::ListEnd).await {
                             return;
                         }
                         continue;

@@ -65,9 +65,18 @@ pub struct Converted<T> {
 pub enum Change<T> {
     Apply(Converted<T>),
     Delete(ObjectKey),
-    /// The complete current set (a relist, or a directory read): replaces
-    /// the store, so deletes missed while disconnected are not lost.
+    /// The complete current set (a directory read, or an absent resource):
+    /// replaces the store, so deletes missed while disconnected are not
+    /// lost.
     Reset(Vec<Converted<T>>),
+    /// A list (or relist) begins: the objects of the `ListPage`s that
+    /// follow, up to `ListEnd`, are the complete set.
+    ListStart,
+    /// Objects of the list in progress: applied at once, like `Apply`s
+    /// (a relist never holds a second copy of every object).
+    ListPage(Vec<Converted<T>>),
+    /// The list is complete: whatever its pages did not hold is gone.
+    ListEnd,
 }
 
 /// An update and when its source handed it over.
@@ -92,14 +101,15 @@ impl Update {
         }
     }
 
-    /// Whether this update carries a kind's complete set.
+    /// Whether this update completes a kind's set (a `Reset`, or the end
+    /// of a list).
     pub fn is_reset(&self) -> bool {
         matches!(
             self,
-            Update::Services(Change::Reset(_))
-                | Update::Slices(Change::Reset(_))
-                | Update::Node(Change::Reset(_))
-                | Update::ServiceCidrs(Change::Reset(_))
+            Update::Services(Change::Reset(_) | Change::ListEnd)
+                | Update::Slices(Change::Reset(_) | Change::ListEnd)
+                | Update::Node(Change::Reset(_) | Change::ListEnd)
+                | Update::ServiceCidrs(Change::Reset(_) | Change::ListEnd)
         )
     }
 }
