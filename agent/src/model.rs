@@ -255,4 +255,9 @@ pub struct DesiredState {
     /// Every service's cluster IPs: a new flow to one on a port or
     /// protocol no frontend serves is rejected.
     pub cluster_ips: BTreeSet<IpAddr>,
+    /// A version of `service_cidrs` and `cluster_ips` that the owner bumps
+    /// whenever either changes, so that the reconciler compares them with
+    /// the maps (a walk of every cluster IP) only then; 0 means unversioned
+    /// (always compared).
+    pub nets_version: u64,
 }

@@ -74,7 +74,11 @@ impl Desired {
         let mut problems_changed = dirty.all;
         if dirty.all || dirty.cidrs {
             let objects: Vec<_> = stores.service_cidrs().into_iter().collect();
-            self.state.service_cidrs = wanted_service_cidrs(&objects, config);
+            let cidrs = wanted_service_cidrs(&objects, config);
+            if cidrs != self.state.service_cidrs || self.state.nets_version == 0 {
+                self.state.service_cidrs = cidrs;
+                self.state.nets_version += 1;
+            }
         }
         let keys: Vec<ObjectKey> = if dirty.all {
             self.node = NodeContext::new(stores.node(&config.node_name), config);
@@ -99,9 +103,9 @@ impl Desired {
                 .filter_map(|name| self.state.services.remove(&name).map(|svc| (name, svc)))
                 .collect();
             let old_problems = self.problems_of.remove(&key);
-            for ip in self.cluster_ips_of.remove(&key).unwrap_or_default() {
-                self.release_cluster_ip(ip);
-            }
+            // Released after the new translation holds its own: an
+            // unchanged cluster IP never leaves the set.
+            let old_ips = self.cluster_ips_of.remove(&key).unwrap_or_default();
             self.wants_node_ports.remove(&key);
             self.health_checks.remove(&key);
             let mut new_names = Vec::new();
@@ -112,7 +116,9 @@ impl Desired {
                 }
                 for ip in &t.cluster_ips {
                     *self.cluster_ip_holders.entry(*ip).or_default() += 1;
-                    self.state.cluster_ips.insert(*ip);
+                    if self.state.cluster_ips.insert(*ip) {
+                        self.state.nets_version += 1;
+                    }
                 }
                 if !t.cluster_ips.is_empty() {
                     self.cluster_ips_of
@@ -131,6 +137,9 @@ impl Desired {
                     new_names.push(name.clone());
                     self.state.services.insert(name, desired);
                 }
+            }
+            for ip in old_ips {
+                self.release_cluster_ip(ip);
             }
             for name in old.into_keys() {
                 if !self.state.services.contains_key(&name) {
@@ -153,6 +162,7 @@ impl Desired {
             if *n == 0 {
                 self.cluster_ip_holders.remove(&ip);
                 self.state.cluster_ips.remove(&ip);
+                self.state.nets_version += 1;
             }
         }
     }

@@ -114,6 +114,12 @@ pub struct Reconciler<W = MapWriter> {
     ids: Ids,
     drain: Drain,
     capacity: Capacity,
+    /// `DesiredState::nets_version` that `sl_svcnet4/6` were last brought
+    /// to without error (the comparison walks every cluster IP: skipped
+    /// while the version stays).
+    nets_synced: Option<u64>,
+    /// Cluster IPs left out of a full `sl_svcnet4/6` (reported once).
+    nets_left_out: usize,
 }
 
 /// Service-map entries per address family (`sl_svc4`, `sl_svc6`).
@@ -249,6 +255,8 @@ impl<W: MapWrites> Reconciler<W> {
                 backends: sizes.backends as usize,
                 maglev_tables: sizes.maglev as usize,
             },
+            nets_synced: None,
+            nets_left_out: 0,
         };
         for (id, b) in programmed.backends {
             r.set_backend(id, b);
@@ -572,7 +580,7 @@ impl<W: MapWrites> Reconciler<W> {
         }
 
         // E: the service address space, once the frontends serve.
-        self.sync_service_nets(desired, &mut report);
+        self.sync_service_nets(desired, matches!(scope, Scope::All), &mut report);
 
         report.writes = self.writer.writes() - before;
         report
@@ -672,12 +680,22 @@ impl<W: MapWrites> Reconciler<W> {
     /// Brings `sl_svcnet4`/`sl_svcnet6` to the service CIDRs and cluster
     /// IPs of `desired`. Runs after the frontends are written: a new
     /// service's cluster IP is a host route only once its ports are
-    /// served.
-    fn sync_service_nets(&mut self, desired: &DesiredState, report: &mut Report) {
-        let want = service_nets(desired);
-        if self.programmed.service_nets == want {
+    /// served. Skipped (it walks every cluster IP) unless `full` or the
+    /// inputs' version changed. A full map leaves the remaining cluster
+    /// IPs out (their unserved ports then pass as before these maps
+    /// existed; served ports are unaffected): reported, not an error.
+    fn sync_service_nets(&mut self, desired: &DesiredState, full: bool, report: &mut Report) {
+        let version = desired.nets_version;
+        if !full && version != 0 && self.nets_synced == Some(version) {
             return;
         }
+        let errors = report.errors.len();
+        let want = service_nets(desired);
+        if self.programmed.service_nets == want {
+            self.nets_synced = Some(version);
+            return;
+        }
+        let mut left_out = 0;
         for (net, kind) in &want {
             if self.programmed.service_nets.get(net) == Some(kind) {
                 continue;
@@ -686,6 +704,7 @@ impl<W: MapWrites> Reconciler<W> {
                 Ok(()) => {
                     self.programmed.service_nets.insert(*net, *kind);
                 }
+                Err(WriteError::Full { .. }) if *kind == SVCNET_CLUSTER_IP => left_out += 1,
                 Err(e) => report.errors.push(e),
             }
         }
@@ -704,6 +723,16 @@ impl<W: MapWrites> Reconciler<W> {
                 Err(e) => report.errors.push(e),
             }
         }
+        if left_out != self.nets_left_out {
+            if left_out > 0 {
+                warn!(
+                    left_out,
+                    "sl_svcnet4/6 full: cluster IPs left out (their unserved ports are not rejected)"
+                );
+            }
+            self.nets_left_out = left_out;
+        }
+        self.nets_synced = (report.errors.len() == errors).then_some(version);
     }
 
     /// Brings `sl_local4`/`sl_local6` to `want`: new networks first, then

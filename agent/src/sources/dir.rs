@@ -1,10 +1,13 @@
 //! The directory source: a directory of Kubernetes manifests (YAML or
-//! JSON, multi-document), re-read whenever a file in it changes. Each read
-//! sends the complete set of every kind, exactly as a relist would, through
-//! the same path as the Kubernetes source.
+//! JSON, multi-document), watched by polling file sizes and modification
+//! times. Only the files that changed are read and parsed, and their
+//! objects trimmed at once; the first read sends the complete set of every
+//! kind, exactly as a list would, and later reads only the objects whose
+//! definition in use changed, through the same path as the Kubernetes
+//! source.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fs,
     path::{Path, PathBuf},
     sync::Arc,
@@ -14,14 +17,14 @@ use std::{
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
-use super::{node, service, service_cidr, slice, Change, Envelope, Update};
+use super::{node, service, service_cidr, slice, Change, Converted, Envelope, Kind, Update};
 use crate::{
     health::Health,
     manifests::{is_manifest_file, parse_file, too_large, unusable, Limits, Manifests},
     metrics::{Metrics, ReasonLabel},
-    translate::{ObjectKey, Problem, ProblemReason},
+    translate::{
+        NodeInfo, ObjectKey, Problem, ProblemReason, ServiceCidrInfo, ServiceInfo, SliceInfo,
+    },
 };
 
 /// What identifies the directory's content without reading it.
@@ -46,30 +49,129 @@ fn fingerprint(dir: &Path) -> std::io::Result<Fingerprint> {
     Ok(out)
 }
 
+/// One object as a file defines it, trimmed at once.
+#[derive(Clone, Debug)]
+enum Object {
+    Service(Converted<ServiceInfo>),
+    Slice(Converted<SliceInfo>),
+    Node(Converted<NodeInfo>),
+    ServiceCidr(Converted<ServiceCidrInfo>),
+}
+
+impl Object {
+    fn key(&self) -> &ObjectKey {
+        match self {
+            Object::Service(c) => &c.key,
+            Object::Slice(c) => &c.key,
+            Object::Node(c) => &c.key,
+            Object::ServiceCidr(c) => &c.key,
+        }
+    }
+
+    fn kind(&self) -> Kind {
+        match self {
+            Object::Service(_) => Kind::Service,
+            Object::Slice(_) => Kind::EndpointSlice,
+            Object::Node(_) => Kind::Node,
+            Object::ServiceCidr(_) => Kind::ServiceCidr,
+        }
+    }
+
+    fn apply(self) -> Update {
+        match self {
+            Object::Service(c) => Update::Services(Change::Apply(c)),
+            Object::Slice(c) => Update::Slices(Change::Apply(c)),
+            Object::Node(c) => Update::Node(Change::Apply(c)),
+            Object::ServiceCidr(c) => Update::ServiceCidrs(Change::Apply(c)),
+        }
+    }
+}
+
+fn delete((kind, key): Id) -> Update {
+    match kind {
+        Kind::Service => Update::Services(Change::Delete(key)),
+        Kind::EndpointSlice => Update::Slices(Change::Delete(key)),
+        Kind::Node => Update::Node(Change::Delete(key)),
+        Kind::ServiceCidr => Update::ServiceCidrs(Change::Delete(key)),
+    }
+}
+
+/// An object's identity across files.
+type Id = (Kind, ObjectKey);
+
+/// What one file holds, trimmed: its objects (the first definition of each
+/// in the file; unnamed ones cannot be tracked and are left out) and its
+/// problems. No full API object outlives the parse.
+#[derive(Debug, Default)]
+pub(crate) struct FileObjects {
+    objects: HashMap<Id, Object>,
+    problems: Vec<Problem>,
+}
+
+impl FileObjects {
+    /// Trims what `parse_file` read.
+    fn from_manifests(m: Manifests) -> Self {
+        let mut out = Self {
+            objects: HashMap::new(),
+            problems: m.problems,
+        };
+        let objects = m
+            .services
+            .iter()
+            .filter_map(service)
+            .map(Object::Service)
+            .chain(m.slices.iter().filter_map(slice).map(Object::Slice))
+            .chain(m.nodes.iter().filter_map(node).map(Object::Node))
+            .chain(
+                m.service_cidrs
+                    .iter()
+                    .filter_map(service_cidr)
+                    .map(Object::ServiceCidr),
+            );
+        for o in objects {
+            // A duplicate inside one file: the first definition wins.
+            out.objects
+                .entry((o.kind(), o.key().clone()))
+                .or_insert(o);
+        }
+        out
+    }
+}
+
 /// One file as last parsed: its size and modification time, and what it
 /// held.
 struct Parsed {
     len: u64,
     modified: Option<SystemTime>,
-    manifests: Manifests,
+    objects: FileObjects,
 }
 
-/// The directory as last read: every file's objects, and which file holds
-/// each object that several files define.
+/// The directory as last read: every file's trimmed objects, which files
+/// define each object, and which of them is its owner (the one in use).
 #[derive(Default)]
 pub(crate) struct DirState {
     files: BTreeMap<PathBuf, Parsed>,
-    owners: HashMap<(&'static str, ObjectKey), PathBuf>,
+    /// Files defining each object, in name order.
+    defined: HashMap<Id, Vec<PathBuf>>,
+    owners: HashMap<Id, PathBuf>,
+    /// The duplicate definitions of objects several files define.
+    duplicates: HashMap<Id, Vec<Problem>>,
+    /// The complete set went out once (later reads send only changes).
+    sent: bool,
 }
 
-/// Reads and parses the files of `fp` that changed since `state` saw
-/// them (a file whose size and modification time are the same is not read
-/// again); returns the (path, contents-parsed) of the changed ones.
+/// A file that changed, parsed and trimmed: (path, size, modification
+/// time, objects).
+type Changed = (PathBuf, u64, Option<SystemTime>, FileObjects);
+
+/// Reads, parses and trims the files of `fp` that changed since `state`
+/// saw them (a file whose size and modification time are the same is not
+/// read again).
 fn parse_changed(
     fp: &Fingerprint,
     known: &BTreeMap<PathBuf, (u64, Option<SystemTime>)>,
     limits: Limits,
-) -> Vec<(PathBuf, u64, Option<SystemTime>, Manifests)> {
+) -> Vec<Changed> {
     fp.iter()
         .filter(|(path, len, modified)| known.get(path) != Some(&(*len, *modified)))
         .map(|(path, len, modified)| {
@@ -81,9 +183,25 @@ fn parse_changed(
                     Err(e) => unusable(path, &format!("cannot read: {e}")),
                 },
             };
-            (path.clone(), *len, *modified, manifests)
+            (
+                path.clone(),
+                *len,
+                *modified,
+                FileObjects::from_manifests(manifests),
+            )
         })
         .collect()
+}
+
+/// What a read of the directory hands over.
+pub(crate) struct Delta {
+    /// For the sync task: the complete set of every kind on the first read,
+    /// then only the objects whose definition in use changed.
+    pub updates: Vec<Update>,
+    /// Every problem of the directory (files and duplicates).
+    pub problems: Vec<Problem>,
+    /// Objects in use, by kind.
+    pub counts: BTreeMap<Kind, usize>,
 }
 
 impl DirState {
@@ -94,129 +212,147 @@ impl DirState {
             .collect()
     }
 
-    /// Takes in the files of `fp` (`changed` parsed afresh), and returns
-    /// the directory's objects: one definition of each, the one its
-    /// current owner file gives if it still does, else the first file's
-    /// in name order; every other definition is reported as a duplicate.
-    pub(crate) fn merge(
-        &mut self,
-        fp: &Fingerprint,
-        changed: Vec<(PathBuf, u64, Option<SystemTime>, Manifests)>,
-    ) -> Manifests {
+    /// Takes in the files of `fp` (`changed` parsed afresh; the others
+    /// are as last read). Each object is defined by the file that owns it:
+    /// its current owner if that still defines it, else the first file in
+    /// name order; every other definition is reported as a duplicate. Only
+    /// the objects the changed or removed files define are looked at.
+    pub(crate) fn merge(&mut self, fp: &Fingerprint, changed: Vec<Changed>) -> Delta {
         let present: BTreeSet<&PathBuf> = fp.iter().map(|(p, _, _)| p).collect();
-        self.files.retain(|p, _| present.contains(p));
-        for (path, len, modified, manifests) in changed {
+        let removed: Vec<PathBuf> = self
+            .files
+            .keys()
+            .filter(|p| !present.contains(p))
+            .cloned()
+            .collect();
+        // The objects whose definitions may have changed.
+        let mut touched: HashSet<Id> = HashSet::new();
+        for path in &removed {
+            if let Some(old) = self.files.remove(path) {
+                self.undefine(path, &old.objects, &mut touched);
+            }
+        }
+        for (path, len, modified, objects) in changed {
+            if let Some(old) = self.files.remove(&path) {
+                self.undefine(&path, &old.objects, &mut touched);
+            }
+            for id in objects.objects.keys() {
+                let files = self.defined.entry(id.clone()).or_default();
+                if let Err(at) = files.binary_search(&path) {
+                    files.insert(at, path.clone());
+                }
+                touched.insert(id.clone());
+            }
             self.files.insert(
                 path,
                 Parsed {
                     len,
                     modified,
-                    manifests,
+                    objects,
                 },
             );
         }
-        let mut out = Manifests::default();
-        // Every definition of every object, in file order.
-        let mut defined: BTreeMap<(&'static str, ObjectKey), Vec<&PathBuf>> = BTreeMap::new();
-        for (path, f) in &self.files {
-            out.problems.extend(f.manifests.problems.iter().cloned());
-            for key in object_keys(&f.manifests) {
-                let files = defined.entry(key).or_default();
-                if files.last() != Some(&path) {
-                    files.push(path);
-                }
-            }
-        }
-        let mut owners = HashMap::new();
-        for (id, files) in defined {
+        let mut updates = Vec::new();
+        for id in touched {
+            let Some(files) = self.defined.get(&id).filter(|f| !f.is_empty()) else {
+                self.defined.remove(&id);
+                self.owners.remove(&id);
+                self.duplicates.remove(&id);
+                updates.push(delete(id));
+                continue;
+            };
             let owner = match self.owners.get(&id) {
-                Some(p) if files.contains(&p) => p.clone(),
+                Some(p) if files.contains(p) => p.clone(),
                 _ => files[0].clone(),
             };
-            for other in files.iter().filter(|p| ***p != owner) {
-                out.problems.push(Problem::new(
-                    format!("{} {}", id.0, id.1),
-                    ProblemReason::Duplicate,
-                    format!(
-                        "also defined in {}, which is ignored: {} defines it first",
-                        other.display(),
-                        owner.display()
-                    ),
-                ));
+            let dups: Vec<Problem> = files
+                .iter()
+                .filter(|p| **p != owner)
+                .map(|other| {
+                    Problem::new(
+                        format!("{} {}", id.0, id.1),
+                        ProblemReason::Duplicate,
+                        format!(
+                            "also defined in {}, which is ignored: {} defines it first",
+                            other.display(),
+                            owner.display()
+                        ),
+                    )
+                })
+                .collect();
+            if dups.is_empty() {
+                self.duplicates.remove(&id);
+            } else {
+                self.duplicates.insert(id.clone(), dups);
             }
-            owners.insert(id, owner);
+            if let Some(o) = self
+                .files
+                .get(&owner)
+                .and_then(|f| f.objects.objects.get(&id))
+            {
+                updates.push(o.clone().apply());
+            }
+            self.owners.insert(id, owner);
         }
-        for (path, f) in &self.files {
-            let mine = |kind: &'static str, meta: &ObjectMeta| {
-                ObjectKey::from_meta(meta)
-                    .is_none_or(|k| owners.get(&(kind, k)).is_some_and(|p| p == path))
-            };
-            let m = &f.manifests;
-            out.services.extend(
-                m.services
-                    .iter()
-                    .filter(|o| mine("Service", &o.metadata))
-                    .cloned(),
-            );
-            out.slices.extend(
-                m.slices
-                    .iter()
-                    .filter(|o| mine("EndpointSlice", &o.metadata))
-                    .cloned(),
-            );
-            out.nodes.extend(
-                m.nodes
-                    .iter()
-                    .filter(|o| mine("Node", &o.metadata))
-                    .cloned(),
-            );
-            out.service_cidrs.extend(
-                m.service_cidrs
-                    .iter()
-                    .filter(|o| mine("ServiceCIDR", &o.metadata))
-                    .cloned(),
-            );
+        if !self.sent {
+            self.sent = true;
+            updates = self.complete_set();
         }
-        // A duplicate inside one file: the first definition wins, as the
-        // stores would keep only one.
-        dedup_by_key(&mut out);
-        self.owners = owners;
-        out
+        let mut problems: Vec<Problem> = self
+            .files
+            .values()
+            .flat_map(|f| f.objects.problems.iter().cloned())
+            .collect();
+        problems.extend(self.duplicates.values().flatten().cloned());
+        let mut counts = BTreeMap::new();
+        for (kind, _) in self.owners.keys() {
+            *counts.entry(*kind).or_default() += 1;
+        }
+        Delta {
+            updates,
+            problems,
+            counts,
+        }
     }
-}
 
-fn object_keys(m: &Manifests) -> Vec<(&'static str, ObjectKey)> {
-    let keys = |kind: &'static str, metas: Vec<&ObjectMeta>| {
-        metas
-            .into_iter()
-            .filter_map(move |meta| ObjectKey::from_meta(meta).map(|k| (kind, k)))
-            .collect::<Vec<_>>()
-    };
-    let mut out = keys("Service", m.services.iter().map(|o| &o.metadata).collect());
-    out.extend(keys(
-        "EndpointSlice",
-        m.slices.iter().map(|o| &o.metadata).collect(),
-    ));
-    out.extend(keys("Node", m.nodes.iter().map(|o| &o.metadata).collect()));
-    out.extend(keys(
-        "ServiceCIDR",
-        m.service_cidrs.iter().map(|o| &o.metadata).collect(),
-    ));
-    out
-}
+    /// `path` no longer defines what `objects` held.
+    fn undefine(&mut self, path: &PathBuf, objects: &FileObjects, touched: &mut HashSet<Id>) {
+        for id in objects.objects.keys() {
+            if let Some(files) = self.defined.get_mut(id) {
+                files.retain(|p| p != path);
+            }
+            touched.insert(id.clone());
+        }
+    }
 
-fn dedup_by_key(m: &mut Manifests) {
-    let mut seen = BTreeSet::new();
-    m.services
-        .retain(|o| ObjectKey::from_meta(&o.metadata).is_none_or(|k| seen.insert(("Service", k))));
-    m.slices.retain(|o| {
-        ObjectKey::from_meta(&o.metadata).is_none_or(|k| seen.insert(("EndpointSlice", k)))
-    });
-    m.nodes
-        .retain(|o| ObjectKey::from_meta(&o.metadata).is_none_or(|k| seen.insert(("Node", k))));
-    m.service_cidrs.retain(|o| {
-        ObjectKey::from_meta(&o.metadata).is_none_or(|k| seen.insert(("ServiceCIDR", k)))
-    });
+    /// Every object in use, as one complete set per kind.
+    fn complete_set(&self) -> Vec<Update> {
+        let mut services = Vec::new();
+        let mut slices = Vec::new();
+        let mut nodes = Vec::new();
+        let mut cidrs = Vec::new();
+        for (id, owner) in &self.owners {
+            let Some(o) = self
+                .files
+                .get(owner)
+                .and_then(|f| f.objects.objects.get(id))
+            else {
+                continue;
+            };
+            match o.clone() {
+                Object::Service(c) => services.push(c),
+                Object::Slice(c) => slices.push(c),
+                Object::Node(c) => nodes.push(c),
+                Object::ServiceCidr(c) => cidrs.push(c),
+            }
+        }
+        vec![
+            Update::Services(Change::Reset(services)),
+            Update::Slices(Change::Reset(slices)),
+            Update::Node(Change::Reset(nodes)),
+            Update::ServiceCidrs(Change::Reset(cidrs)),
+        ]
+    }
 }
 
 /// Watches `dir` until `shutdown` turns true.
@@ -252,15 +388,15 @@ pub async fn run(
                         continue;
                     }
                 };
-                let manifests = state.merge(&fp, changed);
+                let delta = state.merge(&fp, changed);
                 let now: BTreeSet<String> =
-                    manifests.problems.iter().map(ToString::to_string).collect();
+                    delta.problems.iter().map(ToString::to_string).collect();
                 for problem in now.difference(&reported) {
                     warn!(%problem, "manifest not used");
                 }
                 reported = now;
                 let mut by_reason: BTreeMap<&'static str, i64> = BTreeMap::new();
-                for p in &manifests.problems {
+                for p in &delta.problems {
                     *by_reason.entry(p.reason.label()).or_default() += 1;
                 }
                 for reason in ProblemReason::ALL {
@@ -271,33 +407,17 @@ pub async fn run(
                         })
                         .set(by_reason.get(reason.label()).copied().unwrap_or(0));
                 }
+                let count = |k: Kind| delta.counts.get(&k).copied().unwrap_or(0);
                 info!(
                     dir = %dir.display(),
-                    services = manifests.services.len(),
-                    endpointslices = manifests.slices.len(),
-                    nodes = manifests.nodes.len(),
-                    servicecidrs = manifests.service_cidrs.len(),
+                    services = count(Kind::Service),
+                    endpointslices = count(Kind::EndpointSlice),
+                    nodes = count(Kind::Node),
+                    servicecidrs = count(Kind::ServiceCidr),
+                    changes = delta.updates.len(),
                     "read manifests"
                 );
-                let updates = [
-                    Update::Services(Change::Reset(
-                        manifests.services.iter().filter_map(service).collect(),
-                    )),
-                    Update::Slices(Change::Reset(
-                        manifests.slices.iter().filter_map(slice).collect(),
-                    )),
-                    Update::Node(Change::Reset(
-                        manifests.nodes.iter().filter_map(node).collect(),
-                    )),
-                    Update::ServiceCidrs(Change::Reset(
-                        manifests
-                            .service_cidrs
-                            .iter()
-                            .filter_map(service_cidr)
-                            .collect(),
-                    )),
-                ];
-                for update in updates {
+                for update in delta.updates {
                     health.update_sent();
                     if tx.send((std::time::Instant::now(), update)).await.is_err() {
                         return;
@@ -324,13 +444,20 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifests::parse_manifests;
+    use crate::{manifests::parse_manifests, stores::Stores};
 
     fn web(ip: &str) -> String {
         format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  clusterIP: {ip}\n  ports: [{{port: 80}}]\n")
     }
 
-    fn step(state: &mut DirState, files: &[(&str, String)], changed: &[&str]) -> Manifests {
+    /// A directory state and the stores its updates feed.
+    #[derive(Default)]
+    struct Dir {
+        state: DirState,
+        stores: Stores,
+    }
+
+    fn step(d: &mut Dir, files: &[(&str, String)], changed: &[&str]) -> (Vec<Problem>, usize) {
         let fp: Fingerprint = files
             .iter()
             .map(|(p, text)| (PathBuf::from(p), text.len() as u64, None))
@@ -343,55 +470,83 @@ mod tests {
                     PathBuf::from(p),
                     text.len() as u64,
                     None,
-                    parse_manifests(&[(p, text.clone())]),
+                    FileObjects::from_manifests(parse_manifests(&[(p, text.clone())])),
                 )
             })
             .collect();
-        state.merge(&fp, changed)
+        let delta = d.state.merge(&fp, changed);
+        let n = delta.updates.len();
+        for u in delta.updates {
+            d.stores.apply(u);
+        }
+        (delta.problems, n)
     }
 
-    fn cluster_ips(m: &Manifests) -> Vec<String> {
-        m.services
-            .iter()
-            .filter_map(|s| s.spec.as_ref()?.cluster_ip.clone())
+    fn cluster_ips(d: &Dir) -> Vec<String> {
+        d.stores
+            .services
+            .values()
+            .flat_map(|s| s.cluster_ips.iter().map(ToString::to_string))
             .collect()
     }
 
     #[test]
     fn a_second_definition_never_displaces_the_one_in_use() {
-        let mut state = DirState::default();
-        let m = step(
-            &mut state,
-            &[("/d/b.yaml", web("10.96.0.1"))],
-            &["/d/b.yaml"],
-        );
-        assert_eq!(cluster_ips(&m), ["10.96.0.1"]);
+        let mut d = Dir::default();
+        step(&mut d, &[("/d/b.yaml", web("10.96.0.1"))], &["/d/b.yaml"]);
+        assert_eq!(cluster_ips(&d), ["10.96.0.1"]);
         // A file that sorts first defines it again: the one in use stays.
         let files = [
             ("/d/a.yaml", web("10.96.0.2")),
             ("/d/b.yaml", web("10.96.0.1")),
         ];
-        let m = step(&mut state, &files, &["/d/a.yaml"]);
-        assert_eq!(cluster_ips(&m), ["10.96.0.1"]);
-        assert_eq!(m.problems.len(), 1);
-        assert_eq!(m.problems[0].reason, ProblemReason::Duplicate);
-        assert!(m.problems[0].to_string().contains("/d/a.yaml"));
-        // Read again unchanged: the same answer (no flapping).
+        let (problems, _) = step(&mut d, &files, &["/d/a.yaml"]);
+        assert_eq!(cluster_ips(&d), ["10.96.0.1"]);
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].reason, ProblemReason::Duplicate);
+        assert!(problems[0].to_string().contains("/d/a.yaml"));
+        // Read again unchanged: the same answer (no flapping), nothing sent.
         for _ in 0..3 {
-            assert_eq!(cluster_ips(&step(&mut state, &files, &[])), ["10.96.0.1"]);
+            let (problems, sent) = step(&mut d, &files, &[]);
+            assert_eq!(cluster_ips(&d), ["10.96.0.1"]);
+            assert_eq!((problems.len(), sent), (1, 0));
         }
         // A fresh agent on the same directory picks by file name.
-        let mut fresh = DirState::default();
-        let m = step(&mut fresh, &files, &["/d/a.yaml", "/d/b.yaml"]);
-        assert_eq!(cluster_ips(&m), ["10.96.0.2"]);
+        let mut fresh = Dir::default();
+        step(&mut fresh, &files, &["/d/a.yaml", "/d/b.yaml"]);
+        assert_eq!(cluster_ips(&fresh), ["10.96.0.2"]);
         // The owner drops its definition: the other one takes over.
         let files = [
             ("/d/a.yaml", web("10.96.0.2")),
             ("/d/b.yaml", String::from("# nothing\n")),
         ];
-        let m = step(&mut state, &files, &["/d/b.yaml"]);
-        assert_eq!(cluster_ips(&m), ["10.96.0.2"]);
-        assert!(m.problems.is_empty(), "{:?}", m.problems);
+        let (problems, _) = step(&mut d, &files, &["/d/b.yaml"]);
+        assert_eq!(cluster_ips(&d), ["10.96.0.2"]);
+        assert!(problems.is_empty(), "{problems:?}");
+        // The last definition goes: the service is deleted.
+        let (_, sent) = step(&mut d, &files[1..], &[]);
+        assert_eq!(sent, 1, "one delete");
+        assert!(d.stores.services.is_empty());
+    }
+
+    #[test]
+    fn a_change_sends_only_the_objects_of_the_changed_file() {
+        let svc = |name: &str, ip: &str| web(ip).replace("name: web", &format!("name: {name}"));
+        let many: String = (0..50)
+            .map(|i| svc(&format!("s{i}"), &format!("10.96.1.{i}")))
+            .collect::<Vec<_>>()
+            .join("---\n");
+        let mut d = Dir::default();
+        let files = [
+            ("/d/a.yaml", many.clone()),
+            ("/d/b.yaml", svc("one", "10.96.0.1")),
+        ];
+        step(&mut d, &files, &["/d/a.yaml", "/d/b.yaml"]);
+        assert_eq!(d.stores.services.len(), 51);
+        let files = [("/d/a.yaml", many), ("/d/b.yaml", svc("one", "10.96.0.9"))];
+        let (_, sent) = step(&mut d, &files, &["/d/b.yaml"]);
+        assert_eq!(sent, 1, "only the changed file's object");
+        assert!(cluster_ips(&d).contains(&"10.96.0.9".to_owned()));
     }
 
     #[test]
@@ -412,8 +567,10 @@ mod tests {
         let changed = parse_changed(&fp, &state.known(), Limits::default());
         let paths: Vec<&PathBuf> = changed.iter().map(|c| &c.0).collect();
         assert_eq!(paths, [&b]);
-        let m = state.merge(&fp, changed);
-        assert_eq!(m.services.len(), 2);
+        let delta = state.merge(&fp, changed);
+        assert_eq!(delta.counts[&Kind::Service], 2);
+        // api went, api2 came.
+        assert_eq!(delta.updates.len(), 2);
         fs::remove_dir_all(&dir).unwrap();
     }
 }
