@@ -523,7 +523,8 @@ fn list_inner(
         };
         (at, None, false)
     };
-    let page = store.page(kind, at, start_after.as_ref(), limit, |obj| {
+    let unfiltered = filter.labels.is_empty() && filter.fields.is_empty();
+    let page = store.page(kind, at, start_after.as_ref(), limit, unfiltered, |obj| {
         filter.matches(obj)
     });
     let (page, remaining) = match page {
@@ -560,7 +561,7 @@ fn list_inner(
     let mut metadata = json!({"resourceVersion": at.to_string()});
     if let (true, Some(last)) = (remaining > 0, &last_key) {
         metadata["continue"] = Value::String(encode_continue(at, last));
-        if filter.labels.is_empty() && filter.fields.is_empty() {
+        if unfiltered {
             metadata["remainingItemCount"] = json!(remaining);
         }
     }

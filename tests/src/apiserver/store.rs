@@ -123,21 +123,26 @@ impl Store {
         kind: ResourceKind,
         at: u64,
     ) -> Result<BTreeMap<Key, Value>, SnapshotError> {
-        let (items, _) = self.page(kind, at, None, None, |_| true)?;
+        let (items, _) = self.page(kind, at, None, None, true, |_| true)?;
         Ok(items.into_iter().collect())
     }
 
     /// One page of the list of `kind` as it was at `at`: the objects after
     /// key `after` (in key order) that `keep` accepts, at most `limit` of
-    /// them, and how many more such objects follow. Only the page is
-    /// cloned, so paginating through N objects costs O(N) clones, not the
-    /// O(N^2 / limit) of cloning a whole snapshot per page.
+    /// them, and how many more such objects follow (with `count_rest`
+    /// false, only whether any does: 0 or 1). Only the page is cloned and
+    /// the walk starts after `after`, so paginating through N objects costs
+    /// O(N) clones and filter checks, not O(N^2 / limit); counting the rest
+    /// walks it once more per page, as a real server's
+    /// `remainingItemCount` does not (callers ask for it only without
+    /// selectors, where it is a cheap walk).
     pub fn page(
         &self,
         kind: ResourceKind,
         at: u64,
         after: Option<&Key>,
         limit: Option<usize>,
+        count_rest: bool,
         mut keep: impl FnMut(&Value) -> bool,
     ) -> Result<(Vec<(Key, Value)>, usize), SnapshotError> {
         if at < self.compacted {
@@ -160,11 +165,14 @@ impl Store {
             };
             overlay.insert(key_of(kind, any), change.prev.as_ref());
         }
-        let start = (kind, String::new(), String::new());
+        let start = match after {
+            Some(a) => std::ops::Bound::Excluded(a.clone()),
+            None => std::ops::Bound::Included((kind, String::new(), String::new())),
+        };
         let beyond = |k: &Key| after.is_none_or(|a| k > a);
         let mut current = self
             .objects
-            .range(start.clone()..)
+            .range((start, std::ops::Bound::Unbounded))
             .take_while(|(k, _)| k.0 == kind)
             .filter(|(k, _)| beyond(k) && !overlay.contains_key(*k))
             .peekable();
@@ -194,6 +202,9 @@ impl Store {
             }
             if limit.is_some_and(|l| items.len() >= l) {
                 remaining += 1;
+                if !count_rest {
+                    break;
+                }
             } else {
                 items.push((key.clone(), value.clone()));
             }
