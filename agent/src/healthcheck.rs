@@ -40,7 +40,7 @@ fn answer(state: &Shared, port: u16, health: &Health) -> Response<Full<Bytes>> {
         Some((svc, n)) => {
             let ok = n > 0 && healthy;
             let body = serde_json::json!({
-                "service": {"namespace": svc.namespace, "name": svc.name},
+                "service": {"namespace": &*svc.namespace, "name": &*svc.name},
                 "localEndpoints": n,
                 "serviceProxyHealthy": healthy,
             });

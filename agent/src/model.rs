@@ -2,10 +2,27 @@
 //! produces it. Plain data, independent of both Kubernetes and BPF types.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     fmt,
     net::IpAddr,
+    sync::{Arc, Mutex},
 };
+
+/// One shared copy of a string that many objects repeat and that the
+/// cluster has few of (namespaces, port names, node and zone names): every
+/// holder keeps a pointer, not a copy. Interned strings live as long as the
+/// process, so unbounded sets (object names) are never interned.
+pub fn intern(s: &str) -> Arc<str> {
+    static POOL: Mutex<Option<HashSet<Arc<str>>>> = Mutex::new(None);
+    let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+    let pool = pool.get_or_insert_with(HashSet::new);
+    if let Some(s) = pool.get(s) {
+        return s.clone();
+    }
+    let shared: Arc<str> = Arc::from(s);
+    pool.insert(shared.clone());
+    shared
+}
 
 pub use sluice_common::{BackendState, FrontendKind};
 
@@ -212,13 +229,15 @@ pub struct DesiredBackend {
     pub state: BackendState,
 }
 
-/// The identity of one Kubernetes service port.
+/// The identity of one Kubernetes service port. Its strings are shared
+/// (the namespace and port interned, the name with the service's key):
+/// the reconciler keeps several copies of every name, each a few pointers.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServicePortName {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
     /// The port's name, or its number when unnamed.
-    pub port: String,
+    pub port: Arc<str>,
     pub proto: Proto,
 }
 

@@ -43,8 +43,10 @@ pub struct Stores {
     pub nodes: BTreeMap<ObjectKey, NodeInfo>,
     /// ServiceCIDR objects by name.
     pub service_cidrs: BTreeMap<ObjectKey, ServiceCidrInfo>,
-    /// Slices of each service (by the service's key).
-    pub slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+    /// Slices of each service (by the service's key), in name order (a
+    /// sorted Vec: most services have one slice, and a one-element
+    /// BTreeSet costs a whole node).
+    pub slices_by_service: BTreeMap<ObjectKey, Vec<ObjectKey>>,
     /// Objects that could not be used at all, by kind and key.
     pub rejected: BTreeMap<(Kind, ObjectKey), Problem>,
     /// Kinds whose complete set has arrived at least once.
@@ -61,14 +63,14 @@ fn owner(key: &ObjectKey, slice: &SliceInfo) -> ObjectKey {
 /// How one store reacts to its objects changing.
 trait Store<T> {
     fn map(&mut self) -> &mut BTreeMap<ObjectKey, T>;
-    /// Records that `key` went from `old` to `new`.
-    fn touched(&mut self, key: &ObjectKey, old: Option<&T>, new: Option<&T>, dirty: &mut Dirty);
+    /// Records that `key` went from `old` to what the map now holds.
+    fn touched(&mut self, key: &ObjectKey, old: Option<&T>, dirty: &mut Dirty);
 }
 
 struct Services<'a>(&'a mut BTreeMap<ObjectKey, ServiceInfo>);
 struct Slices<'a> {
     map: &'a mut BTreeMap<ObjectKey, SliceInfo>,
-    index: &'a mut BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+    index: &'a mut BTreeMap<ObjectKey, Vec<ObjectKey>>,
 }
 struct Nodes<'a>(&'a mut BTreeMap<ObjectKey, NodeInfo>);
 struct ServiceCidrs<'a>(&'a mut BTreeMap<ObjectKey, ServiceCidrInfo>);
@@ -80,7 +82,6 @@ impl Store<ServiceCidrInfo> for ServiceCidrs<'_> {
     fn touched(
         &mut self,
         _: &ObjectKey,
-        _: Option<&ServiceCidrInfo>,
         _: Option<&ServiceCidrInfo>,
         dirty: &mut Dirty,
     ) {
@@ -96,7 +97,6 @@ impl Store<ServiceInfo> for Services<'_> {
         &mut self,
         key: &ObjectKey,
         _: Option<&ServiceInfo>,
-        _: Option<&ServiceInfo>,
         dirty: &mut Dirty,
     ) {
         dirty.services.insert(key.clone());
@@ -111,15 +111,17 @@ impl Store<SliceInfo> for Slices<'_> {
         &mut self,
         key: &ObjectKey,
         old: Option<&SliceInfo>,
-        new: Option<&SliceInfo>,
         dirty: &mut Dirty,
     ) {
+        let new = self.map.get(key);
         let has_problems = |s: Option<&SliceInfo>| s.is_some_and(|s| !s.problems.is_empty());
         dirty.rejected |= has_problems(old) || has_problems(new);
         if let Some(old) = old {
             let svc = owner(key, old);
             if let Some(set) = self.index.get_mut(&svc) {
-                set.remove(key);
+                if let Ok(at) = set.binary_search(key) {
+                    set.remove(at);
+                }
                 if set.is_empty() {
                     self.index.remove(&svc);
                 }
@@ -128,10 +130,10 @@ impl Store<SliceInfo> for Slices<'_> {
         }
         if let Some(new) = new {
             let svc = owner(key, new);
-            self.index
-                .entry(svc.clone())
-                .or_default()
-                .insert(key.clone());
+            let set = self.index.entry(svc.clone()).or_default();
+            if let Err(at) = set.binary_search(key) {
+                set.insert(at, key.clone());
+            }
             dirty.services.insert(svc);
         }
     }
@@ -145,28 +147,27 @@ impl Store<NodeInfo> for Nodes<'_> {
         &mut self,
         _: &ObjectKey,
         _: Option<&NodeInfo>,
-        _: Option<&NodeInfo>,
         dirty: &mut Dirty,
     ) {
         dirty.all = true;
     }
 }
 
-fn set<T: PartialEq + Clone>(
+fn set<T: PartialEq>(
     store: &mut impl Store<T>,
     key: &ObjectKey,
     value: Option<T>,
     dirty: &mut Dirty,
 ) {
-    let old = store.map().get(key).cloned();
-    if old == value {
+    if store.map().get(key) == value.as_ref() {
         return;
     }
-    match &value {
-        Some(v) => store.map().insert(key.clone(), v.clone()),
+    // Moved in, never cloned: the old value comes back out.
+    let old = match value {
+        Some(v) => store.map().insert(key.clone(), v),
         None => store.map().remove(key),
     };
-    store.touched(key, old.as_ref(), value.as_ref(), dirty);
+    store.touched(key, old.as_ref(), dirty);
 }
 
 fn set_rejected(

@@ -105,9 +105,9 @@ pub fn cluster_ip(
     let (namespace, name) = name.split_once('/').unwrap_or(("default", name));
     (
         ServicePortName {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            port: port.to_string(),
+            namespace: namespace.into(),
+            name: name.into(),
+            port: port.to_string().into(),
             proto,
         },
         DesiredService {
@@ -267,7 +267,7 @@ pub fn service(
         ServicePortName {
             namespace: "default".into(),
             name: name.into(),
-            port: port.to_string(),
+            port: port.to_string().into(),
             proto,
         },
         DesiredService { frontends },

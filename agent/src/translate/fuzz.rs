@@ -315,7 +315,7 @@ proptest! {
         for svc in &services {
             let Some(key) = ObjectKey::from_meta(&svc.metadata) else { continue };
             let contributes = t.desired.services.keys().any(|n| n.namespace == key.namespace && n.name == key.name);
-            let reported = t.problems.iter().chain(&stores.problems).any(|p| p.to_string().contains(&key.name));
+            let reported = t.problems.iter().chain(&stores.problems).any(|p| p.to_string().contains(&*key.name));
             let ignored = svc.spec.as_ref().is_none_or(|s| {
                 // Headless: the first cluster IP (clusterIPs, else
                 // clusterIP) is "None".

@@ -267,7 +267,7 @@ pub fn translate_service(
         let name = ServicePortName {
             namespace: key.namespace.clone(),
             name: key.name.clone(),
-            port: port.port_name(),
+            port: crate::model::intern(&port.port_name()),
             proto: port.proto,
         };
         if !seen.insert(name.clone()) {

@@ -12,7 +12,7 @@
 //! (the caller should treat it as absent), and otherwise the usable part,
 //! with what was left out recorded in its `problems`.
 
-use std::{collections::BTreeMap, fmt, net::IpAddr};
+use std::{collections::BTreeMap, fmt, net::IpAddr, sync::Arc};
 
 use k8s_openapi::{
     api::{
@@ -52,17 +52,19 @@ pub const MAX_AFFINITY_TIMEOUT: u32 = 86_400;
 /// Most examples a single aggregated problem lists.
 const MAX_EXAMPLES: usize = 5;
 
-/// A namespaced object's identity.
+/// A namespaced object's identity: the namespace interned, the name
+/// shared by every copy of the key (and the service port names made from
+/// it).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectKey {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
 }
 
 impl ObjectKey {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl AsRef<str>, name: impl Into<Arc<str>>) -> Self {
         Self {
-            namespace: namespace.into(),
+            namespace: crate::model::intern(namespace.as_ref()),
             name: name.into(),
         }
     }
@@ -781,7 +783,7 @@ pub struct SlicePort {
 pub struct SliceEndpoint {
     pub addr: IpAddr,
     pub conditions: Conditions,
-    pub node_name: Option<String>,
+    pub node_name: Option<Arc<str>>,
     /// `hints.forZones[].name`, sorted.
     pub zone_hints: Vec<String>,
     /// `hints.forNodes[].name`, sorted (written for services with
@@ -950,7 +952,7 @@ fn endpoint(ep: &K8sEndpoint, family: AddressFamily) -> Result<SliceEndpoint, En
     Ok(SliceEndpoint {
         addr,
         conditions: Conditions::from_k8s(ep.conditions.as_ref()),
-        node_name: ep.node_name.clone().filter(|n| !n.is_empty()),
+        node_name: ep.node_name.as_deref().filter(|n| !n.is_empty()).map(crate::model::intern),
         zone_hints,
         node_hints,
     })

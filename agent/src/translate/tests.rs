@@ -1087,7 +1087,7 @@ fn trimmed_objects_are_small() {
         .iter()
         .map(|e| {
             std::mem::size_of::<SliceEndpoint>()
-                + e.node_name.as_ref().map_or(0, String::capacity)
+                + e.node_name.as_ref().map_or(0, |n| n.len())
                 + e.zone_hints
                     .iter()
                     .map(|z| 24 + z.capacity())

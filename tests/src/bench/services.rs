@@ -115,9 +115,9 @@ impl ServiceSet {
 
     fn service_port_name(&self, i: usize) -> ServicePortName {
         ServicePortName {
-            namespace: NAMESPACE.to_owned(),
-            name: self.name(i),
-            port: "http".to_owned(),
+            namespace: NAMESPACE.into(),
+            name: self.name(i).into(),
+            port: "http".into(),
             proto: Proto::Tcp,
         }
     }
