@@ -523,9 +523,12 @@ fn list_inner(
         };
         (at, None, false)
     };
+    // Without selectors every object of the kind (and namespace) counts:
+    // the rest of the list is counted without looking into the objects.
     let unfiltered = filter.labels.is_empty() && filter.fields.is_empty();
+    let counted = unfiltered && filter.namespace.is_none();
     let page = store.page(kind, at, start_after.as_ref(), limit, unfiltered, |obj| {
-        filter.matches(obj)
+        counted || filter.matches(obj)
     });
     let (page, remaining) = match page {
         Ok(p) => p,
