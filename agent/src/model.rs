@@ -257,8 +257,9 @@ pub struct DesiredService {
     pub frontends: Vec<Frontend>,
 }
 
-/// Everything the datapath should balance.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Everything the datapath should balance. Equality compares the content
+/// (`nets_version` is bookkeeping, not state).
+#[derive(Clone, Debug, Default, Eq)]
 pub struct DesiredState {
     pub services: BTreeMap<ServicePortName, DesiredService>,
     /// The cluster's own sources as (network, prefix length): what
@@ -279,4 +280,14 @@ pub struct DesiredState {
     /// the maps (a walk of every cluster IP) only then; 0 means unversioned
     /// (always compared).
     pub nets_version: u64,
+}
+
+impl PartialEq for DesiredState {
+    fn eq(&self, other: &Self) -> bool {
+        self.services == other.services
+            && self.local_sources == other.local_sources
+            && self.local_ifaces == other.local_ifaces
+            && self.service_cidrs == other.service_cidrs
+            && self.cluster_ips == other.cluster_ips
+    }
 }

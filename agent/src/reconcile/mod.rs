@@ -78,6 +78,9 @@ pub struct Report {
     /// Service ports balanced without their Maglev tables in this
     /// reconcile because the table maps are full.
     pub maglev_fallback: Vec<ServicePortName>,
+    /// Cluster IPs left out of a full `sl_svcnet4/6` (not an error: see
+    /// `sync_service_nets`).
+    pub service_nets_left_out: usize,
 }
 
 /// What one conntrack scan did.
@@ -723,6 +726,7 @@ impl<W: MapWrites> Reconciler<W> {
                 Err(e) => report.errors.push(e),
             }
         }
+        report.service_nets_left_out = left_out;
         if left_out != self.nets_left_out {
             if left_out > 0 {
                 warn!(
