@@ -79,12 +79,7 @@ impl Store<ServiceCidrInfo> for ServiceCidrs<'_> {
     fn map(&mut self) -> &mut BTreeMap<ObjectKey, ServiceCidrInfo> {
         self.0
     }
-    fn touched(
-        &mut self,
-        _: &ObjectKey,
-        _: Option<&ServiceCidrInfo>,
-        dirty: &mut Dirty,
-    ) {
+    fn touched(&mut self, _: &ObjectKey, _: Option<&ServiceCidrInfo>, dirty: &mut Dirty) {
         dirty.cidrs = true;
     }
 }
@@ -93,12 +88,7 @@ impl Store<ServiceInfo> for Services<'_> {
     fn map(&mut self) -> &mut BTreeMap<ObjectKey, ServiceInfo> {
         self.0
     }
-    fn touched(
-        &mut self,
-        key: &ObjectKey,
-        _: Option<&ServiceInfo>,
-        dirty: &mut Dirty,
-    ) {
+    fn touched(&mut self, key: &ObjectKey, _: Option<&ServiceInfo>, dirty: &mut Dirty) {
         dirty.services.insert(key.clone());
     }
 }
@@ -107,12 +97,7 @@ impl Store<SliceInfo> for Slices<'_> {
     fn map(&mut self) -> &mut BTreeMap<ObjectKey, SliceInfo> {
         self.map
     }
-    fn touched(
-        &mut self,
-        key: &ObjectKey,
-        old: Option<&SliceInfo>,
-        dirty: &mut Dirty,
-    ) {
+    fn touched(&mut self, key: &ObjectKey, old: Option<&SliceInfo>, dirty: &mut Dirty) {
         let new = self.map.get(key);
         let has_problems = |s: Option<&SliceInfo>| s.is_some_and(|s| !s.problems.is_empty());
         dirty.rejected |= has_problems(old) || has_problems(new);
@@ -143,12 +128,7 @@ impl Store<NodeInfo> for Nodes<'_> {
     fn map(&mut self) -> &mut BTreeMap<ObjectKey, NodeInfo> {
         self.0
     }
-    fn touched(
-        &mut self,
-        _: &ObjectKey,
-        _: Option<&NodeInfo>,
-        dirty: &mut Dirty,
-    ) {
+    fn touched(&mut self, _: &ObjectKey, _: Option<&NodeInfo>, dirty: &mut Dirty) {
         dirty.all = true;
     }
 }
@@ -442,7 +422,10 @@ mod tests {
             assert!(!st.all_synced());
             first.merge(st.apply(u));
         }
-        assert!(first.all, "the end of the first list retranslates everything");
+        assert!(
+            first.all,
+            "the end of the first list retranslates everything"
+        );
         assert!(st.synced.contains(&Kind::EndpointSlice));
         // The same objects again: nothing to do.
         for u in list(&[("s-1", "a"), ("s-2", "b"), ("s-3", "c")]) {

@@ -151,7 +151,7 @@ impl Desired {
                 self.ports_of.insert(key, new_names);
             }
         }
-        problems_changed |= wanted_node_ports != !self.wants_node_ports.is_empty();
+        problems_changed |= wanted_node_ports == self.wants_node_ports.is_empty();
         (changed, problems_changed)
     }
 

@@ -557,8 +557,12 @@ fn a_relist_that_finds_nothing_changed_writes_nothing() -> Result<()> {
     let updates0 = synced(&c.agent)?;
 
     c.server.compact();
-    c.server
-        .inject_fault(Verb::Watch, Some(ResourceKind::Service), 1, Fault::ExpiredWatch);
+    c.server.inject_fault(
+        Verb::Watch,
+        Some(ResourceKind::Service),
+        1,
+        Fault::ExpiredWatch,
+    );
     c.server.inject_fault(
         Verb::Watch,
         Some(ResourceKind::EndpointSlice),

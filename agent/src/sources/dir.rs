@@ -130,9 +130,7 @@ impl FileObjects {
             );
         for o in objects {
             // A duplicate inside one file: the first definition wins.
-            out.objects
-                .entry((o.kind(), o.key().clone()))
-                .or_insert(o);
+            out.objects.entry((o.kind(), o.key().clone())).or_insert(o);
         }
         out
     }

@@ -952,7 +952,11 @@ fn endpoint(ep: &K8sEndpoint, family: AddressFamily) -> Result<SliceEndpoint, En
     Ok(SliceEndpoint {
         addr,
         conditions: Conditions::from_k8s(ep.conditions.as_ref()),
-        node_name: ep.node_name.as_deref().filter(|n| !n.is_empty()).map(crate::model::intern),
+        node_name: ep
+            .node_name
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .map(crate::model::intern),
         zone_hints,
         node_hints,
     })

@@ -135,12 +135,21 @@ pub fn rate_series(
         return out;
     }
     for &rate in rates {
-        let point = one_rate(api, maps, set, target, &mut target_not_ready, &mut bg, rate, window)
-            .unwrap_or_else(|e| RatePoint {
-                rate,
-                error: Some(format!("{e:#}")),
-                ..RatePoint::default()
-            });
+        let point = one_rate(
+            api,
+            maps,
+            set,
+            target,
+            &mut target_not_ready,
+            &mut bg,
+            rate,
+            window,
+        )
+        .unwrap_or_else(|e| RatePoint {
+            rate,
+            error: Some(format!("{e:#}")),
+            ..RatePoint::default()
+        });
         let kept_up = point.sustained();
         out.push(point);
         if !kept_up {

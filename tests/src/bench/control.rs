@@ -87,7 +87,11 @@ fn service_json(set: &ServiceSet, i: usize) -> serde_json::Value {
 
 /// The EndpointSlice of service `i`; endpoint `not_ready` (if any) has
 /// `ready: false`.
-pub(super) fn slice_json(set: &ServiceSet, i: usize, not_ready: Option<usize>) -> serde_json::Value {
+pub(super) fn slice_json(
+    set: &ServiceSet,
+    i: usize,
+    not_ready: Option<usize>,
+) -> serde_json::Value {
     let endpoints: Vec<serde_json::Value> = set
         .endpoints(i)
         .iter()

@@ -794,7 +794,9 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
 
     if cfg.control_only {
         for v in &cfg.variants {
-            errors.entry(*v).or_insert_with(|| "not measured: control plane only".into());
+            errors
+                .entry(*v)
+                .or_insert_with(|| "not measured: control plane only".into());
         }
     }
     // Every variant must reach the targets before anything is measured.

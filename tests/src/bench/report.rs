@@ -71,9 +71,12 @@ pub fn rate_text(p: &RatePoint) -> String {
         "{}/s (published {:.0}/s): target change {}; last background change lag {}{}",
         p.rate,
         p.achieved,
-        p.latency
-            .as_ref()
-            .map_or("-".into(), |l| format!("p50 {} / p99 {} ({})", ms(l.p50_us), ms(l.p99_us), l.samples)),
+        p.latency.as_ref().map_or("-".into(), |l| format!(
+            "p50 {} / p99 {} ({})",
+            ms(l.p50_us),
+            ms(l.p99_us),
+            l.samples
+        )),
         p.lag_ms.map_or("-".into(), |l| format!("{l:.1} ms")),
         if p.sustained() { "" } else { " (not kept up)" }
     )
@@ -82,11 +85,12 @@ pub fn rate_text(p: &RatePoint) -> String {
 /// Endpoint-change latency of the API-fed agent under background churn.
 fn churn_rate_table(r: &Results) -> String {
     let mut t = String::new();
-    if !r
-        .sizes
-        .iter()
-        .any(|s| s.control.agent.as_ref().is_some_and(|a| !a.churn_rates.is_empty()))
-    {
+    if !r.sizes.iter().any(|s| {
+        s.control
+            .agent
+            .as_ref()
+            .is_some_and(|a| !a.churn_rates.is_empty())
+    }) {
         return t;
     }
     let _ = writeln!(
