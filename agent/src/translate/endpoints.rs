@@ -24,8 +24,8 @@ pub(super) struct Candidate<'a> {
     pub conditions: Conditions,
     /// On this node.
     pub local: bool,
-    pub zone_hints: &'a [String],
-    pub node_hints: &'a [String],
+    pub zone_hints: &'a [std::sync::Arc<str>],
+    pub node_hints: &'a [std::sync::Arc<str>],
 }
 
 impl Candidate<'_> {
@@ -72,8 +72,8 @@ pub(super) fn collect<'a>(
                 },
                 conditions: e.conditions,
                 local: !node_name.is_empty() && e.node_name.as_deref() == Some(node_name),
-                zone_hints: &e.zone_hints,
-                node_hints: &e.node_hints,
+                zone_hints: e.zone_hints(),
+                node_hints: e.node_hints(),
             };
             match merged.get_mut(&cand.endpoint) {
                 None => {

@@ -143,5 +143,11 @@ pub(super) fn frontends(
     }
     out.sort_by_key(|f| (f.key, f.kind));
     out.dedup_by_key(|f| f.key);
+    // Kept in the desired state for as long as the service lives: no
+    // spare capacity (a Vec grown by pushes holds up to twice its length).
+    for f in &mut out {
+        f.backends.shrink_to_fit();
+    }
+    out.shrink_to_fit();
     out
 }

@@ -784,11 +784,31 @@ pub struct SliceEndpoint {
     pub addr: IpAddr,
     pub conditions: Conditions,
     pub node_name: Option<Arc<str>>,
+    /// Topology hints: `None` (one word, no allocation) for the usual
+    /// endpoint without any.
+    pub hints: Option<Box<Hints>>,
+}
+
+/// An endpoint's topology hints, names interned.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Hints {
     /// `hints.forZones[].name`, sorted.
-    pub zone_hints: Vec<String>,
+    pub zones: Box<[Arc<str>]>,
     /// `hints.forNodes[].name`, sorted (written for services with
     /// `trafficDistribution: PreferSameNode`).
-    pub node_hints: Vec<String>,
+    pub nodes: Box<[Arc<str>]>,
+}
+
+impl SliceEndpoint {
+    /// `hints.forZones[].name`, sorted.
+    pub fn zone_hints(&self) -> &[Arc<str>] {
+        self.hints.as_deref().map_or(&[], |h| &h.zones)
+    }
+
+    /// `hints.forNodes[].name`, sorted.
+    pub fn node_hints(&self) -> &[Arc<str>] {
+        self.hints.as_deref().map_or(&[], |h| &h.nodes)
+    }
 }
 
 /// What sluice needs of an EndpointSlice.
@@ -957,17 +977,24 @@ fn endpoint(ep: &K8sEndpoint, family: AddressFamily) -> Result<SliceEndpoint, En
             .as_deref()
             .filter(|n| !n.is_empty())
             .map(crate::model::intern),
-        zone_hints,
-        node_hints,
+        hints: (!zone_hints.is_empty() || !node_hints.is_empty()).then(|| {
+            Box::new(Hints {
+                zones: zone_hints.into(),
+                nodes: node_hints.into(),
+            })
+        }),
     })
 }
 
 /// Hint names, sorted, without duplicates and empty names.
-fn sorted_names<'a>(names: impl Iterator<Item = &'a String>) -> Vec<String> {
-    let mut out: Vec<String> = names.filter(|n| !n.is_empty()).cloned().collect();
-    out.sort();
+fn sorted_names<'a>(names: impl Iterator<Item = &'a String>) -> Vec<Arc<str>> {
+    let mut out: Vec<&str> = names
+        .filter(|n| !n.is_empty())
+        .map(String::as_str)
+        .collect();
+    out.sort_unstable();
     out.dedup();
-    out
+    out.into_iter().map(crate::model::intern).collect()
 }
 
 /// What sluice needs of its own Node.
@@ -1549,17 +1576,18 @@ mod tests {
         );
         let info = SliceInfo::from_slice(&s).unwrap().unwrap();
         assert_eq!(info.ports[0].name, "");
-        assert_eq!(info.endpoints[0].zone_hints, vec!["a", "b"]);
+        let strs = |h: &[Arc<str>]| h.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(strs(info.endpoints[0].zone_hints()), ["a", "b"]);
         assert_eq!(info.endpoints[0].node_name.as_deref(), Some("n1"));
-        assert!(info.endpoints[0].node_hints.is_empty());
+        assert!(info.endpoints[0].node_hints().is_empty());
 
         let mut e = ep("10.0.0.2");
         set_node_hints(&mut e, &["n2", "", "n1", "n2"]);
         set_zone_hints(&mut e, &["a"]);
         let s = mk_slice("default", "s", "svc", &[slice_port("", "TCP", 80)], vec![e]);
         let info = SliceInfo::from_slice(&s).unwrap().unwrap();
-        assert_eq!(info.endpoints[0].node_hints, vec!["n1", "n2"]);
-        assert_eq!(info.endpoints[0].zone_hints, vec!["a"]);
+        assert_eq!(strs(info.endpoints[0].node_hints()), ["n1", "n2"]);
+        assert_eq!(strs(info.endpoints[0].zone_hints()), ["a"]);
     }
 
     #[test]

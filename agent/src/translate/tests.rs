@@ -1088,10 +1088,14 @@ fn trimmed_objects_are_small() {
         .map(|e| {
             std::mem::size_of::<SliceEndpoint>()
                 + e.node_name.as_ref().map_or(0, |n| n.len())
-                + e.zone_hints
-                    .iter()
-                    .map(|z| 24 + z.capacity())
-                    .sum::<usize>()
+                + e.hints.as_ref().map_or(0, |h| {
+                    std::mem::size_of::<crate::translate::objects::Hints>()
+                        + h.zones
+                            .iter()
+                            .chain(h.nodes.iter())
+                            .map(|z| 16 + z.len())
+                            .sum::<usize>()
+                })
         })
         .sum::<usize>()
         + slice

@@ -15,6 +15,8 @@
 //! neither vote nor get filtered: they only matter when no endpoint is
 //! ready, and then topology no longer applies.
 
+use std::sync::Arc;
+
 use super::endpoints::Candidate;
 
 /// Where this node is.
@@ -62,7 +64,7 @@ pub(super) fn topology_mode(cands: &[&Candidate<'_>], here: Locality<'_>) -> Top
 /// Every ready endpoint has hints of one kind and one is for `name`.
 fn hints_apply<'a>(
     ready: &[&Candidate<'a>],
-    hints: fn(&Candidate<'a>) -> &'a [String],
+    hints: fn(&Candidate<'a>) -> &'a [Arc<str>],
     name: Option<&str>,
 ) -> bool {
     let Some(name) = name else { return false };
@@ -78,8 +80,8 @@ pub(super) fn available(c: &Candidate<'_>, mode: TopologyMode, here: Locality<'_
     }
 }
 
-fn hinted(hints: &[String], name: &str) -> bool {
-    hints.iter().any(|h| h == name)
+fn hinted(hints: &[Arc<str>], name: &str) -> bool {
+    hints.iter().any(|h| &**h == name)
 }
 
 #[cfg(test)]
@@ -87,7 +89,12 @@ mod tests {
     use super::*;
     use crate::{model::Endpoint, translate::objects::Conditions};
 
-    fn cand<'a>(last: u8, ready: bool, zones: &'a [String], nodes: &'a [String]) -> Candidate<'a> {
+    fn cand<'a>(
+        last: u8,
+        ready: bool,
+        zones: &'a [Arc<str>],
+        nodes: &'a [Arc<str>],
+    ) -> Candidate<'a> {
         Candidate {
             endpoint: Endpoint {
                 addr: std::net::IpAddr::from([10, 0, 0, last]),
@@ -104,8 +111,8 @@ mod tests {
         }
     }
 
-    fn names(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| (*s).to_owned()).collect()
+    fn names(list: &[&str]) -> Vec<Arc<str>> {
+        list.iter().map(|s| Arc::from(*s)).collect()
     }
 
     const HERE: Locality<'static> = Locality {

@@ -333,6 +333,9 @@ fn loadavg() -> String {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ConfigSummary {
     pub quick: bool,
+    /// `--control-only`: no data-plane rounds.
+    #[serde(default)]
+    pub control_only: bool,
     pub sizes: Vec<usize>,
     pub variants: Vec<String>,
     pub endpoints_per_service: usize,
@@ -912,6 +915,7 @@ pub fn run(cfg: &Config) -> Result<Results> {
         machine: Machine::probe(),
         config: ConfigSummary {
             quick: cfg.quick,
+            control_only: cfg.control_only,
             sizes: cfg.sizes.clone(),
             variants: cfg.variants.iter().map(|v| v.name().to_owned()).collect(),
             endpoints_per_service: ENDPOINTS,

@@ -495,6 +495,63 @@ fn goals(r: &Results) -> Vec<Goal> {
             });
         }
     }
+    if let Some(s) = r.sizes.iter().find(|s| s.services == 100_000) {
+        out.extend(issue17_goals(s));
+    }
+    out
+}
+
+/// The control-plane goals at 100,000 services (API-fed agent).
+fn issue17_goals(s: &SizeResult) -> Vec<Goal> {
+    let mut out = Vec::new();
+    let Some(a) = &s.control.agent else {
+        return out;
+    };
+    if let Some(kb) = a.vm_hwm_kb {
+        let mb = kb as f64 / 1024.0;
+        out.push(Goal {
+            what: "agent memory at 100,000 services".into(),
+            target: "<= 100 MB (VmHWM)".into(),
+            measured: format!("{mb:.0} MB"),
+            met: Some(mb <= 100.0),
+        });
+    }
+    if let (Some(ready), first) = (a.start_to_ready.seconds, a.first_sync_reconcile.seconds) {
+        out.push(Goal {
+            what: "start to ready at 100,000 services (API)".into(),
+            target: "< 5 s, first reconcile < 1 s".into(),
+            measured: format!(
+                "{}, first reconcile {}",
+                seconds(ready),
+                first.map_or("-".into(), seconds)
+            ),
+            met: Some(ready < 5.0 && first.is_some_and(|f| f < 1.0)),
+        });
+    }
+    if let Some(l) = &a.churn.latency {
+        out.push(Goal {
+            what: "one endpoint change to datapath at 100,000 services (API)".into(),
+            target: "p99 < 2 ms".into(),
+            measured: format!("p50 {} / p99 {}", ms(l.p50_us), ms(l.p99_us)),
+            met: Some(l.p99_us < 2000.0),
+        });
+    }
+    if !a.churn_rates.is_empty() {
+        let sustained = super::churn::sustained_rate(&a.churn_rates);
+        let at_1000 = a.churn_rates.iter().find(|p| p.rate == 1000);
+        out.push(Goal {
+            what: "endpoint change under 1,000 changes/s at 100,000 services (API)".into(),
+            target: "p99 < 5 ms, no backlog".into(),
+            measured: format!(
+                "{}; sustained up to {}",
+                at_1000
+                    .and_then(|p| p.latency.as_ref())
+                    .map_or("-".into(), |l| format!("p99 {} at 1000/s", ms(l.p99_us))),
+                sustained.map_or("none of the rates".into(), |r| format!("{r}/s"))
+            ),
+            met: Some(sustained.is_some_and(|r| r >= 1000)),
+        });
+    }
     out
 }
 
@@ -530,7 +587,7 @@ pub fn markdown(r: &Results) -> String {
         c.rounds,
         c.foreign_limit * 100.0
     );
-    for s in &r.sizes {
+    for s in r.sizes.iter().filter(|_| !c.control_only) {
         let _ = writeln!(
             t,
             "### {} services x {} endpoints (last = #{}, random = #{})\n",
