@@ -82,6 +82,17 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
             );
         }
         positive(size, &["control", "agent", "start_to_ready", "seconds"])?;
+        // The endpoint-change series under background churn (API agent;
+        // it needs other services than the target to churn).
+        if n >= 3 {
+            let rates = size["control"]["agent"]["churn_rates"]
+                .as_array()
+                .context("churn_rates")?;
+            let first = rates.first().context("no churn rate measured")?;
+            assert!(first["error"].is_null(), "at {n} services: {first}");
+            positive(first, &["achieved"])?;
+            positive(first, &["latency", "p50_us"])?;
+        }
     }
     let svg = std::fs::read_to_string(out.join("connect.svg"))?;
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));
