@@ -31,7 +31,13 @@ impl Dirty {
         self.all |= other.all;
         self.rejected |= other.rejected;
         self.cidrs |= other.cidrs;
-        self.services.extend(other.services);
+        if self.all {
+            // Everything is retranslated: no list of services (a first
+            // list would otherwise collect every key).
+            self.services.clear();
+        } else {
+            self.services.extend(other.services);
+        }
     }
 }
 
