@@ -114,6 +114,10 @@ fn main() -> Result<()> {
         cfg.events_rounds = 0;
     }
     cfg.control_only = args.control_only;
+    if cfg.control_only {
+        // The events scenario is a data-plane measurement.
+        cfg.events_rounds = 0;
+    }
     if !args.agent_sources.is_empty() {
         cfg.agent_sources = args
             .agent_sources
