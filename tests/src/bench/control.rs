@@ -58,6 +58,11 @@ pub struct AgentRun {
     /// Resident set (VmRSS) right after the first sync, and at the end.
     pub vm_rss_ready_kb: Option<u64>,
     pub vm_rss_end_kb: Option<u64>,
+    /// CPU time (user + system) the agent used from its start until ready:
+    /// with `first_sync_reconcile`, what of start to ready is the agent's
+    /// own work (decoding, translating, writing) and what is waiting.
+    #[serde(default)]
+    pub cpu_to_ready_s: Option<f64>,
     pub bytes_per_service: Option<f64>,
     pub churn: Churn,
     /// API source only: endpoint-change latency under background churn,
@@ -145,6 +150,17 @@ fn status_kb(pid: u32, field: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
+}
+
+/// User + system CPU seconds of process `pid` (/proc/<pid>/stat fields 14
+/// and 15, in clock ticks of 1/100 s).
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command may hold spaces: fields count from after its ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+    Some((ticks(11)? + ticks(12)?) / 100.0)
 }
 
 fn master_active(maps: &Maps, key: &Svc4Key) -> Option<u16> {
@@ -295,6 +311,7 @@ pub fn agent_run(
         );
     }
     out.vm_rss_ready_kb = agent.pid().and_then(|p| status_kb(p, "VmRSS"));
+    out.cpu_to_ready_s = agent.pid().and_then(cpu_seconds);
     out.vm_hwm_ready_kb = agent.pid().and_then(|p| status_kb(p, "VmHWM"));
     let sync_sum = agent.metric("sluice_sync_duration_seconds_sum")?;
     let sync_count = agent.metric("sluice_sync_duration_seconds_count")?;

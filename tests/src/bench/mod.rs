@@ -779,8 +779,9 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
                 ..AgentRun::default()
             });
             eprintln!(
-                "  agent ({source:?} source): start to ready {}, first sync {}, VmHWM {} kB; endpoint change: {}",
+                "  agent ({source:?} source): start to ready {} (agent CPU {}), first sync {}, VmHWM {} kB; endpoint change: {}",
                 report::measure_text(&run.start_to_ready),
+                run.cpu_to_ready_s.map_or("-".into(), |c| format!("{c:.2} s")),
                 report::measure_text(&run.first_sync_reconcile),
                 run.vm_hwm_kb.unwrap_or(0),
                 report::churn_text(&run.churn)
