@@ -212,7 +212,7 @@ pub fn attached_devices(root: &Path) -> Vec<String> {
     devices
 }
 
-/// Detaches `device`: each of its pinned links is taken off its hook
+/// Detaches `device`: each of its pinned links (TC and XDP) is taken off its hook
 /// (`BPF_LINK_DETACH`, so that it goes even if another process holds the
 /// link open) and its pin removed. Only sluice's own links are touched:
 /// other programs on the device stay attached.
@@ -220,7 +220,7 @@ pub fn detach_device(root: &Path, device: &str) -> Result<(), DatapathError> {
     for hook in Hook::ALL {
         detach_pin(&pin_path(root, device, hook), device)?;
     }
-    Ok(())
+    super::xdp::detach_xdp(root, device)
 }
 
 /// Detaches the link pinned at `pin` and removes the pin.

@@ -10,7 +10,7 @@ use std::{
 
 use aya::{
     maps::{MapData, ProgramArray},
-    programs::SchedClassifier,
+    programs::{SchedClassifier, Xdp},
     Ebpf, EbpfLoader,
 };
 use sluice_common::{abi::MAPS, maps as names};
@@ -100,6 +100,15 @@ impl Datapath {
                 .load()
                 .map_err(|source| DatapathError::Program { name, source })?;
         }
+        let name = super::xdp::PROGRAM;
+        let program: &mut Xdp = ebpf
+            .program_mut(name)
+            .ok_or(DatapathError::MissingProgram(name))?
+            .try_into()
+            .map_err(|source| DatapathError::Program { name, source })?;
+        program
+            .load()
+            .map_err(|source| DatapathError::Program { name, source })?;
         load_ipv6_halves(&mut ebpf)?;
         super::cgroup::load(&mut ebpf)?;
         migration.copy()?;

@@ -16,6 +16,7 @@ mod maps;
 pub mod migrate;
 mod sys;
 mod writer;
+mod xdp;
 
 pub use cgroup::{cgroup2_mount, netns_cookie, PROGRAMS as CGROUP_PROGRAMS};
 pub use error::{DatapathError, WriteError};
@@ -26,6 +27,7 @@ pub(crate) use loader::{fs_type, BPF_FS_MAGIC};
 pub use loader::{Datapath, MapSizes};
 pub use maps::{read_map_state, Maps, ServiceKey};
 pub use writer::{Entry, EntryKey, MapReads, MapWriter, MapWrites};
+pub use xdp::{detach_xdp, xdp_devices, XdpMode};
 
 /// The eBPF object built by `cargo xtask build-ebpf`, embedded at build time
 /// (empty when the agent was built without it).

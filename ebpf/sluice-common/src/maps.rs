@@ -79,6 +79,12 @@ pub const SVCNET_V4: &str = "sl_svcnet4";
 /// Datapath events for `sluice monitor`: a BPF ring buffer of `Event`s
 /// (`events::EVENTS_RING_BYTES`).
 pub const EVENTS: &str = "sl_events";
+/// The devices `sl_xdp` may redirect frames to (a devmap hash, ifindex ->
+/// ifindex): the node's XDP devices. Not pinned: the agent fills the map
+/// of the programs it loads.
+pub const XDP_DEVS: &str = "sl_xdp_devs";
+/// Capacity of `sl_xdp_devs`.
+pub const XDP_DEVS_MAX: u32 = 64;
 /// The IPv6 twin of `sl_svcnet4`: LPM trie of `[u8; 16]` -> `SVCNET_*`.
 pub const SVCNET_V6: &str = "sl_svcnet6";
 /// Capacity of `sl_svcnet4` and of `sl_svcnet6` (cluster IPs and CIDRs).

@@ -95,7 +95,25 @@ pub enum Stat {
     /// routing header with no segments left, AH, mobility) before it:
     /// handled like any (service or not).
     Ipv6ExtWalked = 40,
-    // 41-50: XDP work.
+    /// XDP (`sl_xdp`) rewrote a service packet (a new or tracked flow
+    /// SNATed to a remote backend, or the reply of one) and sent it back
+    /// out of the device it came in on (`XDP_TX`).
+    XdpTx = 41,
+    /// XDP rewrote a service packet and redirected it to another XDP
+    /// device of the node (`XDP_REDIRECT` through `sl_xdp_devs`).
+    XdpRedirect = 42,
+    /// XDP dropped a packet at the driver: a source outside the
+    /// frontend's loadBalancerSourceRanges, a drop-when-empty frontend
+    /// without backends, or an unallocated service address (the reason
+    /// is also counted under its own name, as on the TC path).
+    XdpDrop = 43,
+    /// XDP handed a service packet to the TC path undecided (a local or
+    /// unroutable backend, a policy Local frontend, a reject, an unknown
+    /// neighbour, ...): TC takes the decision, once.
+    XdpPass = 44,
+    /// XDP rewrote a packet but could not send it (redirect refused): the
+    /// packet was dropped. Must stay 0.
+    XdpAborted = 45,
     /// A datapath event (`sl_events`, `sluice monitor`) was not written:
     /// its CPU had spent its rate limit (`EVENTS_PER_SEC`).
     EventsSuppressed = 51,
@@ -116,7 +134,7 @@ pub const STAT_COUNT: u32 = 23;
 pub const STATS2_MAX: u32 = 64;
 
 /// Number of counters in all.
-pub const STAT_TOTAL: usize = 33;
+pub const STAT_TOTAL: usize = 38;
 
 const _: () = assert!(STAT_TOTAL <= (STAT_COUNT + STATS2_MAX) as usize);
 
@@ -165,6 +183,11 @@ impl Stat {
         Stat::UnallocatedIp,
         Stat::FragmentDropped,
         Stat::Ipv6ExtWalked,
+        Stat::XdpTx,
+        Stat::XdpRedirect,
+        Stat::XdpDrop,
+        Stat::XdpPass,
+        Stat::XdpAborted,
         Stat::EventsSuppressed,
         Stat::EventsLost,
         Stat::TtlExpired,
@@ -208,6 +231,11 @@ impl Stat {
             Stat::UnallocatedIp => "unallocated_ip",
             Stat::FragmentDropped => "fragment_dropped",
             Stat::Ipv6ExtWalked => "ipv6_ext_walked",
+            Stat::XdpTx => "xdp_tx",
+            Stat::XdpRedirect => "xdp_redirect",
+            Stat::XdpDrop => "xdp_drop",
+            Stat::XdpPass => "xdp_pass",
+            Stat::XdpAborted => "xdp_aborted",
             Stat::EventsSuppressed => "events_suppressed",
             Stat::EventsLost => "events_lost",
             Stat::TtlExpired => "ttl_expired",

@@ -25,20 +25,15 @@
 //!    masquerades sources outside the cluster and this is one, or when the
 //!    client is its own backend (hairpin).
 
-use aya_ebpf::{
-    bindings::{__sk_buff, BPF_ANY},
-    helpers::bpf_ktime_get_ns,
-    programs::TcContext,
-};
+use aya_ebpf::{bindings::__sk_buff, helpers::bpf_ktime_get_ns, programs::TcContext};
 use sluice_common::{
     conntrack::{CT_F_SNAT, CT_REFRESH_NS},
-    hash::pick_slot,
     maps::SVCNET_CLUSTER_IP,
     service::{
-        SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MAGLEV,
-        SVC_F_MASQ_OUTSIDE, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
+        SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MASQ_OUTSIDE,
+        SVC_F_SNAT, SVC_F_SOURCE_RANGES,
     },
-    Affinity4Key, AffinityValue, Config, CtKind, Stat, Svc4Key, SvcValue, IPPROTO_TCP,
+    Config, CtKind, Stat, Svc4Key, SvcValue, IPPROTO_TCP,
 };
 
 use crate::events;
@@ -46,11 +41,13 @@ use crate::{
     conntrack::tcp_bits,
     error::{Error, Verdict},
     flow::{Flow4, Parsed},
-    hash, icmp, maglev,
-    maps::{self, count, AFFINITY_V4, CONNTRACK_V4},
+    hash, icmp,
+    maps::{self, count, CONNTRACK_V4},
     nat::{self, Side},
     reject,
-    select::{candidates, judge, orphan_snat_segment, sticky, Pick, Tracked},
+    select::{
+        candidates, judge, orphan_snat_segment, pick4, remember4, Pick, Tracked, PICK_AFFINITY,
+    },
     snat,
 };
 use sluice_common::Hook;
@@ -201,42 +198,6 @@ fn unserved(skb: *mut __sk_buff, flow: &Flow4, snat_port: bool) -> Result<Verdic
     Ok(Verdict::Drop)
 }
 
-/// The session-affinity key of `flow`'s client and frontend.
-#[inline(always)]
-fn affinity_key(flow: &Flow4) -> Affinity4Key {
-    Affinity4Key {
-        client: flow.src,
-        frontend: flow.dst,
-        port: flow.dport,
-        proto: flow.proto,
-        _pad: 0,
-    }
-}
-
-/// The backend the client's session affinity points to, if it may still
-/// take new flows (0: none). A separate BPF function, off the main frame
-/// (the key too).
-#[inline(never)]
-fn affinity(flow: &Flow4, master: &SvcValue, now: u64) -> u32 {
-    match AFFINITY_V4.get_ptr(affinity_key(flow)) {
-        // SAFETY: pointer from a successful lookup; read at once.
-        Some(a) => sticky(unsafe { &*a }, master, now),
-        None => 0,
-    }
-}
-
-/// Records the backend of the client's new flow for its next ones. A
-/// separate BPF function, off the main frame.
-#[inline(never)]
-fn remember(flow: &Flow4, svc_id: u32, backend_id: u32, now: u64) {
-    let value = AffinityValue {
-        last_used_ns: now,
-        backend_id,
-        svc_id,
-    };
-    let _ = AFFINITY_V4.insert(affinity_key(flow), value, BPF_ANY as u64);
-}
-
 /// The master entry of the internal scope of `flow`'s frontend, if it has
 /// one. A separate BPF function: its key stays off the IPv4 frame.
 #[inline(never)]
@@ -280,8 +241,8 @@ fn new_flow(
         events::ingress4(Stat::SourceDenied, ctx.skb.skb, flow, master.svc_id, 0);
         return Ok(Verdict::Drop);
     }
-    let (first, n) = match candidates(master) {
-        Pick::Slots(first, n) => (first, n),
+    match candidates(master) {
+        Pick::Slots(..) => {}
         Pick::Drop => {
             count(Stat::NoBackendDrop);
             events::ingress4(Stat::NoBackendDrop, ctx.skb.skb, flow, master.svc_id, 0);
@@ -296,45 +257,16 @@ fn new_flow(
                 reject::icmp_port_unreachable(ctx.skb.skb, flow)
             };
         }
-    };
+    }
     let h = hash::flow(flow, config.hash_seed);
-    let sticky = master.flags & SVC_F_AFFINITY != 0;
-    let sticky_backend = if sticky {
-        affinity(flow, master, now)
-    } else {
-        0
-    };
-    let chosen = if sticky_backend != 0 {
-        maps::backend(sticky_backend).map(|b| (sticky_backend, b))
-    } else {
-        None
-    };
-    let (backend_id, backend) = match chosen {
-        Some(chosen) => {
-            count(Stat::AffinityHit);
-            chosen
-        }
-        None => {
-            let by_table = if master.flags & SVC_F_MAGLEV != 0 {
-                maglev::pick4(flow, master, scope)
-            } else {
-                0
-            };
-            let id = if by_table != 0 {
-                by_table
-            } else {
-                let slot = pick_slot(h, first, n);
-                maps::service(&Svc4Key::scoped(
-                    flow.dst, flow.dport, flow.proto, slot, scope,
-                ))
-                .ok_or(Error::Dangling)?
-                .backend_id
-            };
-            (id, maps::backend(id).ok_or(Error::Dangling)?)
-        }
-    };
-    if sticky {
-        remember(flow, master.svc_id, backend_id, now);
+    let picked = pick4(flow, master, scope, h, now);
+    let backend_id = picked as u32;
+    let backend = maps::backend(backend_id).ok_or(Error::Dangling)?;
+    if picked & PICK_AFFINITY != 0 {
+        count(Stat::AffinityHit);
+    }
+    if master.flags & SVC_F_AFFINITY != 0 {
+        remember4(flow, master.svc_id, backend_id, now);
     }
     count(if reselected {
         Stat::Reselected

@@ -11,6 +11,10 @@
 //! - `sl_egress` sees packets leaving the node towards a client. A reply
 //!   from a backend gets the frontend address back as its source.
 //!
+//! - `sl_xdp` (XDP, on the external devices `--xdp-devices`) balances
+//!   north-south IPv4 traffic to NodePorts, load-balancer IPs and external
+//!   IPs with a remote backend at the driver, and drops denied sources.
+//!
 //! - `sl_connect4`/`6`, `sl_sendmsg4`/`6`, `sl_recvmsg4`/`6`,
 //!   `sl_getpeername4`/`6` and `sl_sock_release` (cgroup programs) balance
 //!   the node's own sockets, whose packets never cross a TC ingress hook.
@@ -50,10 +54,12 @@ mod select;
 mod snat;
 mod snat6;
 mod sock;
+mod xdp;
+mod xdp_nat;
 
 use aya_ebpf::{
-    macros::{cgroup_sock, cgroup_sock_addr, classifier},
-    programs::{SockAddrContext, SockContext, TcContext},
+    macros::{cgroup_sock, cgroup_sock_addr, classifier, xdp},
+    programs::{SockAddrContext, SockContext, TcContext, XdpContext},
 };
 
 use sluice_common::{
@@ -141,6 +147,13 @@ fn jump(ctx: &TcContext, index: u32) -> i32 {
     events::bare(Stat::TailCallFailed, Hook::Tc);
     log::tail_call_missing(ctx, index);
     Verdict::Next.code()
+}
+
+/// North-south service traffic at the driver, on the node's external
+/// devices (`xdp.rs`); what it does not finish passes to `sl_ingress`.
+#[xdp]
+pub fn sl_xdp(ctx: XdpContext) -> u32 {
+    xdp::run(&ctx)
 }
 
 #[cgroup_sock_addr(connect4)]

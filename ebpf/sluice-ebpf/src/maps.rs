@@ -5,7 +5,8 @@ use crate::{flow6::Flow6, headers::Ipv6Hdr};
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, BPF_F_NO_PREALLOC},
     btf_maps::{
-        lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, RingBuf,
+        lpm_trie::Key, Array, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray,
+        RingBuf,
     },
     macros::btf_map,
 };
@@ -196,6 +197,14 @@ pub fn scratch() -> Option<&'static mut Scratch> {
     SCRATCH.get_ptr_mut(0).map(|p| unsafe { &mut *p })
 }
 
+/// The devices `sl_xdp` may redirect a frame to (ifindex -> ifindex): the
+/// node's XDP devices, written by the agent when it attaches. Not pinned
+/// (each loaded program has its own, as `sl_scratch`): a frame for another
+/// device (a pod's veth, whose peer may drop redirected frames) goes up
+/// to TC instead.
+#[btf_map(name = "sl_xdp_devs")]
+pub static XDP_DEVS: DevMapHash<{ sluice_common::maps::XDP_DEVS_MAX as usize }> = DevMapHash::new();
+
 // The literal names above must be the ABI's names.
 use sluice_common::abi::same;
 const _: () = assert!(same("sl_svc4", names::SERVICES_V4));
@@ -221,6 +230,7 @@ const _: () = assert!(same("sl_frag6", names::FRAGMENTS_V6));
 const _: () = assert!(same("sl_svcnet4", names::SVCNET_V4));
 const _: () = assert!(same("sl_svcnet6", names::SVCNET_V6));
 const _: () = assert!(same("sl_events", names::EVENTS));
+const _: () = assert!(same("sl_xdp_devs", names::XDP_DEVS));
 
 // Every pinned map above is in the declaration table (its layout is
 // checked against it by agent/tests/abi_lock.rs).

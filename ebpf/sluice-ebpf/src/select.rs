@@ -3,16 +3,19 @@
 //! `ingress.rs` (IPv4) and `ingress6.rs` (IPv6) share these so that
 //! graceful termination follows one set of rules.
 
+use aya_ebpf::bindings::BPF_ANY;
 use sluice_common::{
-    service::{SVC_F_DROP_EMPTY, SVC_F_SNAT},
-    AffinityValue, Backend, BackendState, SvcValue, IPPROTO_TCP,
+    hash::pick_slot,
+    service::{SVC_F_AFFINITY, SVC_F_DROP_EMPTY, SVC_F_MAGLEV, SVC_F_SNAT},
+    Affinity4Key, AffinityValue, Backend, BackendState, Svc4Key, SvcValue, IPPROTO_TCP,
 };
 
 use crate::{
     flow::Flow4,
     flow6::Flow6,
     headers::{TCP_ACK, TCP_SYN},
-    maps,
+    maglev,
+    maps::{self, AFFINITY_V4},
 };
 
 pub enum Tracked {
@@ -155,4 +158,74 @@ pub fn orphan_snat_segment(proto: u8, tcp_flags: u8, master: &SvcValue) -> bool 
     proto == IPPROTO_TCP
         && !(tcp_flags & TCP_SYN != 0 && tcp_flags & TCP_ACK == 0)
         && master.flags & SVC_F_SNAT != 0
+}
+
+/// Set in `pick4`'s result when the client's session affinity chose.
+pub const PICK_AFFINITY: u64 = 1 << 32;
+
+/// The backend a new IPv4 flow of `master`'s frontend (in `scope`) takes,
+/// the one selection of every hook that sees packets (`sl_ingress`,
+/// `sl_xdp`): the client's session affinity while fresh and selectable,
+/// else the Maglev table's pick, else the slot the flow hash `h` names
+/// among the candidates (`candidates`, which the caller checked). The
+/// backend id is in the low 32 bits (0: a slot is dangling),
+/// `PICK_AFFINITY` says affinity chose. Nothing is written or counted
+/// here (but `maglev_fallback`): a caller that hands the packet on after
+/// picking leaves no trace, and the next hook picks the same. A
+/// separate BPF function, context-free: its keys stay off the callers'
+/// frames.
+#[inline(never)]
+pub fn pick4(flow: &Flow4, master: &SvcValue, scope: u8, h: u32, now: u64) -> u64 {
+    if master.flags & SVC_F_AFFINITY != 0 {
+        let id = match AFFINITY_V4.get_ptr(affinity_key(flow)) {
+            // SAFETY: pointer from a successful lookup; read at once.
+            Some(a) => sticky(unsafe { &*a }, master, now),
+            None => 0,
+        };
+        if id != 0 && maps::backend(id).is_some() {
+            return PICK_AFFINITY | id as u64;
+        }
+    }
+    let by_table = if master.flags & SVC_F_MAGLEV != 0 {
+        maglev::pick4(flow, master, scope)
+    } else {
+        0
+    };
+    if by_table != 0 {
+        return by_table as u64;
+    }
+    let Pick::Slots(first, n) = candidates(master) else {
+        return 0;
+    };
+    let slot = pick_slot(h, first, n);
+    match maps::service(&Svc4Key::scoped(
+        flow.dst, flow.dport, flow.proto, slot, scope,
+    )) {
+        Some(v) => v.backend_id as u64,
+        None => 0,
+    }
+}
+
+/// The session-affinity key of `flow`'s client and frontend.
+#[inline(always)]
+fn affinity_key(flow: &Flow4) -> Affinity4Key {
+    Affinity4Key {
+        client: flow.src,
+        frontend: flow.dst,
+        port: flow.dport,
+        proto: flow.proto,
+        _pad: 0,
+    }
+}
+
+/// Records the backend of the client's new flow for its next ones. A
+/// separate BPF function, off the callers' frames.
+#[inline(never)]
+pub fn remember4(flow: &Flow4, svc_id: u32, backend_id: u32, now: u64) {
+    let value = AffinityValue {
+        last_used_ns: now,
+        backend_id,
+        svc_id,
+    };
+    let _ = AFFINITY_V4.insert(affinity_key(flow), value, BPF_ANY as u64);
 }

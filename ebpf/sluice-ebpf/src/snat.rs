@@ -134,19 +134,45 @@ pub fn new_flow(skb: *mut __sk_buff, flow: &Flow4, nf: &NewFlow) -> Result<Verdi
         events::ingress4(Stat::SnatFailed, skb, flow, nf.svc_id, nf.backend_id);
         return Ok(Verdict::Drop);
     };
-    let config = maps::config();
-    let (min, max) = (config.snat_port_min, config.snat_port_max);
-    if min == 0 || max < min {
+    let port = claim(flow, nf, baddr, backend.port, src);
+    if port == 0 {
         count(Stat::SnatFailed);
+        let config = maps::config();
+        crate::log::snat_exhausted(
+            skb,
+            nf.backend_id,
+            config.snat_port_min,
+            config.snat_port_max,
+        );
         events::ingress4(Stat::SnatFailed, skb, flow, nf.svc_id, nf.backend_id);
         return Ok(Verdict::Drop);
     }
+    nat::rewrite(ctx, flow, Side::Dst, baddr, backend.port)?;
+    nat::rewrite(ctx, flow, Side::Src, src, port)?;
+    send(ctx, ifindex)
+}
+
+/// Claims an SNAT port for a new flow to backend `baddr:bport` leaving
+/// from node address `src`, and records the flow: the reply entry (backend
+/// -> node:port, claimed with an exclusive insert) and the forward entry.
+/// Returns the port, 0 when none was free (nothing recorded then).
+/// Context-free, shared by `sl_ingress` and `sl_xdp`, so that a flow's
+/// entries are the same whichever hook started it.
+#[inline(always)]
+pub(crate) fn claim(flow: &Flow4, nf: &NewFlow, baddr: [u8; 4], bport: u16, src: [u8; 4]) -> u16 {
+    let config = maps::config();
+    let (min, max) = (config.snat_port_min, config.snat_port_max);
+    if min == 0 || max < min {
+        return 0;
+    }
     let range = (max - min) as u32 + 1;
-    let scratch = maps::scratch().ok_or(Error::Dangling)?;
+    let Some(scratch) = maps::scratch() else {
+        return 0;
+    };
     let e = &mut scratch.ct;
     fill(e, flow, nf, CtKind::Reply, CT_F_SNAT);
     // A port whose reply tuple is free; the reply entry claims it.
-    let mut key = Ct4Key::new(baddr, src, backend.port, 0, flow.proto);
+    let mut key = Ct4Key::new(baddr, src, bport, 0, flow.proto);
     let mut port = 0u16;
     let mut i = 0;
     while i < PORT_TRIES {
@@ -158,10 +184,7 @@ pub fn new_flow(skb: *mut __sk_buff, flow: &Flow4, nf: &NewFlow) -> Result<Verdi
         i += 1;
     }
     if port == 0 {
-        count(Stat::SnatFailed);
-        crate::log::snat_exhausted(skb, nf.backend_id, min, max);
-        events::ingress4(Stat::SnatFailed, skb, flow, nf.svc_id, nf.backend_id);
-        return Ok(Verdict::Drop);
+        return 0;
     }
     e.nat_addr = v4_in_16(src);
     e.nat_port = port;
@@ -175,9 +198,7 @@ pub fn new_flow(skb: *mut __sk_buff, flow: &Flow4, nf: &NewFlow) -> Result<Verdi
     {
         count(Stat::CtInsertFailed);
     }
-    nat::rewrite(ctx, flow, Side::Dst, baddr, backend.port)?;
-    nat::rewrite(ctx, flow, Side::Src, src, port)?;
-    send(ctx, ifindex)
+    port
 }
 
 /// A packet of an established SNATed flow (`entry` is its forward entry).

@@ -1,0 +1,334 @@
+//! `sl_xdp`: north-south IPv4 service traffic decided at the driver, on
+//! the node's external devices (`--xdp-devices`).
+//!
+//! The program finishes what it can do alone and hands everything else
+//! to the TC path (`XDP_PASS`) *before* deciding anything, so a packet is
+//! never decided twice, differently:
+//! - a reply to an SNAT port of a flow SNATed to the node: reverse NAT,
+//!   sent towards the client (`xdp_nat::reply`);
+//! - a packet of a tracked SNATed flow: rewritten like its predecessors
+//!   (`xdp_nat::forward`), whichever hook started the flow (the conntrack
+//!   entries are the TC path's, written by the same `snat::claim`);
+//! - a new flow to a NodePort, load-balancer IP or external IP with
+//!   externalTrafficPolicy Cluster: the backend from the one selection
+//!   (`select::pick4`), SNAT to the node, sent on (`new_flow`);
+//! - drops: a source outside the frontend's loadBalancerSourceRanges, a
+//!   drop-when-empty frontend without backends, a new flow to an
+//!   unallocated address of the service CIDRs.
+//!
+//! "Sent" means `XDP_TX` when the route leaves through the device the
+//! packet came in on, `XDP_REDIRECT` when it leaves through another XDP
+//! device (`sl_xdp_devs`), and only when `bpf_fib_lookup` answers
+//! SUCCESS (a known neighbour). Anything else passes undecided: IPv6, IP
+//! options, fragments, ICMP, SCTP, a TTL about to expire, cluster IPs,
+//! policy Local frontends (their backends are local), rejects (TC builds
+//! the RST), a backend behind another device or an unresolved neighbour,
+//! a tracked flow whose entry must be judged again (TC reselects or
+//! resets).
+
+use aya_ebpf::{
+    bindings::{xdp_action, xdp_md},
+    helpers::bpf_ktime_get_ns,
+    programs::XdpContext,
+};
+use sluice_common::{
+    conntrack::{CT_F_SNAT, CT_REFRESH_NS},
+    maps::SVCNET_CLUSTER_IP,
+    service::{
+        FrontendKind, SCOPE_EXTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MASQ_OUTSIDE,
+        SVC_F_SNAT, SVC_F_SOURCE_RANGES,
+    },
+    CtEntry, CtKind, Stat, Svc4Key, SvcValue, IPPROTO_TCP, IPPROTO_UDP,
+};
+
+use crate::{
+    conntrack::tcp_bits,
+    flow::Flow4,
+    hash,
+    headers::{
+        EthHdr, Ipv4Hdr, TcpHdr, UdpHdr, ETH_LEN, ETH_P_IP, IPV4_LEN, IP_MF_OFFSET, TCP_LEN,
+        UDP_LEN,
+    },
+    maps::{self, count, CONNTRACK_V4},
+    select::{candidates, judge, orphan_snat_segment, pick4, remember4, Pick, Tracked},
+    snat::{claim, NewFlow},
+    xdp_nat::{self, Ends},
+};
+
+/// What `sl_xdp` does with a frame.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Not service traffic: to the stack, uncounted.
+    Ignore,
+    /// Service traffic handed to TC undecided (`xdp_pass`).
+    Pass,
+    Drop,
+    Tx,
+    Redirect,
+    /// Rewritten but not sendable: dropped (`xdp_aborted`).
+    Aborted,
+}
+
+/// The program: a verdict, counted per kind.
+#[inline(always)]
+pub fn run(ctx: &XdpContext) -> u32 {
+    match decide(ctx) {
+        Action::Ignore => xdp_action::XDP_PASS,
+        Action::Pass => {
+            count(Stat::XdpPass);
+            xdp_action::XDP_PASS
+        }
+        Action::Drop => {
+            count(Stat::XdpDrop);
+            xdp_action::XDP_DROP
+        }
+        Action::Tx => {
+            count(Stat::XdpTx);
+            xdp_action::XDP_TX
+        }
+        Action::Redirect => {
+            count(Stat::XdpRedirect);
+            xdp_action::XDP_REDIRECT
+        }
+        Action::Aborted => {
+            count(Stat::XdpAborted);
+            xdp_action::XDP_DROP
+        }
+    }
+}
+
+/// Offset of the L4 header: `sl_xdp` takes IPv4 headers without options
+/// only (others pass).
+pub const L4_OFF: usize = ETH_LEN + IPV4_LEN;
+
+/// A header of the frame at `off`, bounds-checked.
+#[inline(always)]
+pub(crate) fn at<T: Copy>(ctx: &XdpContext, off: usize) -> Option<T> {
+    let start = ctx.data();
+    if start + off + core::mem::size_of::<T>() > ctx.data_end() {
+        return None;
+    }
+    // SAFETY: bounds checked just above; T is a byte-aligned header.
+    Some(unsafe { *((start + off) as *const T) })
+}
+
+/// The frame as a flow `sl_xdp` may handle (IPv4 TCP/UDP, no options,
+/// not a fragment, TTL above 1), with the IP total length.
+#[inline(always)]
+fn parse(ctx: &XdpContext) -> Option<(Flow4, u16)> {
+    let eth = at::<EthHdr>(ctx, 0)?;
+    if eth.ether_type != ETH_P_IP {
+        return None;
+    }
+    let ip = at::<Ipv4Hdr>(ctx, ETH_LEN)?;
+    if ip.vihl != 0x45 || u16::from_be_bytes(ip.frag_off) & IP_MF_OFFSET != 0 || ip.ttl <= 1 {
+        return None;
+    }
+    let (sport, dport, tcp_flags) = if ip.proto == IPPROTO_TCP {
+        let tcp = at::<TcpHdr>(ctx, L4_OFF)?;
+        (tcp.sport, tcp.dport, tcp.flags)
+    } else if ip.proto == IPPROTO_UDP {
+        let udp = at::<UdpHdr>(ctx, L4_OFF)?;
+        (udp.sport, udp.dport, 0)
+    } else {
+        return None;
+    };
+    const _: () = assert!(TCP_LEN > UDP_LEN);
+    Some((
+        Flow4 {
+            src: ip.src,
+            dst: ip.dst,
+            sport: u16::from_be_bytes(sport),
+            dport: u16::from_be_bytes(dport),
+            proto: ip.proto,
+            tcp_flags,
+            l4_off: L4_OFF,
+            later: false,
+        },
+        u16::from_be_bytes(ip.tot_len),
+    ))
+}
+
+#[inline(always)]
+fn decide(ctx: &XdpContext) -> Action {
+    let Some((flow, tot_len)) = parse(ctx) else {
+        return Action::Ignore;
+    };
+    let config = maps::config();
+    if config.snat_port_min != 0
+        && flow.dport >= config.snat_port_min
+        && flow.dport <= config.snat_port_max
+    {
+        if let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) {
+            // SAFETY: pointer from a successful lookup; read at once.
+            let (kind, flags) = unsafe { ((*entry).kind, (*entry).flags) };
+            if kind == CtKind::Reply as u8 && flags & CT_F_SNAT != 0 {
+                return xdp_nat::reply(ctx.ctx, &flow, entry, tot_len);
+            }
+        }
+    }
+    let Some(master) = maps::service(&Svc4Key::new(flow.dst, flow.dport, flow.proto, 0)) else {
+        return unserved(&flow);
+    };
+    if master.kind() == FrontendKind::ClusterIp {
+        return Action::Pass;
+    }
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) {
+        // SAFETY: pointer from a successful lookup; fields copied at once.
+        let (kind, ct_flags, backend_id, svc_id) = unsafe {
+            (
+                (*entry).kind,
+                (*entry).flags,
+                (*entry).backend_id,
+                (*entry).svc_id,
+            )
+        };
+        if kind != CtKind::Forward as u8 || ct_flags & CT_F_SNAT == 0 {
+            return Action::Pass;
+        }
+        return match judge(&flow, master, backend_id, svc_id, ct_flags) {
+            Tracked::Follow(_) => forward(ctx.ctx, &flow, entry, now, tot_len),
+            // A fresh pick or a reset: TC's to decide.
+            Tracked::Reselect | Tracked::Reset => Action::Pass,
+        };
+    }
+    new_flow(ctx.ctx, &flow, master, now, tot_len)
+}
+
+/// A packet to no frontend: a new flow to an address of the service CIDRs
+/// that no service holds is dropped here (as `ingress::unserved` would);
+/// everything else is not ours.
+#[inline(never)]
+fn unserved(flow: &Flow4) -> Action {
+    let kind = maps::svcnet_v4(u32::from_ne_bytes(flow.dst));
+    if kind == 0 || kind == SVCNET_CLUSTER_IP {
+        // A cluster IP's unserved port gets a RST or port unreachable: TC.
+        return if kind == 0 {
+            Action::Ignore
+        } else {
+            Action::Pass
+        };
+    }
+    if CONNTRACK_V4.get_ptr(flow.ct_key()).is_some() {
+        return Action::Pass;
+    }
+    count(Stat::UnallocatedIp);
+    Action::Drop
+}
+
+/// A packet of a tracked flow SNATed to the node (`entry`: its forward
+/// entry, judged `Follow`). A separate BPF function.
+#[inline(never)]
+fn forward(ctx: *mut xdp_md, flow: &Flow4, entry: *mut CtEntry, now: u64, tot_len: u16) -> Action {
+    // SAFETY: the caller found the entry; fields copied at once.
+    let (backend_id, ct_flags, last_seen, nat_addr, nat_port) = unsafe {
+        (
+            (*entry).backend_id,
+            (*entry).flags,
+            (*entry).last_seen_ns,
+            crate::conntrack::v4(&(*entry).nat_addr),
+            (*entry).nat_port,
+        )
+    };
+    let Some(backend) = maps::backend(backend_id) else {
+        return Action::Pass;
+    };
+    let ends = Ends {
+        src: nat_addr,
+        dst: backend.addr_v4(),
+        sport: nat_port,
+        dport: backend.port,
+    };
+    let ifindex = xdp_nat::route(ctx, flow, ends.dst, tot_len);
+    if ifindex == 0 {
+        return Action::Pass;
+    }
+    let flags = ct_flags | tcp_bits(flow);
+    if flags != ct_flags || now.wrapping_sub(last_seen) > CT_REFRESH_NS {
+        // SAFETY: the entry stays valid for this program run; a racing
+        // writer only loses a refresh.
+        unsafe {
+            (*entry).flags = flags;
+            (*entry).last_seen_ns = now;
+        }
+    }
+    count(Stat::Established);
+    xdp_nat::send(ctx, flow, &ends, ifindex)
+}
+
+/// A new flow to an external frontend. Everything that would make TC
+/// decide otherwise (or decide at all: a reject) passes before anything
+/// is written. A separate BPF function.
+#[inline(never)]
+fn new_flow(ctx: *mut xdp_md, flow: &Flow4, master: &SvcValue, now: u64, tot_len: u16) -> Action {
+    if master.flags & SVC_F_MASQ_OUTSIDE != 0 {
+        return Action::Pass;
+    }
+    // SAFETY: reading the context's ingress device.
+    let ingress = unsafe { (*ctx).ingress_ifindex };
+    if master.flags & SVC_F_INTERNAL != 0 && maps::inside_v4(u32::from_ne_bytes(flow.src), ingress)
+    {
+        // A source inside the cluster takes the internal scope: TC.
+        return Action::Pass;
+    }
+    if master.flags & SVC_F_SOURCE_RANGES != 0 && !maps::source_allowed(master.svc_id, flow.src) {
+        count(Stat::SourceDenied);
+        return Action::Drop;
+    }
+    match candidates(master) {
+        Pick::Slots(..) => {}
+        Pick::Drop => {
+            count(Stat::NoBackendDrop);
+            return Action::Drop;
+        }
+        Pick::Reject => return Action::Pass,
+    }
+    if master.flags & SVC_F_SNAT == 0 || orphan_snat_segment(flow.proto, flow.tcp_flags, master) {
+        return Action::Pass;
+    }
+    let h = hash::flow(flow, maps::config().hash_seed);
+    let picked = pick4(flow, master, SCOPE_EXTERNAL, h, now);
+    let backend_id = picked as u32;
+    let Some(backend) = maps::backend(backend_id) else {
+        return Action::Pass;
+    };
+    let (baddr, bport) = (backend.addr_v4(), backend.port);
+    if baddr == flow.src {
+        return Action::Pass;
+    }
+    let ifindex = xdp_nat::route(ctx, flow, baddr, tot_len);
+    if ifindex == 0 {
+        return Action::Pass;
+    }
+    let Some(src) = xdp_nat::route_source() else {
+        return Action::Pass;
+    };
+    // Decided: from here on, as `ingress::new_flow` and `snat::new_flow`.
+    if picked & crate::select::PICK_AFFINITY != 0 {
+        count(Stat::AffinityHit);
+    }
+    if master.flags & SVC_F_AFFINITY != 0 {
+        remember4(flow, master.svc_id, backend_id, now);
+    }
+    let nf = NewFlow {
+        svc_id: master.svc_id,
+        backend_id,
+        now,
+        hash: h,
+    };
+    let port = claim(flow, &nf, baddr, bport, src);
+    if port == 0 {
+        count(Stat::SnatFailed);
+        return Action::Drop;
+    }
+    count(Stat::NewFlow);
+    let ends = Ends {
+        src,
+        dst: baddr,
+        sport: port,
+        dport: bport,
+    };
+    xdp_nat::send(ctx, flow, &ends, ifindex)
+}
