@@ -467,6 +467,14 @@ impl Topology {
 }
 
 impl Pod {
+    /// Lets the pod's `eth0` receive frames that an XDP program on the
+    /// node side sends with `XDP_TX` or redirects to that device: a veth
+    /// drops them silently unless the receiving peer runs XDP or has GRO
+    /// on (its NAPI then takes them). Turns GRO on.
+    pub fn receive_xdp_frames(&self) -> Result<()> {
+        receive_xdp_frames(&self.ns, "eth0")
+    }
+
     /// Turns TX checksum offload off on the pod's `eth0`: its packets then
     /// carry full checksums (not `CHECKSUM_PARTIAL`, which a veth peer
     /// trusts unchecked) and whoever receives them verifies every one, so
@@ -484,6 +492,14 @@ impl Pod {
             IpAddr::V4(self.ip)
         }
     }
+}
+
+/// Lets veth `dev` in `ns` receive frames its peer's XDP program sends
+/// with `XDP_TX` or redirects into the peer: GRO on (see
+/// `Pod::receive_xdp_frames`).
+pub fn receive_xdp_frames(ns: &Netns, dev: &str) -> Result<()> {
+    run(ns.command("ethtool").args(["-K", dev, "gro", "on"]))?;
+    Ok(())
 }
 
 /// Waits until IPv6 is configured on `dev`: its multicast route exists
