@@ -6,7 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, str::FromStr, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::datapath::{log::LogLevel, DEFAULT_BPF_ROOT};
+use crate::datapath::{log::LogLevel, XdpMode, DEFAULT_BPF_ROOT};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -144,6 +144,20 @@ pub struct AgentArgs {
     /// Devices to attach to: names or globs (`eth0,lxc*`), comma separated.
     #[arg(long, env = "SLUICE_DEVICES", value_delimiter = ',', required = true)]
     pub devices: Vec<String>,
+
+    /// Where north-south service traffic is balanced at the driver
+    /// (`sl_xdp` on the `--xdp-devices`): `native` in the driver (falls
+    /// back to off on a device whose driver refuses it, with a log line
+    /// and `sluice_xdp_attach_failures`), `generic` after the driver (any
+    /// device, slower), `off` (TC only).
+    #[arg(long, env = "SLUICE_XDP_MODE", value_enum, default_value = "native")]
+    pub xdp_mode: XdpMode,
+
+    /// Devices that get `sl_xdp`, among those `--devices` matches: names or
+    /// globs, comma separated (default: the devices holding this node's
+    /// addresses, the NodePort addresses).
+    #[arg(long, env = "SLUICE_XDP_DEVICES", value_delimiter = ',')]
+    pub xdp_devices: Vec<String>,
 
     #[command(flatten)]
     pub bpf: BpfRootArg,

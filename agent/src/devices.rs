@@ -7,6 +7,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
     sync::Arc,
     time::Duration,
 };
@@ -15,8 +16,8 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::{
-    datapath::{attached_devices, detach_device, Datapath},
-    metrics::Metrics,
+    datapath::{attached_devices, detach_device, detach_xdp, xdp_devices, Datapath, XdpMode},
+    metrics::{Metrics, ModeLabel},
     netdev,
     translate::LocalDetector,
 };
@@ -30,6 +31,68 @@ pub struct Devices {
     /// Interface-based local-traffic detection and where its devices go.
     local: Option<(LocalDetector, watch::Sender<BTreeSet<u32>>)>,
     links_failing: bool,
+    xdp: Option<Xdp>,
+}
+
+/// Where `sl_xdp` runs (`--xdp-mode`, `--xdp-devices`).
+pub struct Xdp {
+    pub mode: XdpMode,
+    /// Device globs; empty: the devices holding one of `node_addrs`.
+    pub patterns: Vec<String>,
+    /// This node's addresses, from the sync task (empty until the first
+    /// translation: no XDP change is made before).
+    pub node_addrs: watch::Receiver<Vec<IpAddr>>,
+    pub metrics: Arc<Metrics>,
+    /// Device name -> ifindex, XDP attached by this agent.
+    attached: BTreeMap<String, u32>,
+    /// Device name -> ifindex whose XDP attach failed (not retried until
+    /// the device is recreated).
+    failed: BTreeMap<String, u32>,
+}
+
+impl Xdp {
+    pub fn new(
+        mode: XdpMode,
+        patterns: Vec<String>,
+        node_addrs: watch::Receiver<Vec<IpAddr>>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            mode,
+            patterns,
+            node_addrs,
+            metrics,
+            attached: BTreeMap::new(),
+            failed: BTreeMap::new(),
+        }
+    }
+
+    /// The devices (among `tc`, the TC-attached ones) that should run XDP,
+    /// or `None` when that is not known yet.
+    fn wanted(&self, tc: &BTreeMap<String, u32>) -> Option<BTreeSet<String>> {
+        if self.mode == XdpMode::Off {
+            return Some(BTreeSet::new());
+        }
+        if !self.patterns.is_empty() {
+            return Some(
+                tc.keys()
+                    .filter(|n| self.patterns.iter().any(|p| netdev::glob(p, n)))
+                    .cloned()
+                    .collect(),
+            );
+        }
+        let addrs = self.node_addrs.borrow().clone();
+        if addrs.is_empty() {
+            return None;
+        }
+        Some(
+            netdev::device_addresses()
+                .into_iter()
+                .filter(|(name, addr)| tc.contains_key(name) && addrs.contains(addr))
+                .map(|(name, _)| name)
+                .collect(),
+        )
+    }
 }
 
 impl Devices {
@@ -41,7 +104,60 @@ impl Devices {
             failing: BTreeMap::new(),
             local: None,
             links_failing: false,
+            xdp: None,
         }
+    }
+
+    /// Runs `sl_xdp` where `xdp` says.
+    pub fn with_xdp(mut self, xdp: Xdp) -> Self {
+        self.xdp = Some(xdp);
+        self
+    }
+
+    /// Attaches `sl_xdp` to the wanted devices that lack it, detaches it
+    /// from the others (their pins, also those a previous agent left).
+    fn scan_xdp(&mut self) {
+        let Some(xdp) = &mut self.xdp else {
+            return;
+        };
+        let Some(wanted) = xdp.wanted(&self.attached) else {
+            return;
+        };
+        let root = self.datapath.root().to_owned();
+        xdp.attached.retain(|n, i| self.attached.get(n) == Some(i));
+        xdp.failed.retain(|n, i| self.attached.get(n) == Some(i));
+        for name in &wanted {
+            let index = self.attached[name];
+            if xdp.attached.contains_key(name) || xdp.failed.contains_key(name) {
+                continue;
+            }
+            match self.datapath.attach_xdp(name, xdp.mode) {
+                Ok(how) => {
+                    info!(device = %name, mode = xdp.mode.as_str(), ?how, "XDP attached: north-south traffic balanced at the driver");
+                    xdp.attached.insert(name.clone(), index);
+                }
+                Err(e) => {
+                    warn!(device = %name, mode = xdp.mode.as_str(), error = %e, "cannot attach XDP: the device stays on TC only");
+                    xdp.metrics.xdp_attach_failures.inc();
+                    xdp.failed.insert(name.clone(), index);
+                }
+            }
+        }
+        for name in xdp_devices(&root) {
+            if !wanted.contains(&name) || !xdp.attached.contains_key(&name) {
+                info!(device = %name, "XDP detached");
+                xdp.attached.remove(&name);
+                if let Err(e) = detach_xdp(&root, &name) {
+                    warn!(device = %name, error = %e, "cannot detach XDP");
+                }
+            }
+        }
+        xdp.metrics
+            .xdp_devices
+            .get_or_create(&ModeLabel {
+                mode: xdp.mode.as_str().to_owned(),
+            })
+            .set(xdp.attached.len() as i64);
     }
 
     /// Publishes the pods' devices by `detector` to `tx` on every scan.
@@ -142,6 +258,7 @@ impl Devices {
             }
         }
         self.failing.retain(|n, _| present.contains_key(n));
+        self.scan_xdp();
         self.attached.len()
     }
 

@@ -25,7 +25,10 @@ use sluice_common::{
 use crate::{
     cli::{CtListArgs, ListArgs, StatusArgs},
     conntrack,
-    datapath::{attached_devices, map_fill, migration_state, read_map_state, DatapathError, Maps},
+    datapath::{
+        attached_devices, map_fill, migration_state, read_map_state, xdp_devices, DatapathError,
+        Maps,
+    },
     model::Scope,
     reconcile::{endpoint_of, BackendId},
 };
@@ -455,6 +458,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         .map(|s| (s.name(), maps.stat(*s).unwrap_or(0)))
         .collect();
     let devices = attached_devices(root);
+    let xdp = xdp_devices(root);
     let agent = http_get(&args.healthz_url);
 
     if args.json {
@@ -476,6 +480,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
             "migration": migration,
             "maps": fill,
             "devices": devices,
+            "xdp_devices": xdp,
             "datapath": counters,
             "events": match (events_on, tracing) {
                 (true, true) => "all",
@@ -508,6 +513,17 @@ pub fn status(args: &StatusArgs) -> Result<()> {
             "(none attached)".to_owned()
         } else {
             devices.join(", ")
+        }
+    );
+    println!(
+        "xdp:       {}",
+        if xdp.is_empty() {
+            "(none: every packet goes through TC)".to_owned()
+        } else {
+            format!(
+                "{} (north-south traffic balanced at the driver)",
+                xdp.join(", ")
+            )
         }
     );
     for f in &fill {

@@ -14,6 +14,11 @@ pub struct KindLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabel {
+    pub mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: String,
 }
@@ -44,6 +49,8 @@ pub struct Metrics {
     pub conntrack_deleted: Counter,
     pub datapath: Family<ReasonLabel, Gauge>,
     pub devices: Gauge,
+    pub xdp_devices: Family<ModeLabel, Gauge>,
+    pub xdp_attach_failures: Counter,
     pub update_latency: Histogram,
     api_errors: Family<KindLabel, Counter>,
     relists: Family<KindLabel, Counter>,
@@ -90,6 +97,8 @@ impl Metrics {
             conntrack_deleted: Counter::default(),
             datapath: Family::default(),
             devices: Gauge::default(),
+            xdp_devices: Family::default(),
+            xdp_attach_failures: Counter::default(),
             api_errors: Family::default(),
             relists: Family::default(),
             stale_events: Family::default(),
@@ -185,6 +194,16 @@ impl Metrics {
             "attached_devices",
             "Devices with sluice's programs attached",
             m.devices.clone(),
+        );
+        registry.register(
+            "xdp_devices",
+            "Devices running sl_xdp, by mode (native, generic; adopted: a pinned link taken over, mode as attached)",
+            m.xdp_devices.clone(),
+        );
+        registry.register(
+            "xdp_attach_failures",
+            "XDP attaches refused (the device stays on TC only)",
+            m.xdp_attach_failures.clone(),
         );
         registry.register(
             "api_errors",

@@ -31,9 +31,18 @@ pub fn devices() -> Vec<(String, u32)> {
 
 /// Every address assigned to a device.
 pub fn addresses() -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = device_addresses().into_iter().map(|(_, a)| a).collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Every address assigned to a device, with the device's name.
+pub fn device_addresses() -> Vec<(String, IpAddr)> {
     let mut out = Vec::new();
     // SAFETY: getifaddrs allocates a list freed with freeifaddrs; each
-    // sockaddr is read according to its family.
+    // sockaddr is read according to its family, each name is a
+    // NUL-terminated string.
     unsafe {
         let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
         if libc::getifaddrs(&mut head) != 0 {
@@ -42,17 +51,20 @@ pub fn addresses() -> Vec<IpAddr> {
         let mut p = head;
         while !p.is_null() {
             let sa = (*p).ifa_addr;
-            if !sa.is_null() {
+            let name = (*p).ifa_name;
+            if !sa.is_null() && !name.is_null() {
+                let name = CStr::from_ptr(name).to_string_lossy().into_owned();
                 match i32::from((*sa).sa_family) {
                     libc::AF_INET => {
                         let sin = sa as *const libc::sockaddr_in;
-                        out.push(IpAddr::from(
-                            u32::from_be((*sin).sin_addr.s_addr).to_be_bytes(),
+                        out.push((
+                            name,
+                            IpAddr::from(u32::from_be((*sin).sin_addr.s_addr).to_be_bytes()),
                         ));
                     }
                     libc::AF_INET6 => {
                         let sin6 = sa as *const libc::sockaddr_in6;
-                        out.push(IpAddr::from((*sin6).sin6_addr.s6_addr));
+                        out.push((name, IpAddr::from((*sin6).sin6_addr.s6_addr)));
                     }
                     _ => {}
                 }
@@ -61,8 +73,6 @@ pub fn addresses() -> Vec<IpAddr> {
         }
         libc::freeifaddrs(head);
     }
-    out.sort();
-    out.dedup();
     out
 }
 

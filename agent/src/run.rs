@@ -20,8 +20,8 @@ use tracing::{info, warn};
 use crate::{
     admin::{self, Admin},
     cli::{AgentArgs, DetectLocalMode, Source},
-    datapath::{Datapath, MapSizes, MapWriter},
-    devices::Devices,
+    datapath::{Datapath, MapSizes, MapWriter, XdpMode},
+    devices::{Devices, Xdp},
     health::Health,
     metrics::Metrics,
     netdev,
@@ -235,6 +235,20 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     if local.by_interface() {
         devices = devices.with_local_interfaces(local.clone(), ifaces_tx);
     }
+    let (node_addrs_tx, node_addrs_rx) = watch::channel(Vec::new());
+    if args.xdp_mode == XdpMode::Off {
+        info!("XDP off (--xdp-mode off): every packet goes through TC");
+    }
+    devices = devices.with_xdp(Xdp::new(
+        args.xdp_mode,
+        args.xdp_devices
+            .iter()
+            .filter(|p| !p.trim().is_empty())
+            .cloned()
+            .collect(),
+        node_addrs_rx,
+        metrics.clone(),
+    ));
     let attached = devices.scan();
     metrics.devices.set(attached as i64);
     // Every pinned link now runs this agent's programs: a migration of the
@@ -288,7 +302,8 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         metrics.clone(),
         checks_tx,
     )
-    .with_local_interfaces(ifaces_rx);
+    .with_local_interfaces(ifaces_rx)
+    .with_node_addresses(node_addrs_tx);
     let mut sync_task = tokio::spawn(sync.run(rx, shutdown_rx.clone()));
 
     match &args.source {

@@ -235,6 +235,9 @@ pub struct Sync<W = MapWriter> {
     /// refreshed next; `None` when they are current.
     gauges_due: Option<Instant>,
     gauges_at: Option<Instant>,
+    /// This node's addresses (NodePort addresses, both families), for the
+    /// device task's default `--xdp-devices`.
+    node_addrs: Option<watch::Sender<Vec<std::net::IpAddr>>>,
 }
 
 /// The gauges are refreshed at most this often while changes stream in.
@@ -262,6 +265,7 @@ impl<W: MapWrites> Sync<W> {
             first_sync: false,
             health_checks,
             local_ifaces: None,
+            node_addrs: None,
             ifaces_dirty: false,
             problems_dirty: true,
             gauges_due: None,
@@ -272,6 +276,12 @@ impl<W: MapWrites> Sync<W> {
     /// Takes the pods' devices from `rx` into the desired state.
     pub fn with_local_interfaces(mut self, rx: watch::Receiver<BTreeSet<u32>>) -> Self {
         self.local_ifaces = Some(rx);
+        self
+    }
+
+    /// Publishes this node's addresses to `tx` whenever they change.
+    pub fn with_node_addresses(mut self, tx: watch::Sender<Vec<std::net::IpAddr>>) -> Self {
+        self.node_addrs = Some(tx);
         self
     }
 
@@ -359,6 +369,21 @@ impl<W: MapWrites> Sync<W> {
                     .update(&self.stores, &dirty, &self.config.translate);
             self.pending.extend(changed);
             self.problems_dirty |= problems_changed || dirty.rejected || dirty.cidrs;
+            if let Some(tx) = &self.node_addrs {
+                let node = &self.desired.node;
+                let mut addrs: Vec<_> = node
+                    .node_addrs
+                    .iter()
+                    .chain(&node.node_v6)
+                    .copied()
+                    .collect();
+                addrs.sort();
+                tx.send_if_modified(|current| {
+                    let modified = *current != addrs;
+                    *current = addrs;
+                    modified
+                });
+            }
             let checks = self.desired.health_checks();
             self.health_checks.send_if_modified(|current| {
                 let modified = *current != checks;

@@ -77,6 +77,14 @@ fn describe(target: &LinkTarget, cgroup: &Option<(PathBuf, u64)>) -> String {
             Some((path, id)) if *id == cgroup_id => format!("cgroup {}", path.display()),
             _ => format!("cgroup id {cgroup_id}"),
         },
+        LinkTarget::Xdp { ifindex } => {
+            let name = crate::netdev::devices()
+                .into_iter()
+                .find(|(_, i)| *i == ifindex)
+                .map(|(n, _)| n)
+                .unwrap_or_else(|| format!("ifindex {ifindex}"));
+            format!("xdp on {name}")
+        }
         LinkTarget::Other { link_type } => format!("link type {link_type}"),
     }
 }
@@ -85,7 +93,7 @@ fn describe(target: &LinkTarget, cgroup: &Option<(PathBuf, u64)>) -> String {
 /// went, or that was detached, reports 0).
 fn attached(target: &LinkTarget) -> bool {
     match *target {
-        LinkTarget::Tcx { ifindex, .. } => ifindex != 0,
+        LinkTarget::Tcx { ifindex, .. } | LinkTarget::Xdp { ifindex } => ifindex != 0,
         LinkTarget::Cgroup { cgroup_id, .. } => cgroup_id != 0,
         LinkTarget::Other { .. } => true,
     }

@@ -34,6 +34,7 @@ pub fn is_sluice_program(target: &LinkTarget, name: &str) -> bool {
     match target {
         LinkTarget::Tcx { .. } => Hook::ALL.iter().any(|h| h.program() == name),
         LinkTarget::Cgroup { .. } => CGROUP_PROGRAMS.contains(&name),
+        LinkTarget::Xdp { .. } => name == crate::datapath::XDP_PROGRAM,
         LinkTarget::Other { .. } => false,
     }
 }

@@ -20,6 +20,7 @@ const BPF_LINK_DETACH: libc::c_long = 34;
 
 const BPF_LINK_TYPE_CGROUP: u32 = 3;
 const BPF_LINK_TYPE_TCX: u32 = 11;
+const BPF_LINK_TYPE_XDP: u32 = 6;
 /// `BPF_TCX_INGRESS`; `BPF_TCX_EGRESS` is the next one.
 pub const BPF_TCX_INGRESS: u32 = 46;
 pub const BPF_TCX_EGRESS: u32 = 47;
@@ -143,6 +144,8 @@ pub enum LinkTarget {
     /// A cgroup link: the cgroup's id (its inode number on cgroup2; 0 once
     /// detached) and its attach type.
     Cgroup { cgroup_id: u64, attach_type: u32 },
+    /// An XDP link: device index (0 once the device is gone).
+    Xdp { ifindex: u32 },
     /// Any other link type.
     Other { link_type: u32 },
 }
@@ -167,8 +170,8 @@ fn obj_info(fd: BorrowedFd<'_>, info: &mut Attr, len: u32) -> io::Result<()> {
 /// `BPF_OBJ_GET_INFO_BY_FD` on a link.
 pub fn link_info(fd: BorrowedFd<'_>) -> io::Result<LinkInfo> {
     // struct bpf_link_info: type u32 @0, id @4, prog_id @8, then the
-    // per-type union at 16 (tcx: ifindex, attach_type; cgroup: cgroup_id
-    // u64, attach_type).
+    // per-type union at 16 (tcx: ifindex, attach_type; xdp: ifindex;
+    // cgroup: cgroup_id u64, attach_type).
     let mut info = Attr::default();
     obj_info(fd, &mut info, 64)?;
     let link_type = info.u32(0);
@@ -176,6 +179,9 @@ pub fn link_info(fd: BorrowedFd<'_>) -> io::Result<LinkInfo> {
         BPF_LINK_TYPE_TCX => LinkTarget::Tcx {
             ifindex: info.u32(16),
             attach_type: info.u32(20),
+        },
+        BPF_LINK_TYPE_XDP => LinkTarget::Xdp {
+            ifindex: info.u32(16),
         },
         BPF_LINK_TYPE_CGROUP => LinkTarget::Cgroup {
             cgroup_id: info.u64(16),

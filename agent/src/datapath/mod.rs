@@ -27,7 +27,7 @@ pub(crate) use loader::{fs_type, BPF_FS_MAGIC};
 pub use loader::{Datapath, MapSizes};
 pub use maps::{read_map_state, Maps, ServiceKey};
 pub use writer::{Entry, EntryKey, MapReads, MapWriter, MapWrites};
-pub use xdp::{detach_xdp, xdp_devices, XdpMode};
+pub use xdp::{detach_xdp, xdp_devices, XdpMode, PROGRAM as XDP_PROGRAM};
 
 /// The eBPF object built by `cargo xtask build-ebpf`, embedded at build time
 /// (empty when the agent was built without it).
