@@ -48,6 +48,8 @@ pub struct Xdp {
     /// Device name -> ifindex whose XDP attach failed (not retried until
     /// the device is recreated).
     failed: BTreeMap<String, u32>,
+    /// veths left out of the default device choice (logged once each).
+    skipped: BTreeSet<String>,
 }
 
 impl Xdp {
@@ -64,12 +66,19 @@ impl Xdp {
             metrics,
             attached: BTreeMap::new(),
             failed: BTreeMap::new(),
+            skipped: BTreeSet::new(),
         }
     }
 
     /// The devices (among `tc`, the TC-attached ones) that should run XDP,
     /// or `None` when that is not known yet.
-    fn wanted(&self, tc: &BTreeMap<String, u32>) -> Option<BTreeSet<String>> {
+    ///
+    /// The default choice leaves veths out: a veth drops the frames XDP
+    /// sends into it unless its peer runs XDP or has GRO on, and XDP sees
+    /// no checksum state, so a peer sending with TX checksum offload gets
+    /// its TCP/UDP checksums broken. A veth named in `--xdp-devices` gets
+    /// XDP (its peers set up for it).
+    fn wanted(&mut self, tc: &BTreeMap<String, u32>) -> Option<BTreeSet<String>> {
         if self.mode == XdpMode::Off {
             return Some(BTreeSet::new());
         }
@@ -85,13 +94,20 @@ impl Xdp {
         if addrs.is_empty() {
             return None;
         }
-        Some(
-            netdev::device_addresses()
-                .into_iter()
-                .filter(|(name, addr)| tc.contains_key(name) && addrs.contains(addr))
-                .map(|(name, _)| name)
-                .collect(),
-        )
+        let mut out = BTreeSet::new();
+        for (name, addr) in netdev::device_addresses() {
+            if !tc.contains_key(&name) || !addrs.contains(&addr) || out.contains(&name) {
+                continue;
+            }
+            if netdev::driver(&name).as_deref() == Some("veth") {
+                if self.skipped.insert(name.clone()) {
+                    info!(device = %name, "XDP: a veth holding a node address is left to TC unless named in --xdp-devices (its peer must run XDP or GRO and send without TX checksum offload)");
+                }
+                continue;
+            }
+            out.insert(name);
+        }
+        Some(out)
     }
 }
 

@@ -76,6 +76,56 @@ pub fn device_addresses() -> Vec<(String, IpAddr)> {
     out
 }
 
+/// The driver of device `name` (`ETHTOOL_GDRVINFO`, in the calling
+/// thread's network namespace), e.g. `veth`, `mlx5_core`.
+pub fn driver(name: &str) -> Option<String> {
+    const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
+    #[repr(C)]
+    struct DrvInfo {
+        cmd: u32,
+        driver: [u8; 32],
+        rest: [u8; 160],
+    }
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; libc::IFNAMSIZ],
+        data: *mut DrvInfo,
+        _pad: [u8; 16],
+    }
+    let bytes = name.as_bytes();
+    if bytes.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    let mut info = DrvInfo {
+        cmd: ETHTOOL_GDRVINFO,
+        driver: [0; 32],
+        rest: [0; 160],
+    };
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        data: &mut info,
+        _pad: [0; 16],
+    };
+    req.name[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: a datagram socket for the ioctl, closed below; the request
+    // points at `info`, which outlives the call and is as large as the
+    // kernel's `struct ethtool_drvinfo`.
+    let ok = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return None;
+        }
+        let r = libc::ioctl(fd, libc::SIOCETHTOOL, &mut req as *mut IfReq);
+        libc::close(fd);
+        r == 0
+    };
+    if !ok {
+        return None;
+    }
+    let end = info.driver.iter().position(|b| *b == 0).unwrap_or(32);
+    Some(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+}
+
 /// Shell-style match with `*` and `?`.
 pub fn glob(pattern: &str, name: &str) -> bool {
     fn go(p: &[u8], n: &[u8]) -> bool {
@@ -102,6 +152,11 @@ mod tests {
         assert!(glob("veth?", "veth1"));
         assert!(!glob("veth?", "veth12"));
         assert!(glob("*", "anything"));
+    }
+
+    #[test]
+    fn loopback_has_no_ethtool_driver_and_a_missing_device_none() {
+        assert_eq!(super::driver("no-such-dev0"), None);
     }
 
     #[test]
