@@ -37,9 +37,13 @@ impl Lb {
     pub fn load_with(topo: &Topology, sizes: MapSizes, drain_timeout: Duration) -> Result<Self> {
         let (mut datapath, maps) = Datapath::load(topo.bpf.path(), &sizes)?;
         let devices = topo.devices();
+        let xdp = crate::xdp_under_test();
         topo.node.run(|| -> Result<()> {
             for dev in &devices {
                 datapath.attach(dev)?;
+                if let Some(mode) = xdp.filter(|_| dev.starts_with('e') || dev == "u0") {
+                    datapath.attach_xdp(dev, mode)?;
+                }
             }
             Ok(())
         })??;

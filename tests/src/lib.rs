@@ -28,6 +28,19 @@ pub mod upgrade;
 pub use netns::Netns;
 pub use topology::{Pod, Topology};
 
+/// `SLUICE_TEST_XDP=native|generic`: the `Lb`-driven tests (`lb::Lb`)
+/// run with `sl_xdp` on the node's devices facing outside hosts (`e*`)
+/// and the second node (`u0`), and the topology prepares those devices'
+/// peers (GRO on, TX checksum offload off on every sender): the existing
+/// service tests then run with XDP on. Unset (the default): TC only.
+pub fn xdp_under_test() -> Option<sluice::datapath::XdpMode> {
+    match std::env::var("SLUICE_TEST_XDP").ok()?.as_str() {
+        "native" => Some(sluice::datapath::XdpMode::Native),
+        "generic" => Some(sluice::datapath::XdpMode::Generic),
+        _ => None,
+    }
+}
+
 /// Fails with a clear message when not running as root.
 pub fn require_root() -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions.

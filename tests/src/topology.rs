@@ -199,6 +199,10 @@ impl Topology {
         let net = u8::try_from(k + 1).context("at most 255 external hosts")?;
         let name = format!("external-{k}");
         let pod = self.add_pod(&name, &format!("e{k}"), (192, 168, 100), net as usize)?;
+        if crate::xdp_under_test().is_some() {
+            pod.strict_checksums()?;
+            pod.receive_xdp_frames()?;
+        }
         self.externals.push(pod);
         Ok(&self.externals[k])
     }
@@ -389,6 +393,10 @@ impl Topology {
         }
         for node in [a, b] {
             node.wait_ipv6_ready()?;
+            if crate::xdp_under_test().is_some() {
+                node.strict_checksums()?;
+                receive_xdp_frames(&node.node, "u0")?;
+            }
         }
         Ok(())
     }
