@@ -233,6 +233,8 @@ const RUNTIME_PACKAGES: &[(&str, &str)] = &[
     ("nft", "nftables"),
     // Tests turn off TX checksum offload on veths (strict checksums).
     ("ethtool", "ethtool"),
+    // The bench's north-south scenario generates packets with trafgen.
+    ("trafgen", "netsniff-ng"),
 ];
 
 fn ensure_runtime_tools() -> Result<()> {

@@ -16,6 +16,7 @@ pub mod cpu;
 pub mod env;
 pub mod events;
 pub mod kubeproxy;
+pub mod north_south;
 pub mod report;
 pub mod services;
 pub mod stats;
@@ -117,6 +118,10 @@ pub struct Config {
     pub out: PathBuf,
     /// Rounds of the datapath events scenario (`events`; 0: skipped).
     pub events_rounds: usize,
+    /// The north-south scenario (`north_south`), if asked for.
+    pub north_south: Option<north_south::NsConfig>,
+    /// Only the north-south scenario (no service-count sizes).
+    pub north_south_only: bool,
 }
 
 impl Config {
@@ -151,6 +156,11 @@ impl Config {
             seed: 0x5eed,
             out,
             events_rounds: 5,
+            north_south: Some(north_south::NsConfig {
+                seconds: 3.0,
+                rounds: 3,
+            }),
+            north_south_only: false,
         }
     }
 
@@ -174,6 +184,10 @@ impl Config {
             events_rounds: 2,
             churn_rates: vec![500],
             churn_rate_window: Duration::from_secs(1),
+            north_south: Some(north_south::NsConfig {
+                seconds: 1.0,
+                rounds: 1,
+            }),
             ..Self::full(out)
         }
     }
@@ -369,6 +383,9 @@ pub struct Results {
     /// The cost of datapath events (`events`).
     #[serde(default)]
     pub events: Option<events::EventsCost>,
+    /// The north-south scenario (`north_south`).
+    #[serde(default)]
+    pub north_south: Option<north_south::NorthSouth>,
 }
 
 /// Maps big enough for the largest N of the run, used at every N (a real
@@ -961,12 +978,23 @@ pub fn run(cfg: &Config) -> Result<Results> {
         report::write_all(&results, &cfg.out)?;
     }
     let mut history = History::default();
-    for &n in &cfg.sizes {
+    let sizes_to_run: &[usize] = if cfg.north_south_only {
+        &[]
+    } else {
+        &cfg.sizes
+    };
+    for &n in sizes_to_run {
         let size = run_size(n, cfg, sizes, &mut history)?;
         results.sizes.push(size);
         results.seconds = started.elapsed().as_secs_f64();
         results.machine.loadavg_end = loadavg();
         report::write_all(&results, &cfg.out)?;
+    }
+    if let Some(ns) = &cfg.north_south {
+        traffic::set_pinning(None);
+        results.north_south = Some(north_south::run(ns)?);
+        results.seconds = started.elapsed().as_secs_f64();
+        results.machine.loadavg_end = loadavg();
     }
     results.complete = true;
     results.seconds = started.elapsed().as_secs_f64();

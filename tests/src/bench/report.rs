@@ -928,7 +928,12 @@ pub fn svg(r: &Results) -> String {
 pub fn write_all(r: &Results, dir: &Path) -> Result<()> {
     let json = serde_json::to_string_pretty(r)?;
     fs::write(dir.join("results.json"), json).context("writing results.json")?;
-    let md = markdown(r);
+    let mut md = markdown(r);
+    if let Some(ns) = &r.north_south {
+        md.push_str(&super::north_south::markdown(ns));
+        fs::write(dir.join("north_south.svg"), super::north_south::svg(ns))
+            .context("writing north_south.svg")?;
+    }
     fs::write(dir.join("report.md"), &md).context("writing report.md")?;
     fs::write(dir.join("connect.svg"), svg(r)).context("writing connect.svg")?;
     if r.complete {

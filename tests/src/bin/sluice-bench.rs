@@ -65,6 +65,16 @@ struct Args {
     /// Skip the datapath events scenario.
     #[arg(long)]
     no_events: bool,
+    /// Skip the north-south scenario (XDP, TC, iptables, nftables
+    /// forwarding a NodePort to another node; needs trafgen).
+    #[arg(long)]
+    no_north_south: bool,
+    /// Run only the north-south scenario.
+    #[arg(long)]
+    north_south_only: bool,
+    /// Seconds per variant and round of the north-south scenario.
+    #[arg(long)]
+    north_south_seconds: Option<f64>,
 }
 
 fn main() -> Result<()> {
@@ -106,17 +116,32 @@ fn main() -> Result<()> {
     if let Some(s) = args.seed {
         cfg.seed = s;
     }
+    if args.no_north_south {
+        cfg.north_south = None;
+    }
+    cfg.north_south_only = args.north_south_only;
+    if let (Some(ns), Some(secs)) = (cfg.north_south.as_mut(), args.north_south_seconds) {
+        ns.seconds = secs;
+    }
+    if let (Some(ns), Some(r)) = (cfg.north_south.as_mut(), args.rounds) {
+        ns.rounds = r;
+    }
     cfg.agent = !args.no_agent;
     if args.events_only {
         cfg.sizes.clear();
+        cfg.north_south = None;
+    }
+    if args.north_south_only {
+        cfg.events_rounds = 0;
     }
     if args.no_events {
         cfg.events_rounds = 0;
     }
     cfg.control_only = args.control_only;
     if cfg.control_only {
-        // The events scenario is a data-plane measurement.
+        // The events and north-south scenarios are data-plane measurements.
         cfg.events_rounds = 0;
+        cfg.north_south = None;
     }
     if !args.agent_sources.is_empty() {
         cfg.agent_sources = args
