@@ -4,6 +4,7 @@
 //!
 //! - `sluice-xdp`: `sl_xdp` natively on node 1's `e0` (generator side)
 //!   and `u0` (towards node 2), TC programs everywhere as always;
+//! - `sluice-xdp-generic`: the same in generic mode (on the skb);
 //! - `sluice-tc`: the same without XDP;
 //! - `iptables`: kube-proxy's NodePort path for one service (`nat`
 //!   PREROUTING -> KUBE-SERVICES -> KUBE-NODEPORTS -> KUBE-EXT -> KUBE-SVC
@@ -83,14 +84,16 @@ pub struct NsConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NsVariant {
     SluiceXdp,
+    SluiceXdpGeneric,
     SluiceTc,
     Iptables,
     Nftables,
 }
 
 impl NsVariant {
-    pub const ALL: [NsVariant; 4] = [
+    pub const ALL: [NsVariant; 5] = [
         NsVariant::SluiceXdp,
+        NsVariant::SluiceXdpGeneric,
         NsVariant::SluiceTc,
         NsVariant::Iptables,
         NsVariant::Nftables,
@@ -99,6 +102,7 @@ impl NsVariant {
     pub fn name(self) -> &'static str {
         match self {
             NsVariant::SluiceXdp => "sluice-xdp",
+            NsVariant::SluiceXdpGeneric => "sluice-xdp-generic",
             NsVariant::SluiceTc => "sluice-tc",
             NsVariant::Iptables => "iptables",
             NsVariant::Nftables => "nftables",
@@ -198,7 +202,7 @@ impl Rig {
             node1,
         };
         match variant {
-            NsVariant::SluiceXdp | NsVariant::SluiceTc => {
+            NsVariant::SluiceXdp | NsVariant::SluiceXdpGeneric | NsVariant::SluiceTc => {
                 let mut lb =
                     Lb::load_with(&rig.node1, MapSizes::default(), Duration::from_secs(60))?;
                 let fe = if denied {
@@ -212,11 +216,16 @@ impl Rig {
                 if !report.errors.is_empty() {
                     bail!("programming sluice: {:?}", report.errors);
                 }
-                if variant == NsVariant::SluiceXdp {
+                let mode = match variant {
+                    NsVariant::SluiceXdp => Some(XdpMode::Native),
+                    NsVariant::SluiceXdpGeneric => Some(XdpMode::Generic),
+                    _ => None,
+                };
+                if let Some(mode) = mode {
                     let datapath = &mut lb.datapath;
                     rig.node1.node.run(|| -> Result<()> {
                         for dev in ["e0", "u0"] {
-                            datapath.attach_xdp(dev, XdpMode::Native)?;
+                            datapath.attach_xdp(dev, mode)?;
                         }
                         Ok(())
                     })??;
