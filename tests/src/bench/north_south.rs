@@ -645,7 +645,7 @@ pub fn svg(ns: &NorthSouth) -> String {
         .iter()
         .map(|v| v.delivered_pps.median)
         .fold(1.0, f64::max);
-    let (w, bar, gap, left) = (640.0, 28.0, 12.0, 110.0);
+    let (w, bar, gap, left) = (660.0, 28.0, 12.0, 135.0);
     let h = 40.0 + (bar + gap) * ns.forwarded.len() as f64;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<text x=\"10\" y=\"20\">North-south: delivered packets per second (median)</text>\n"
