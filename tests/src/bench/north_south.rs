@@ -471,6 +471,11 @@ pub fn available() -> bool {
         .is_ok()
 }
 
+/// Per-round figures of one variant: delivered pps, offered pps, CPU ns
+/// per packet, softirq share; the last error.
+#[derive(Default)]
+struct Samples(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, Option<String>);
+
 /// Runs the scenario.
 pub fn run(cfg: &NsConfig) -> Result<NorthSouth> {
     if !available() {
@@ -484,8 +489,7 @@ pub fn run(cfg: &NsConfig) -> Result<NorthSouth> {
         rounds: cfg.rounds,
         ..NorthSouth::default()
     };
-    let mut per: Vec<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, Option<String>)> =
-        NsVariant::ALL.iter().map(|_| Default::default()).collect();
+    let mut per: Vec<Samples> = NsVariant::ALL.iter().map(|_| Samples::default()).collect();
     for round in 0..cfg.rounds {
         for k in 0..NsVariant::ALL.len() {
             let i = (k + round) % NsVariant::ALL.len();
@@ -516,7 +520,7 @@ pub fn run(cfg: &NsConfig) -> Result<NorthSouth> {
             }
         }
     }
-    for (variant, (delivered, offered, cpu, soft, error)) in NsVariant::ALL.iter().zip(per) {
+    for (variant, Samples(delivered, offered, cpu, soft, error)) in NsVariant::ALL.iter().zip(per) {
         out.forwarded.push(NsResult {
             variant: variant.name().into(),
             error,
