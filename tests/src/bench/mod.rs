@@ -992,7 +992,17 @@ pub fn run(cfg: &Config) -> Result<Results> {
     }
     if let Some(ns) = &cfg.north_south {
         traffic::set_pinning(None);
-        results.north_south = Some(north_south::run(ns)?);
+        results.north_south = Some(match north_south::run(ns) {
+            Ok(ns) => ns,
+            Err(e) if e.to_string() == "interrupted" => return Err(e),
+            Err(e) => {
+                eprintln!("north-south scenario not measured: {e:#}");
+                north_south::NorthSouth {
+                    error: Some(format!("{e:#}")),
+                    ..Default::default()
+                }
+            }
+        });
         results.seconds = started.elapsed().as_secs_f64();
         results.machine.loadavg_end = loadavg();
     }

@@ -140,6 +140,9 @@ pub struct DeniedResult {
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct NorthSouth {
+    /// Why the scenario did not run (no generator), if it did not.
+    #[serde(default)]
+    pub error: Option<String>,
     pub generator: String,
     pub flows: u32,
     pub frame_bytes: usize,
@@ -577,6 +580,10 @@ fn denied(variant: NsVariant, cfg: &NsConfig) -> DeniedResult {
 /// The report's section.
 pub fn markdown(ns: &NorthSouth) -> String {
     let mut s = String::new();
+    if let Some(e) = &ns.error {
+        let _ = writeln!(s, "\n## North-south\n\nNot measured: {e}");
+        return s;
+    }
     let _ = writeln!(
         s,
         "\n## North-south: NodePort to a backend on another node\n\n{} frames of {} bytes, {} flows, {} round(s) of {:.1} s per variant. Delivered: packets the backend on node 2 received; offered: packets the node received from the generator; CPU: busy time of the whole machine (user, system, softirq) per delivered packet.\n",
