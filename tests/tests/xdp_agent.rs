@@ -174,5 +174,31 @@ fn the_agent_runs_xdp_where_asked_adopts_it_on_restart_and_detaches_it_when_off(
     );
     let status = off.cli(&["status"])?;
     ensure!(status.contains("xdp:       (none"), "{status}");
+    off.stop()?;
+
+    // `sluice cleanup` detaches pinned XDP links with the rest.
+    let mut again = Agent::start_on(&node1, &source, "e*,u*,d0", &xdp_args)?;
+    again.wait_ready(READY)?;
+    again.wait_until("XDP on e0 again", READY, |_| {
+        Ok(links.join("e0_xdp").exists())
+    })?;
+    again.stop()?;
+    ensure!(node1.node.ip(&["link", "show", "e0"])?.contains("xdp"));
+    let out = node1
+        .node
+        .command(sluice_tests::agent::binary()?)
+        .arg("cleanup")
+        .arg("--bpf-root")
+        .arg(&root)
+        .arg("--cgroup-root")
+        .arg(node1.cgroup.path())
+        .output()?;
+    let report = String::from_utf8_lossy(&out.stdout);
+    ensure!(out.status.success(), "cleanup: {report}");
+    ensure!(report.contains("xdp on e0"), "{report}");
+    ensure!(
+        !node1.node.ip(&["link", "show", "e0"])?.contains("xdp"),
+        "no XDP program left on e0"
+    );
     Ok(())
 }
