@@ -176,6 +176,22 @@ fn the_agent_runs_xdp_where_asked_adopts_it_on_restart_and_detaches_it_when_off(
     ensure!(status.contains("xdp:       (none"), "{status}");
     off.stop()?;
 
+    // The default devices: those holding the node's addresses (the Node
+    // object's 192.168.1.1 is on e0), but a veth is left to TC, logged.
+    let mut default = Agent::start_on(&node1, &source, "e*,u*,d0", &[])?;
+    default.wait_ready(READY)?;
+    default.wait_until("e0 left to TC as a veth", READY, |a| {
+        Ok(a.log().contains("device=e0")
+            && a.log()
+                .contains("is left to TC unless named in --xdp-devices"))
+    })?;
+    ensure!(!links.join("e0_xdp").exists() && !links.join("u0_xdp").exists());
+    ensure!(
+        !default.log().contains("device=u0 XDP: a veth"),
+        "u0 holds no node address"
+    );
+    default.stop()?;
+
     // `sluice cleanup` detaches pinned XDP links with the rest.
     let mut again = Agent::start_on(&node1, &source, "e*,u*,d0", &xdp_args)?;
     again.wait_ready(READY)?;
