@@ -30,7 +30,7 @@ use sluice_tests::{
     clients::{self, Stream},
     lb::{frontend, service, Lb},
     servers::{self, Server},
-    topology::receive_xdp_frames,
+    topology::{receive_xdp_frames, v6_of},
     Netns, Topology,
 };
 
@@ -192,6 +192,68 @@ fn node_port_lb_ip_and_external_ip_are_balanced_in_xdp_with_policy_cluster() -> 
     }
     assert_eq!(c.stat(Stat::XdpAborted)?, 0);
     assert_eq!(c.stat(Stat::NatFailed)?, 0);
+    Ok(())
+}
+
+#[test]
+fn ipv6_node_port_and_lb_ip_are_balanced_in_xdp_both_ways() -> Result<()> {
+    let mut c = Cluster::new(0)?;
+    let remote = &c.node2.backends[0];
+    let _server6 = servers::tcp_whoami6(&remote.ns, 8080, &remote.name)?;
+    let remote6 = IpAddr::V6(remote.ip6);
+    let node6 = c.node1.node_address6(0);
+    let lb6 = v6_of(LB_IP);
+    let backends = [(remote6, 8080, BackendState::Active)];
+    let mut np = frontend(
+        FrontendKind::NodePort,
+        node6.into(),
+        NODE_PORT,
+        Proto::Tcp,
+        &backends,
+    );
+    np.snat = true;
+    let mut lb = frontend(
+        FrontendKind::LoadBalancer,
+        lb6.into(),
+        80,
+        Proto::Tcp,
+        &backends,
+    );
+    lb.snat = true;
+    let report = c.lb.set(service("web6", 80, Proto::Tcp, vec![np, lb]));
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    enable_xdp(&mut c.lb, &c.node1)?;
+    let ext = &c.node1.externals[0];
+    // Neighbours first (XDP hands frames to TC until they are known).
+    whoami(&ext.ns, SocketAddr::new(node6.into(), NODE_PORT))?;
+    for target in [
+        SocketAddr::new(node6.into(), NODE_PORT),
+        SocketAddr::new(lb6.into(), 80),
+    ] {
+        let (redirected, passed, new) = (
+            c.stat(Stat::XdpRedirect)?,
+            c.stat(Stat::XdpPass)?,
+            c.stat(Stat::NewFlow)?,
+        );
+        let (name, peer) = whoami(&ext.ns, target)?;
+        assert_eq!(name, "node2-backend-0", "{target}");
+        assert_eq!(
+            peer,
+            IpAddr::V6(v6_of(NODE1_UNDERLAY)),
+            "{target}: SNAT to node 1"
+        );
+        assert!(
+            c.stat(Stat::XdpRedirect)? >= redirected + 6,
+            "{target}: both directions forwarded in XDP"
+        );
+        assert_eq!(
+            c.stat(Stat::XdpPass)?,
+            passed,
+            "{target}: nothing left to TC"
+        );
+        assert_eq!(c.stat(Stat::NewFlow)?, new + 1, "{target}: one new flow");
+    }
+    assert_eq!(c.stat(Stat::XdpAborted)?, 0);
     Ok(())
 }
 

@@ -22,13 +22,13 @@ use aya_ebpf::{
 };
 use sluice_common::{
     conntrack::{CT_F_SNAT, CT_REFRESH_NS},
-    hash::{flow_hash_v6, pick_slot},
+    hash::flow_hash_v6,
     maps::SVCNET_CLUSTER_IP,
     service::{
-        SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MAGLEV,
-        SVC_F_MASQ_OUTSIDE, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
+        SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MASQ_OUTSIDE,
+        SVC_F_SNAT, SVC_F_SOURCE_RANGES,
     },
-    AffinityValue, Backend, CtKind, Stat, SvcValue, FAMILY_V6, IPPROTO_TCP,
+    Backend, CtKind, Stat, SvcValue, FAMILY_V6, IPPROTO_TCP,
 };
 
 use crate::events;
@@ -36,11 +36,13 @@ use crate::{
     conntrack::tcp_bits_of,
     error::{settle, Error, Verdict},
     flow6::{same_addr, Flow6, Parsed6},
-    frag, icmp6, maglev,
-    maps::{self, count, Scratch6, AFFINITY_V6, CONNTRACK_V6},
+    frag, icmp6,
+    maps::{self, count, Scratch6, CONNTRACK_V6},
     nat::Side,
     nat6, reject6,
-    select::{candidates, judge, orphan_snat_segment, sticky, Pick, Tracked},
+    select::{
+        candidates, judge, orphan_snat_segment, pick6, remember6, Pick, Tracked, PICK_AFFINITY,
+    },
     snat6,
 };
 
@@ -226,8 +228,8 @@ fn try_new_flow(
         events::ingress6(Stat::SourceDenied, skb, &s.flow, master.svc_id, 0);
         return Ok(Verdict::Drop);
     }
-    let (first, n) = match candidates(master) {
-        Pick::Slots(first, n) => (first, n),
+    match candidates(master) {
+        Pick::Slots(..) => {}
         Pick::Drop => {
             count(Stat::NoBackendDrop);
             events::ingress6(Stat::NoBackendDrop, skb, &s.flow, master.svc_id, 0);
@@ -242,31 +244,19 @@ fn try_new_flow(
                 reject6::port_unreachable(skb, &s.flow)
             });
         }
-    };
+    }
     let h = hash(&s.flow);
-    let sticky = master.flags & SVC_F_AFFINITY != 0;
-    let mut backend_id = if sticky { affinity(s, master) } else { 0 };
-    if backend_id != 0 {
+    let picked = pick6(s, master, scope, h);
+    let backend_id = picked as u32;
+    if picked & PICK_AFFINITY != 0 {
         count(Stat::AffinityHit);
-    } else {
-        if master.flags & SVC_F_MAGLEV != 0 {
-            s.flow.svc_key_into(&mut s.svc_key, 0, scope);
-            backend_id = maglev::pick6(&s.flow, &s.svc_key, master);
-        }
-        if backend_id == 0 {
-            s.flow
-                .svc_key_into(&mut s.svc_key, pick_slot(h, first, n), scope);
-            backend_id = maps::service6(&s.svc_key)
-                .ok_or(Error::Dangling)?
-                .backend_id;
-        }
     }
     let backend = maps::backend(backend_id).ok_or(Error::Dangling)?;
     if backend.family != FAMILY_V6 {
         return Err(Error::Dangling);
     }
-    if sticky {
-        remember(s, master.svc_id, backend_id);
+    if master.flags & SVC_F_AFFINITY != 0 {
+        remember6(s, master.svc_id, backend_id);
     }
     count(if reselected {
         Stat::Reselected
@@ -286,43 +276,11 @@ fn try_new_flow(
     Ok(Verdict::Next)
 }
 
-/// The backend the client's session affinity points to, if it may still
-/// take new flows (0: none). Builds the affinity key in `s.aff_key`.
-#[inline(never)]
-fn affinity(s: &mut Scratch6, master: &SvcValue) -> u32 {
-    let key = &mut s.aff_key;
-    key.client = s.flow.src;
-    key.frontend = s.flow.dst;
-    key.port = s.flow.dport;
-    key.proto = s.flow.proto;
-    key._pad = 0;
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
-    match AFFINITY_V6.get_ptr(&*key) {
-        // SAFETY: pointer from a successful lookup; read at once.
-        Some(a) => sticky(unsafe { &*a }, master, now),
-        None => 0,
-    }
-}
-
-/// Records the backend of the client's new flow for its next ones (the
-/// key `affinity` built is still in `s.aff_key`).
-#[inline(never)]
-fn remember(s: &mut Scratch6, svc_id: u32, backend_id: u32) {
-    let value = AffinityValue {
-        // SAFETY: plain helper call.
-        last_used_ns: unsafe { bpf_ktime_get_ns() },
-        backend_id,
-        svc_id,
-    };
-    let _ = AFFINITY_V6.insert(&s.aff_key, &value, BPF_ANY as u64);
-}
-
 /// The flow hash with the node's seed. A separate BPF function: the hash
 /// over eight address words needs many registers, and its spills would
 /// otherwise sit in `new_flow`'s frame under every call it makes.
 #[inline(never)]
-fn hash(flow: &Flow6) -> u32 {
+pub(crate) fn hash(flow: &Flow6) -> u32 {
     let seed = maps::config().hash_seed;
     flow_hash_v6(
         &flow.src, &flow.dst, flow.sport, flow.dport, flow.proto, seed,

@@ -55,6 +55,7 @@ mod snat;
 mod snat6;
 mod sock;
 mod xdp;
+mod xdp6;
 mod xdp_nat;
 
 use aya_ebpf::{

@@ -178,6 +178,8 @@ pub struct Scratch6 {
     pub icmp_inner: Ipv6Hdr,
     /// The `sl_frag6` key of a fragmented datagram (`frag::track6`).
     pub frag_key: Frag6Key,
+    /// What `sl_xdp` rewrites an IPv6 packet to (`xdp6.rs`).
+    pub out: crate::xdp6::Ends6,
 }
 
 #[btf_map(name = "sl_scratch6")]

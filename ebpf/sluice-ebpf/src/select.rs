@@ -2,6 +2,10 @@
 //! the verdict on a tracked flow, and which slots a new flow may pick.
 //! `ingress.rs` (IPv4) and `ingress6.rs` (IPv6) share these so that
 //! graceful termination follows one set of rules.
+//!
+//! Map calls take references on purpose (clippy would pass by value): a
+//! value copy would put the 40-byte keys back on the stack.
+#![allow(clippy::needless_borrows_for_generic_args)]
 
 use aya_ebpf::bindings::BPF_ANY;
 use sluice_common::{
@@ -15,7 +19,7 @@ use crate::{
     flow6::Flow6,
     headers::{TCP_ACK, TCP_SYN},
     maglev,
-    maps::{self, AFFINITY_V4},
+    maps::{self, Scratch6, AFFINITY_V4, AFFINITY_V6},
 };
 
 pub enum Tracked {
@@ -228,4 +232,58 @@ pub fn remember4(flow: &Flow4, svc_id: u32, backend_id: u32, now: u64) {
         svc_id,
     };
     let _ = AFFINITY_V4.insert(affinity_key(flow), value, BPF_ANY as u64);
+}
+
+/// `pick4` for the IPv6 flow in `s` (`s.flow`), the one selection of
+/// `sl_ingress6` and `sl_xdp`. Builds its keys in `s` (the affinity key
+/// stays in `s.aff_key` for `remember6`). A separate BPF function.
+#[inline(never)]
+pub fn pick6(s: &mut Scratch6, master: &SvcValue, scope: u8, h: u32) -> u64 {
+    if master.flags & SVC_F_AFFINITY != 0 {
+        let key = &mut s.aff_key;
+        key.client = s.flow.src;
+        key.frontend = s.flow.dst;
+        key.port = s.flow.dport;
+        key.proto = s.flow.proto;
+        key._pad = 0;
+        // SAFETY: plain helper call.
+        let now = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
+        let id = match AFFINITY_V6.get_ptr(&*key) {
+            // SAFETY: pointer from a successful lookup; read at once.
+            Some(a) => sticky(unsafe { &*a }, master, now),
+            None => 0,
+        };
+        if id != 0 {
+            return PICK_AFFINITY | id as u64;
+        }
+    }
+    if master.flags & SVC_F_MAGLEV != 0 {
+        s.flow.svc_key_into(&mut s.svc_key, 0, scope);
+        let id = maglev::pick6(&s.flow, &s.svc_key, master);
+        if id != 0 {
+            return id as u64;
+        }
+    }
+    let Pick::Slots(first, n) = candidates(master) else {
+        return 0;
+    };
+    s.flow
+        .svc_key_into(&mut s.svc_key, pick_slot(h, first, n), scope);
+    match maps::service6(&s.svc_key) {
+        Some(v) => v.backend_id as u64,
+        None => 0,
+    }
+}
+
+/// Records the backend of the client's new IPv6 flow for its next ones
+/// (the key `pick6` built is still in `s.aff_key`).
+#[inline(never)]
+pub fn remember6(s: &mut Scratch6, svc_id: u32, backend_id: u32) {
+    let value = AffinityValue {
+        // SAFETY: plain helper call.
+        last_used_ns: unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() },
+        backend_id,
+        svc_id,
+    };
+    let _ = AFFINITY_V6.insert(&s.aff_key, &value, BPF_ANY as u64);
 }

@@ -43,13 +43,13 @@ const PORT_TRIES: u32 = 8;
 const HOP_LIMIT_OFF: usize = ETH_LEN + 7;
 
 #[inline(always)]
-fn words(a: &[u8; 16]) -> [u32; 4] {
+pub(crate) fn words(a: &[u8; 16]) -> [u32; 4] {
     let w = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
     [w(0), w(4), w(8), w(12)]
 }
 
 #[inline(always)]
-fn bytes(w: &[u32; 4]) -> [u8; 16] {
+pub(crate) fn bytes(w: &[u32; 4]) -> [u8; 16] {
     let mut out = [0u8; 16];
     let mut i = 0;
     while i < 4 {
@@ -160,16 +160,35 @@ fn try_new_flow(
         events::ingress6(Stat::SnatFailed, skb, &s.flow, svc_id, backend_id);
         return Ok(Verdict::Drop);
     };
-    s.ct_key.dst = s.snat_addr;
-    let config = maps::config();
-    let (min, max) = (config.snat_port_min, config.snat_port_max);
-    if min == 0 || max < min {
+    let port = claim6(s, svc_id, backend_id, hash);
+    if port == 0 {
         count(Stat::SnatFailed);
         events::ingress6(Stat::SnatFailed, skb, &s.flow, svc_id, backend_id);
         return Ok(Verdict::Drop);
     }
+    nat6::rewrite(skb, &s.flow, Side::Dst, &backend.addr, backend.port)?;
+    nat6::rewrite(skb, &s.flow, Side::Src, &s.snat_addr, port)?;
+    send(skb, ifindex)
+}
+
+/// Claims an SNAT port for the new IPv6 flow in `s` and records it (reply
+/// entry claimed with an exclusive insert, then the forward entry), as
+/// `snat::claim` does for IPv4. Expects the reply key's backend half in
+/// `s.ct_key` (`src`, `sport`, `proto`) and the node address in
+/// `s.snat_addr`. Returns the port, 0 when none was free. Context-free,
+/// shared by `sl_ingress6` and `sl_xdp`.
+#[inline(always)]
+pub(crate) fn claim6(s: &mut Scratch6, svc_id: u32, backend_id: u32, hash: u32) -> u16 {
+    s.ct_key.dst = s.snat_addr;
+    let config = maps::config();
+    let (min, max) = (config.snat_port_min, config.snat_port_max);
+    if min == 0 || max < min {
+        return 0;
+    }
     let range = (max - min) as u32 + 1;
-    let scratch = maps::scratch().ok_or(Error::Dangling)?;
+    let Some(scratch) = maps::scratch() else {
+        return 0;
+    };
     let e = &mut scratch.ct;
     let flow = &s.flow;
     // SAFETY: plain helper call.
@@ -199,9 +218,7 @@ fn try_new_flow(
         i += 1;
     }
     if port == 0 {
-        count(Stat::SnatFailed);
-        events::ingress6(Stat::SnatFailed, skb, &s.flow, svc_id, backend_id);
-        return Ok(Verdict::Drop);
+        return 0;
     }
     e.nat_addr = s.snat_addr;
     e.nat_port = port;
@@ -213,9 +230,7 @@ fn try_new_flow(
     if CONNTRACK_V6.insert(&s.ct_key, &*e, BPF_ANY as u64).is_err() {
         count(Stat::CtInsertFailed);
     }
-    nat6::rewrite(skb, &s.flow, Side::Dst, &backend.addr, backend.port)?;
-    nat6::rewrite(skb, &s.flow, Side::Src, &s.snat_addr, port)?;
-    send(skb, ifindex)
+    port
 }
 
 /// A packet of an established SNATed flow (`entry` is its forward entry).

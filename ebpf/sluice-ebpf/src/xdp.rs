@@ -46,8 +46,8 @@ use crate::{
     flow::Flow4,
     hash,
     headers::{
-        EthHdr, Ipv4Hdr, TcpHdr, UdpHdr, ETH_LEN, ETH_P_IP, IPV4_LEN, IP_MF_OFFSET, TCP_LEN,
-        UDP_LEN,
+        EthHdr, Ipv4Hdr, TcpHdr, UdpHdr, ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_LEN, IP_MF_OFFSET,
+        TCP_LEN, UDP_LEN,
     },
     maps::{self, count, CONNTRACK_V4},
     select::{candidates, judge, orphan_snat_segment, pick4, remember4, Pick, Tracked},
@@ -72,7 +72,12 @@ pub enum Action {
 /// The program: a verdict, counted per kind.
 #[inline(always)]
 pub fn run(ctx: &XdpContext) -> u32 {
-    match decide(ctx) {
+    let action = if at::<EthHdr>(ctx, 0).is_some_and(|eth| eth.ether_type == ETH_P_IPV6) {
+        crate::xdp6::decide6(ctx.ctx)
+    } else {
+        decide(ctx.ctx)
+    };
+    match action {
         Action::Ignore => xdp_action::XDP_PASS,
         Action::Pass => {
             count(Stat::XdpPass);
@@ -149,8 +154,11 @@ fn parse(ctx: &XdpContext) -> Option<(Flow4, u16)> {
     ))
 }
 
-#[inline(always)]
-fn decide(ctx: &XdpContext) -> Action {
+/// An IPv4 frame. A separate BPF function: the program's own frame stays
+/// small for the IPv6 half's deeper chain.
+#[inline(never)]
+fn decide(ctx: *mut xdp_md) -> Action {
+    let ctx = &XdpContext::new(ctx);
     let Some((flow, tot_len)) = parse(ctx) else {
         return Action::Ignore;
     };
