@@ -12,7 +12,7 @@
 //!   from a backend gets the frontend address back as its source.
 //!
 //! - `sl_xdp` (XDP, on the external devices `--xdp-devices`) balances
-//!   north-south IPv4 traffic to NodePorts, load-balancer IPs and external
+//!   north-south IPv4 and IPv6 traffic to NodePorts, load-balancer IPs and external
 //!   IPs with a remote backend at the driver, and drops denied sources.
 //!
 //! - `sl_connect4`/`6`, `sl_sendmsg4`/`6`, `sl_recvmsg4`/`6`,

@@ -1,4 +1,4 @@
-//! `sl_xdp`: north-south IPv4 service traffic decided at the driver, on
+//! `sl_xdp`: north-south service traffic decided at the driver, on
 //! the node's external devices (`--xdp-devices`).
 //!
 //! The program finishes what it can do alone and hands everything else
@@ -19,12 +19,12 @@
 //! "Sent" means `XDP_TX` when the route leaves through the device the
 //! packet came in on, `XDP_REDIRECT` when it leaves through another XDP
 //! device (`sl_xdp_devs`), and only when `bpf_fib_lookup` answers
-//! SUCCESS (a known neighbour). Anything else passes undecided: IPv6, IP
+//! SUCCESS (a known neighbour). Anything else passes undecided: IP
 //! options, fragments, ICMP, SCTP, a TTL about to expire, cluster IPs,
 //! policy Local frontends (their backends are local), rejects (TC builds
 //! the RST), a backend behind another device or an unresolved neighbour,
 //! a tracked flow whose entry must be judged again (TC reselects or
-//! resets).
+//! resets). IPv6 frames take the same steps in `xdp6.rs`.
 
 use aya_ebpf::{
     bindings::{xdp_action, xdp_md},
