@@ -357,6 +357,31 @@ fn denied_sources_are_dropped_in_xdp() -> Result<()> {
         "every denied packet was dropped by XDP, not TC"
     );
 
+    // The same for an IPv6 load-balancer IP.
+    let remote = &c.node2.backends[0];
+    let _server6 = servers::tcp_whoami6(&remote.ns, 8080, &remote.name)?;
+    let mut fe6 = frontend(
+        FrontendKind::LoadBalancer,
+        v6_of(LB_IP).into(),
+        80,
+        Proto::Tcp,
+        &[(IpAddr::V6(remote.ip6), 8080, BackendState::Active)],
+    );
+    fe6.snat = true;
+    fe6.source_ranges = vec![(IpAddr::V6(v6_of(Ipv4Addr::new(192, 168, 1, 0))), 64)];
+    c.lb.set(service("public6", 80, Proto::Tcp, vec![fe6]));
+    let lb6 = SocketAddr::new(v6_of(LB_IP).into(), 80);
+    assert_eq!(whoami(&e0.ns, lb6)?.0, "node2-backend-0");
+    let (xdp_drops, denied) = (c.stat(Stat::XdpDrop)?, c.stat(Stat::SourceDenied)?);
+    times_out(&e1.ns, lb6)?;
+    let dropped = c.stat(Stat::SourceDenied)? - denied;
+    assert!(dropped >= 1, "IPv6: the SYN denied");
+    assert_eq!(
+        c.stat(Stat::XdpDrop)? - xdp_drops,
+        dropped,
+        "IPv6: every denied packet was dropped by XDP"
+    );
+
     // An address of the service CIDRs that no service holds: dropped at
     // the driver too.
     c.lb.desired
