@@ -501,6 +501,17 @@ impl Agent {
         Ok(())
     }
 
+    /// Waits until metric `name` reads `value`. The agent refreshes its
+    /// gauges (refused ports, fill ratios, Maglev fallbacks) at most once
+    /// a second while changes stream in, so a gauge lags the maps by up to
+    /// that long.
+    pub fn wait_metric(&self, name: &str, value: f64, timeout: Duration) -> Result<()> {
+        self.wait_until(&format!("{name} == {value}"), timeout, |a| {
+            Ok(a.metric(name)? == value)
+        })?;
+        Ok(())
+    }
+
     /// Waits until `f` holds, polling every 20 ms.
     pub fn wait_until(
         &self,

@@ -94,9 +94,11 @@ fn dual_stack_service_is_programmed_in_both_families_and_drains_an_ipv6_backend(
     assert_eq!(listed.get(&fe4), Some(&want(false)), "{listed:?}");
     assert_eq!(listed.get(&fe6), Some(&want(true)), "{listed:?}");
     // Each family's service map fills under its own name.
-    let fill = |map: &str| agent.metric(&format!("sluice_map_fill_ratio{{map=\"{map}\"}}"));
-    let (fill4, fill6) = (fill("sl_svc4")?, fill("sl_svc6")?);
-    assert!(fill4 > 0.0 && fill6 > 0.0, "{fill4} {fill6}");
+    // (Gauges lag the maps by up to a second.)
+    let fill = |a: &Agent, map: &str| a.metric(&format!("sluice_map_fill_ratio{{map=\"{map}\"}}"));
+    agent.wait_until("both families' fill ratios", Duration::from_secs(5), |a| {
+        Ok(fill(a, "sl_svc4")? > 0.0 && fill(a, "sl_svc6")? > 0.0)
+    })?;
     let problems = agent.metrics()?;
     let ipv6_rejected = problems
         .lines()

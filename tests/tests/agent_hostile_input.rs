@@ -229,7 +229,11 @@ fn refused_services_take_freed_room_at_once_and_maglev_falls_back_cleanly() -> R
             && !list.contains("10.96.1.3:80"),
         "expected z refused:\n{list}"
     );
-    ensure!(agent.metric("sluice_refused_service_ports{reason=\"maps_full\"}")? == 1.0);
+    agent.wait_metric(
+        "sluice_refused_service_ports{reason=\"maps_full\"}",
+        1.0,
+        Duration::from_secs(5),
+    )?;
     // A third Maglev service finds the table map full.
     dir.write("m3.yaml", &small("m3", "10.96.2.3", maglev, b0))?;
     // (m3 needs 3 entries too: remove b to make room for it.)
@@ -249,7 +253,11 @@ fn refused_services_take_freed_room_at_once_and_maglev_falls_back_cleanly() -> R
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    ensure!(agent.metric("sluice_maglev_fallback_service_ports")? == 1.0);
+    agent.wait_metric(
+        "sluice_maglev_fallback_service_ports",
+        1.0,
+        Duration::from_secs(5),
+    )?;
     let greeting = sluice_tests::clients::tcp_hello(
         client,
         std::net::SocketAddrV4::new(Ipv4Addr::new(10, 96, 2, 3), 80),
@@ -275,8 +283,16 @@ fn refused_services_take_freed_room_at_once_and_maglev_falls_back_cleanly() -> R
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    ensure!(agent.metric("sluice_maglev_fallback_service_ports")? == 0.0);
-    ensure!(agent.metric("sluice_refused_service_ports{reason=\"maps_full\"}")? == 0.0);
+    agent.wait_metric(
+        "sluice_maglev_fallback_service_ports",
+        0.0,
+        Duration::from_secs(5),
+    )?;
+    agent.wait_metric(
+        "sluice_refused_service_ports{reason=\"maps_full\"}",
+        0.0,
+        Duration::from_secs(5),
+    )?;
     let log = agent.log();
     ensure!(
         log.matches("Maglev table maps full").count() == 1,
