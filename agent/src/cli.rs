@@ -162,10 +162,16 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub bpf: BpfRootArg,
 
-    /// Balance the node's own sockets (traffic from the node to services,
-    /// which crosses no TC ingress hook) with cgroup socket programs.
-    #[arg(long, env = "SLUICE_SOCKET_LB", default_value_t = true, action = clap::ArgAction::Set)]
-    pub socket_lb: bool,
+    /// Socket-level balancing (cgroup socket programs pick the backend at
+    /// connect()/sendmsg(), so no packet of the flow is translated):
+    /// `all` for every socket under --cgroup-root (the node's processes and
+    /// every pod), `host` for the node's own processes only (pods go
+    /// through the TC path and see the service address on the wire, as a
+    /// service mesh's sidecar needs: Cilium's bpf-lb-sock-hostns-only),
+    /// `off`. `true` and `false` (the earlier boolean) mean `host` and
+    /// `off`.
+    #[arg(long, env = "SLUICE_SOCKET_LB", default_value = "all")]
+    pub socket_lb: SocketLbArg,
 
     /// Datapath events for `sluice monitor`: `drops` makes the programs
     /// write an event for every drop, reject and packet passed unbalanced
@@ -345,12 +351,58 @@ impl MonitorEvents {
     }
 }
 
+/// `--socket-lb`: which sockets the socket-level programs balance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SocketLb {
+    /// Every network namespace under the cgroup: the node's and the pods'.
+    All,
+    /// The node's own network namespace only.
+    Host,
+    /// None: the programs are not attached.
+    Off,
+}
+
+impl SocketLb {
+    pub fn name(self) -> &'static str {
+        match self {
+            SocketLb::All => "all",
+            SocketLb::Host => "host",
+            SocketLb::Off => "off",
+        }
+    }
+}
+
 fn parse_sample(s: &str) -> Result<u32, String> {
     let n: u32 = s.parse().map_err(|e| format!("{e}"))?;
     if n.is_power_of_two() && n <= 32_768 {
         Ok(n)
     } else {
         Err(format!("{n} is not a power of two from 1 to 32768"))
+    }
+}
+
+/// `--socket-lb`'s value, and whether it was given in the deprecated
+/// boolean spelling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SocketLbArg {
+    pub mode: SocketLb,
+    /// `true` or `false`, as before `all|host|off`.
+    pub legacy: bool,
+}
+
+impl FromStr for SocketLbArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (mode, legacy) = match s {
+            "all" => (SocketLb::All, false),
+            "host" => (SocketLb::Host, false),
+            "off" => (SocketLb::Off, false),
+            "true" => (SocketLb::Host, true),
+            "false" => (SocketLb::Off, true),
+            _ => return Err(format!("`{s}`: expected all, host or off")),
+        };
+        Ok(Self { mode, legacy })
     }
 }
 
@@ -512,6 +564,22 @@ mod tests {
             Ok(Duration::from_secs(3600))
         );
         assert!("5 m".parse::<HumanDuration>().is_err());
+    }
+
+    #[test]
+    fn socket_lb_takes_modes_and_the_old_booleans() {
+        let parse = |s: &str| s.parse::<SocketLbArg>().map(|a| (a.mode, a.legacy));
+        assert_eq!(parse("all"), Ok((SocketLb::All, false)));
+        assert_eq!(parse("host"), Ok((SocketLb::Host, false)));
+        assert_eq!(parse("off"), Ok((SocketLb::Off, false)));
+        assert_eq!(parse("true"), Ok((SocketLb::Host, true)));
+        assert_eq!(parse("false"), Ok((SocketLb::Off, true)));
+        assert!(parse("yes").is_err());
+        let cli = Cli::try_parse_from(["sluice", "agent", "--source", "kube", "--devices", "eth0"]);
+        match cli.map(|c| c.command) {
+            Ok(Command::Agent(a)) => assert_eq!(a.socket_lb.mode, SocketLb::All),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -26,8 +26,8 @@ use crate::{
     cli::{CtListArgs, ListArgs, StatusArgs},
     conntrack,
     datapath::{
-        attached_devices, map_fill, migration_state, read_map_state, xdp_devices, DatapathError,
-        Maps,
+        attached_devices, map_fill, migration_state, read_map_state, socket_lb_mode, xdp_devices,
+        DatapathError, Maps,
     },
     model::Scope,
     reconcile::{endpoint_of, BackendId},
@@ -459,6 +459,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         .collect();
     let devices = attached_devices(root);
     let xdp = xdp_devices(root);
+    let socket_lb = socket_lb_mode(root, &config);
     let agent = http_get(&args.healthz_url);
 
     if args.json {
@@ -481,6 +482,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
             "maps": fill,
             "devices": devices,
             "xdp_devices": xdp,
+            "socket_lb": socket_lb,
             "datapath": counters,
             "events": match (events_on, tracing) {
                 (true, true) => "all",
@@ -542,6 +544,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         state.frontends.len(),
         state.backends.len()
     );
+    println!("socket lb: {socket_lb}");
     let line: Vec<String> = counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!("datapath:  {}", line.join(" "));
     if events_on {

@@ -10,6 +10,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
     Client, Config,
 };
+use sluice_common::config::{CFG_F_SOCK_PODS, CFG_F_SOCK_PODS_LOCAL};
 use tokio::{
     signal::unix::{signal, SignalKind},
     sync::{mpsc, watch},
@@ -19,7 +20,7 @@ use tracing::{info, warn};
 
 use crate::{
     admin::{self, Admin},
-    cli::{AgentArgs, DetectLocalMode, Source},
+    cli::{AgentArgs, DetectLocalMode, SocketLb, Source},
     datapath::{Datapath, MapSizes, MapWriter, XdpMode},
     devices::{Devices, Xdp},
     health::Health,
@@ -166,16 +167,37 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         sluice_common::config::CFG_F_EVENTS_MASK,
         args.monitor_events.flags(args.monitor_trace_sample),
     )?;
-    let cgroup = if args.socket_lb {
+    let socket_lb = args.socket_lb.mode;
+    if args.socket_lb.legacy {
+        warn!(
+            mode = socket_lb.name(),
+            "--socket-lb=true|false is deprecated: use --socket-lb=all|host|off (true means host, false off)"
+        );
+    }
+    let local = local_detector(&args)?;
+    let cgroup = if socket_lb == SocketLb::Off {
+        // Links a previous agent pinned go, and the programs (if a
+        // previous generation's still run) act on no socket.
+        reconciler.set_socket_lb(0, 0)?;
+        datapath
+            .detach_cgroup()
+            .context("detaching socket-level balancing")?;
+        None
+    } else {
         let cgroup = match &args.cgroup_root {
             Some(path) => path.clone(),
             None => crate::datapath::cgroup2_mount()
-                .context("no cgroup2 mount found for socket-level balancing (use --cgroup-root or --socket-lb=false)")?,
+                .context("no cgroup2 mount found for socket-level balancing (use --cgroup-root or --socket-lb=off)")?,
         };
-        reconciler.set_netns_cookie(crate::datapath::netns_cookie()?)?;
+        let mut flags = 0;
+        if socket_lb == SocketLb::All {
+            flags |= CFG_F_SOCK_PODS;
+            if !matches!(local, LocalDetector::Off) {
+                flags |= CFG_F_SOCK_PODS_LOCAL;
+            }
+        }
+        reconciler.set_socket_lb(crate::datapath::netns_cookie()?, flags)?;
         Some(cgroup)
-    } else {
-        None
     };
     info!(
         node = %node_name,
@@ -227,9 +249,8 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         datapath
             .attach_cgroup(cgroup)
             .with_context(|| format!("attaching socket-level balancing to {}", cgroup.display()))?;
-        info!(cgroup = %cgroup.display(), "socket-level balancing for the node's own processes");
+        info!(cgroup = %cgroup.display(), mode = socket_lb.name(), "socket-level balancing attached");
     }
-    let local = local_detector(&args)?;
     let (ifaces_tx, ifaces_rx) = watch::channel(BTreeSet::new());
     let mut devices = Devices::new(datapath, args.devices.clone());
     if local.by_interface() {

@@ -1,6 +1,6 @@
 //! Processes of the node itself (in the node's network namespace and the
-//! topology's cgroup), for socket-level balancing: a small Python client
-//! driven over stdin/stdout.
+//! topology's cgroup), or of a pod (its namespace, the same cgroup), for
+//! socket-level balancing: a small Python client driven over stdin/stdout.
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -9,11 +9,13 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::topology::Topology;
+use crate::{netns::Netns, topology::Topology};
 
 const CLIENT: &str = r#"
 import socket, sys
 mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+# Optional: the local address to bind first (UDP modes).
+bind = sys.argv[4] if len(sys.argv) > 4 else None
 # The socket's family follows the address: an IPv6 address (v4-mapped
 # ones included) gets an AF_INET6 socket. Peers print as Rust's
 # SocketAddr does.
@@ -31,12 +33,28 @@ try:
         for line in sys.stdin:
             f.write("ping\n"); f.flush()
             print("ok" if f.readline() == "ping\n" else "err", flush=True)
-    else:
+    elif mode == "udpc":
+        # Connected UDP: getpeername() and every reply's source.
         s = socket.socket(family, socket.SOCK_DGRAM)
         s.settimeout(3)
+        s.connect((host, port))
+        s.send(b"hello")
+        data, src = s.recvfrom(512)
+        print("ok", data.decode(), show(src), show(s.getpeername()), flush=True)
+    else:
+        # Unconnected UDP, as a DNS client: one datagram per stdin line
+        # after the first, each reply's source printed.
+        s = socket.socket(family, socket.SOCK_DGRAM)
+        s.settimeout(3)
+        if bind:
+            s.bind((bind, 0))
         s.sendto(b"hello", (host, port))
         data, src = s.recvfrom(512)
         print("ok", data.decode(), show(src), flush=True)
+        for line in sys.stdin:
+            s.sendto(b"hello", (host, port))
+            data, src = s.recvfrom(512)
+            print("ok", data.decode(), show(src), flush=True)
 except OSError as e:
     import errno
     print("error", errno.errorcode.get(e.errno, str(e)), flush=True)
@@ -71,9 +89,28 @@ impl HostClient {
     /// `AF_INET6` socket when `host` is an IPv6 address (v4-mapped ones
     /// included).
     pub fn start(topo: &Topology, mode: &str, host: &str, port: u16) -> Result<Self> {
+        Self::start_in(topo, &topo.node, mode, host, port, None)
+    }
+
+    /// `start` in network namespace `ns` (a pod's), in the topology's
+    /// cgroup. Modes: `"tcp"`, `"udp"` (unconnected; `exchange` sends
+    /// again on the same socket, bound to `bind` first if given) and
+    /// `"udpc"` (connected UDP: prints the reply's source and
+    /// `getpeername()`).
+    pub fn start_in(
+        topo: &Topology,
+        ns: &Netns,
+        mode: &str,
+        host: &str,
+        port: u16,
+        bind: Option<&str>,
+    ) -> Result<Self> {
+        let port = port.to_string();
+        let mut args = vec!["-c", CLIENT, mode, host, &port];
+        args.extend(bind);
         let mut child = topo
-            .host_command("python3")
-            .args(["-c", CLIENT, mode, host, &port.to_string()])
+            .cgroup_command(ns, "python3")
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -95,6 +132,15 @@ impl HostClient {
             bail!("host client exited");
         }
         Ok(line.split_whitespace().map(str::to_owned).collect())
+    }
+
+    /// Asks an unconnected UDP client for one more request/reply on its
+    /// socket: the reply's words.
+    pub fn exchange(&mut self) -> Result<Vec<String>> {
+        let stdin = self.stdin.as_mut().context("stdin closed")?;
+        writeln!(stdin)?;
+        stdin.flush()?;
+        self.line()
     }
 
     /// Asks a TCP client to exchange one line over its connection.
@@ -130,6 +176,18 @@ impl HostClient {
     /// One-shot: start, read the first line.
     pub fn once(topo: &Topology, mode: &str, host: &str, port: u16) -> Result<Vec<String>> {
         let mut c = Self::start(topo, mode, host, port)?;
+        c.line()
+    }
+
+    /// `once` in network namespace `ns` (a pod's).
+    pub fn once_in(
+        topo: &Topology,
+        ns: &Netns,
+        mode: &str,
+        host: &str,
+        port: u16,
+    ) -> Result<Vec<String>> {
+        let mut c = Self::start_in(topo, ns, mode, host, port, None)?;
         c.line()
     }
 }

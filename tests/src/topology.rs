@@ -427,7 +427,13 @@ impl Topology {
     /// A command for a process of the node itself: in the node's network
     /// namespace and in this topology's cgroup.
     pub fn host_command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut cmd = self.node.command(program);
+        self.cgroup_command(&self.node, program)
+    }
+
+    /// A command for a process in network namespace `ns` (a pod's) and in
+    /// this topology's cgroup, which the agent's socket programs cover.
+    pub fn cgroup_command(&self, ns: &Netns, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = ns.command(program);
         let procs = std::ffi::CString::new(
             self.cgroup
                 .path()

@@ -13,6 +13,7 @@ use aya::{
     programs::{links::FdLink, CgroupAttachMode, Program},
     Ebpf,
 };
+use sluice_common::{config::CFG_F_SOCK_PODS, Config};
 use tracing::info;
 
 use super::{Datapath, DatapathError, LINKS_DIR};
@@ -77,6 +78,21 @@ pub fn netns_cookie() -> io::Result<u64> {
     Ok(cookie)
 }
 
+/// The `--socket-lb` mode the datapath under `root` runs in, as the pins
+/// and `config` say: `off` without pinned cgroup links or without the
+/// node's namespace cookie, else `all` or `host` by `CFG_F_SOCK_PODS`.
+pub fn socket_lb_mode(root: &Path, config: &Config) -> &'static str {
+    let pins = root.join(LINKS_DIR).join("cgroup");
+    let attached = PROGRAMS.iter().any(|name| pins.join(name).exists());
+    if !attached || config.netns_cookie == 0 {
+        "off"
+    } else if config.flags() & CFG_F_SOCK_PODS != 0 {
+        "all"
+    } else {
+        "host"
+    }
+}
+
 /// Swaps the program of the cgroup link pinned at `pin` (aya 0.14 can do
 /// this for TCX and XDP links only).
 fn link_update(pin: &Path, program: BorrowedFd<'_>) -> io::Result<()> {
@@ -85,6 +101,21 @@ fn link_update(pin: &Path, program: BorrowedFd<'_>) -> io::Result<()> {
 }
 
 impl Datapath {
+    /// Removes the pinned cgroup links (`--socket-lb=off`): the programs a
+    /// previous agent attached are detached with them.
+    pub fn detach_cgroup(&mut self) -> Result<(), DatapathError> {
+        let pins = self.root.join(LINKS_DIR).join("cgroup");
+        for name in PROGRAMS {
+            let pin = pins.join(name);
+            match fs::remove_file(&pin) {
+                Ok(()) => info!(program = name, "detached pinned cgroup link"),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(source) => return Err(DatapathError::Io { path: pin, source }),
+            }
+        }
+        Ok(())
+    }
+
     /// Attaches the socket-level programs to `cgroup`, swapping programs
     /// into pinned links left by a previous agent.
     pub fn attach_cgroup(&mut self, cgroup: &Path) -> Result<(), DatapathError> {

@@ -18,7 +18,7 @@ mod sys;
 mod writer;
 mod xdp;
 
-pub use cgroup::{cgroup2_mount, netns_cookie, PROGRAMS as CGROUP_PROGRAMS};
+pub use cgroup::{cgroup2_mount, netns_cookie, socket_lb_mode, PROGRAMS as CGROUP_PROGRAMS};
 pub use error::{DatapathError, WriteError};
 pub use fill::{fill_ratios, map_fill, migration_state, MapFill, Occupancy};
 pub use layout::abi_lines;

@@ -199,6 +199,9 @@ fn random_seed() -> u32 {
     }
 }
 
+/// The bits of `Config::flags` that belong to socket-level balancing.
+const CFG_SOCK_MASK: u32 = 0x0000_ff00;
+
 impl<W: MapWrites> Reconciler<W> {
     /// Adopts what the maps hold now and makes sure the config entry is set.
     pub fn new(
@@ -274,14 +277,18 @@ impl<W: MapWrites> Reconciler<W> {
         Ok(r)
     }
 
-    /// Sets the network namespace the socket-level programs serve (written
-    /// only when it changes, so a restart writes nothing).
-    pub fn set_netns_cookie(&mut self, cookie: u64) -> Result<(), DatapathError> {
+    /// Sets what the socket-level programs serve: the node's network
+    /// namespace (`cookie`, 0: none) and the socket-balancing bits of
+    /// `Config::flags` (`CFG_F_SOCK_*`, bits 8-15; the others are kept).
+    /// Written only when something changes, so a restart writes nothing.
+    pub fn set_socket_lb(&mut self, cookie: u64, sock_flags: u32) -> Result<(), DatapathError> {
         let mut config = self.writer.config()?;
-        if config.netns_cookie == cookie {
+        let flags = (config.flags() & !CFG_SOCK_MASK) | (sock_flags & CFG_SOCK_MASK);
+        if config.netns_cookie == cookie && config.flags() == flags {
             return Ok(());
         }
         config.netns_cookie = cookie;
+        config.set_flags(flags);
         self.writer
             .write_config(&config)
             .map_err(|e| DatapathError::Io {

@@ -26,8 +26,10 @@ pub struct Config {
     /// balancing; 16-23: XDP; 24-31: unassigned.
     pub _pad: u32,
     /// Network namespace cookie of the node (`SO_NETNS_COOKIE`): the
-    /// socket-level programs act only on sockets of this namespace, as
-    /// they are attached to a cgroup that may span several.
+    /// socket-level programs act on sockets of this namespace, and on
+    /// those of every other namespace (the pods') only with
+    /// `CFG_F_SOCK_PODS`, as they are attached to a cgroup that may span
+    /// several.
     pub netns_cookie: u64,
 }
 assert_size!(Config, 24);
@@ -44,6 +46,18 @@ impl Config {
         self._pad = flags;
     }
 }
+
+/// `--socket-lb=all`: the socket-level programs balance the sockets of
+/// every network namespace under their cgroup (the pods'), not only the
+/// node's (`--socket-lb=host`, the behaviour without the bit).
+pub const CFG_F_SOCK_PODS: u32 = 1 << 8;
+
+/// Pods are local traffic: local-traffic detection is configured
+/// (`--detect-local-mode`), so the socket-level programs give a pod's
+/// socket the internal scope of an externalTrafficPolicy Local frontend,
+/// as the TC path does for a source `sl_local4`/`sl_localif` recognise.
+/// Without it a pod gets the external scope, as on the TC path.
+pub const CFG_F_SOCK_PODS_LOCAL: u32 = 1 << 9;
 
 /// Default SNAT port range.
 pub const SNAT_PORT_MIN: u16 = 61_000;

@@ -124,6 +124,14 @@ pub enum Stat {
     /// error about an SNATed flow) arrived with a TTL (hop limit) of 1 or
     /// less: dropped, as a router drops it.
     TtlExpired = 53,
+    // 54-56: taken by the monitor work.
+    /// A socket of a pod (`--socket-lb=all`) was connected (or sent) to a
+    /// backend; also counted in `sock_connect`.
+    SockPodConnect = 57,
+    /// A pod's socket call to a frontend was left to the TC path: the
+    /// frontend checks source ranges (the source address is not chosen
+    /// yet), or the datagram belongs to a flow the TC path tracks.
+    SockLeftToTc = 58,
 }
 
 /// Number of counters in `sl_stats` (its `max_entries`, fixed since ABI 4:
@@ -134,7 +142,7 @@ pub const STAT_COUNT: u32 = 23;
 pub const STATS2_MAX: u32 = 64;
 
 /// Number of counters in all.
-pub const STAT_TOTAL: usize = 38;
+pub const STAT_TOTAL: usize = 40;
 
 const _: () = assert!(STAT_TOTAL <= (STAT_COUNT + STATS2_MAX) as usize);
 
@@ -191,6 +199,8 @@ impl Stat {
         Stat::EventsSuppressed,
         Stat::EventsLost,
         Stat::TtlExpired,
+        Stat::SockPodConnect,
+        Stat::SockLeftToTc,
     ];
 
     /// The counter with index `i`, if any.
@@ -239,6 +249,8 @@ impl Stat {
             Stat::EventsSuppressed => "events_suppressed",
             Stat::EventsLost => "events_lost",
             Stat::TtlExpired => "ttl_expired",
+            Stat::SockPodConnect => "sock_pod_connect",
+            Stat::SockLeftToTc => "sock_left_to_tc",
         }
     }
 }

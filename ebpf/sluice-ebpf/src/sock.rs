@@ -1,14 +1,25 @@
-//! Socket-level balancing for the node's own processes: traffic from the
-//! node never crosses a TC ingress hook, so its connections are sent to a
-//! backend when the socket connects (or, for unconnected UDP, per
-//! datagram), and the service address is put back where the application
-//! looks (`getpeername`, UDP `recvmsg`). Attached to a cgroup, these
-//! programs act only on sockets of the node's network namespace.
+//! Socket-level balancing: connections are sent to a backend when the
+//! socket connects (or, for unconnected UDP, per datagram), and the service
+//! address is put back where the application looks (`getpeername`, UDP
+//! `recvmsg`), so that no packet of the flow is translated. Attached to a
+//! cgroup that may span several network namespaces, these programs act on
+//! the node's own sockets (`--socket-lb=host`: traffic from the node never
+//! crosses a TC ingress hook) and, with `CFG_F_SOCK_PODS`
+//! (`--socket-lb=all`), on every pod's, with the TC path's answers.
 //!
 //! Both families: `connect4` & co. look in `sl_svc4`; `connect6` & co. in
 //! `sl_svc6`, or in `sl_svc4` for a v4-mapped address (`::ffff:a.b.c.d`,
 //! an `AF_INET6` socket reaching an IPv4 service), whose backend is then
 //! written back v4-mapped too, as Cilium does.
+//!
+//! What a pod's socket gets differs from the node's only where the TC path
+//! would look at the pod's source address, which a socket has not chosen
+//! yet when it connects: session affinity keys the pod by its network
+//! namespace (`client_id`); a frontend with `loadBalancerSourceRanges`, and
+//! a datagram of a flow the TC path already tracks (one that began before
+//! socket balancing reached the pod), are left to the TC path
+//! (`sock_left_to_tc`); the externalTrafficPolicy Local short-circuit
+//! follows `CFG_F_SOCK_PODS_LOCAL`.
 
 use aya_ebpf::{
     bindings::{bpf_sock_addr, BPF_ANY},
@@ -18,20 +29,22 @@ use aya_ebpf::{
     EbpfContext,
 };
 use sluice_common::{
+    config::{CFG_F_SOCK_PODS, CFG_F_SOCK_PODS_LOCAL},
     hash::{jhash_3words, pick_slot},
     maps::SVCNET_CLUSTER_IP,
     service::{
         SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MAGLEV,
-        SVC_F_NODE_DENIED,
+        SVC_F_NODE_DENIED, SVC_F_SOURCE_RANGES,
     },
-    Affinity4Key, Affinity6Key, AffinityValue, Backend, SockEntry, SockRevKey, SockRevValue, Stat,
-    Svc4Key, Svc6Key, SvcValue, FAMILY_V4, FAMILY_V6, IPPROTO_TCP, IPPROTO_UDP,
+    Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtKind, SockEntry,
+    SockRevKey, SockRevValue, Stat, Svc4Key, Svc6Key, SvcValue, FAMILY_V4, FAMILY_V6, IPPROTO_TCP,
+    IPPROTO_UDP,
 };
 
 use crate::events;
 use crate::{
     maglev,
-    maps::{self, count, AFFINITY_V4, AFFINITY_V6, SOCKETS, SOCK_REV},
+    maps::{self, count, AFFINITY_V4, AFFINITY_V6, CONNTRACK_V4, CONNTRACK_V6, SOCKETS, SOCK_REV},
     select::{candidates, sticky, Pick},
 };
 
@@ -51,12 +64,31 @@ pub enum Family {
     V6,
 }
 
-/// Whether the socket belongs to the node's own network namespace.
+/// Whose socket a call is on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// The node's own network namespace.
+    Node,
+    /// Another namespace (a pod's), by its cookie.
+    Pod(u64),
+}
+
+/// Whose socket this is, if the programs act on it: the node's always
+/// (once the agent wrote its cookie), a pod's with `CFG_F_SOCK_PODS`.
 #[inline(always)]
-fn ours<C: EbpfContext>(ctx: &C) -> bool {
-    let cookie = maps::config().netns_cookie;
+fn caller<C: EbpfContext>(ctx: &C, config: &Config) -> Option<Caller> {
+    if config.netns_cookie == 0 {
+        return None;
+    }
     // SAFETY: plain helper call on the program's context.
-    cookie != 0 && unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } == cookie
+    let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    if netns == config.netns_cookie {
+        Some(Caller::Node)
+    } else if config.flags() & CFG_F_SOCK_PODS != 0 {
+        Some(Caller::Pod(netns))
+    } else {
+        None
+    }
 }
 
 /// The destination address of the call, as the socket sees it (IPv4 in
@@ -158,17 +190,34 @@ impl Target {
     }
 }
 
-/// The backend the node's session affinity to this frontend names, if it
-/// may still take new flows (0: none). The node is one client: its
-/// sockets pick before they have a source address, and every process of
-/// the node would leave with the node's address, so the key's client is
-/// the unspecified address (which no packet on the TC path carries).
+/// The client of a session-affinity key for a socket of `who`. Sockets
+/// pick before they have a source address, so the client is named by its
+/// network namespace, in addresses no packet on the TC path carries as a
+/// source: the node (every process of which would leave with the node's
+/// address) is the unspecified address; a pod is `0.x.y.z` (the low 24
+/// bits of its namespace cookie, never 0) and `0:0:0:1::/64` with the
+/// cookie as interface identifier.
 #[inline(always)]
-fn affinity(at: &Target, master: &SvcValue, now: u64) -> u32 {
+fn client_id(who: Caller) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    if let Caller::Pod(cookie) = who {
+        let low = (cookie & 0x00ff_ffff) as u32;
+        let low = if low == 0 { 0x00ff_ffff } else { low };
+        out[..4].copy_from_slice(&low.to_be_bytes());
+        out[7] = 1;
+        out[8..].copy_from_slice(&cookie.to_be_bytes());
+    }
+    out
+}
+
+/// The backend the caller's session affinity to this frontend names, if
+/// it may still take new flows (0: none).
+#[inline(always)]
+fn affinity(at: &Target, client: &[u8; 16], master: &SvcValue, now: u64) -> u32 {
     let entry = if at.v4 {
-        AFFINITY_V4.get_ptr(affinity_key4(at))
+        AFFINITY_V4.get_ptr(affinity_key4(at, client))
     } else {
-        AFFINITY_V6.get_ptr(affinity_key6(at))
+        AFFINITY_V6.get_ptr(affinity_key6(at, client))
     };
     match entry {
         // SAFETY: pointer from a successful lookup; read at once.
@@ -178,9 +227,9 @@ fn affinity(at: &Target, master: &SvcValue, now: u64) -> u32 {
 }
 
 #[inline(always)]
-fn affinity_key4(at: &Target) -> Affinity4Key {
+fn affinity_key4(at: &Target, client: &[u8; 16]) -> Affinity4Key {
     Affinity4Key {
-        client: [0; 4],
+        client: [client[0], client[1], client[2], client[3]],
         frontend: at.v4_addr(),
         port: at.port,
         proto: at.proto,
@@ -189,9 +238,9 @@ fn affinity_key4(at: &Target) -> Affinity4Key {
 }
 
 #[inline(always)]
-fn affinity_key6(at: &Target) -> Affinity6Key {
+fn affinity_key6(at: &Target, client: &[u8; 16]) -> Affinity6Key {
     Affinity6Key {
-        client: [0; 16],
+        client: *client,
         frontend: at.addr,
         port: at.port,
         proto: at.proto,
@@ -199,18 +248,18 @@ fn affinity_key6(at: &Target) -> Affinity6Key {
     }
 }
 
-/// Records the node's affinity to `backend_id`.
+/// Records the caller's affinity to `backend_id`.
 #[inline(always)]
-fn remember(at: &Target, master: &SvcValue, backend_id: u32, now: u64) {
+fn remember(at: &Target, client: &[u8; 16], master: &SvcValue, backend_id: u32, now: u64) {
     let value = AffinityValue {
         last_used_ns: now,
         backend_id,
         svc_id: master.svc_id,
     };
     if at.v4 {
-        let _ = AFFINITY_V4.insert(affinity_key4(at), value, BPF_ANY as u64);
+        let _ = AFFINITY_V4.insert(affinity_key4(at, client), value, BPF_ANY as u64);
     } else {
-        let _ = AFFINITY_V6.insert(affinity_key6(at), value, BPF_ANY as u64);
+        let _ = AFFINITY_V6.insert(affinity_key6(at, client), value, BPF_ANY as u64);
     }
 }
 
@@ -219,12 +268,20 @@ fn remember(at: &Target, master: &SvcValue, backend_id: u32, now: u64) {
 /// a slot among the candidates. `h` hashes the socket (the source port
 /// does not exist yet).
 #[inline(always)]
-fn pick(at: &Target, master: &SvcValue, scope: u8, first: u16, n: u16, h: u32) -> u32 {
+fn pick(
+    at: &Target,
+    who: Caller,
+    master: &SvcValue,
+    scope: u8,
+    (first, n): (u16, u16),
+    h: u32,
+) -> u32 {
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     let sticky_on = master.flags & SVC_F_AFFINITY != 0;
+    let client = client_id(who);
     let mut id = if sticky_on {
-        affinity(at, master, now)
+        affinity(at, &client, master, now)
     } else {
         0
     };
@@ -248,7 +305,7 @@ fn pick(at: &Target, master: &SvcValue, scope: u8, first: u16, n: u16, h: u32) -
         }
     }
     if id != 0 && sticky_on {
-        remember(at, master, id, now);
+        remember(at, &client, master, id, now);
     }
     id
 }
@@ -304,13 +361,69 @@ fn unserved(at: &Target) -> i32 {
     REJECT
 }
 
+/// Whether a pod's datagram to `at` belongs to a flow the TC path tracks
+/// (its forward conntrack entry exists): one that began before socket
+/// balancing reached the pod keeps its backend (and its SNAT, if any) by
+/// staying on the TC path until its entry expires. The source is the
+/// datagram's (`IP_PKTINFO`) or the socket's bound address; a socket bound
+/// to the wildcard address has none yet and cannot be looked up. A
+/// separate BPF function: the key stays off the caller's frame.
+#[inline(never)]
+fn tracked_by_tc(sa: *const bpf_sock_addr, family: Family, at: &Target) -> bool {
+    // SAFETY: reading fields of the program's context and of its socket
+    // (`sk` is never null in these hooks), word by word.
+    let (src, sport) = unsafe {
+        let sk = (*sa).__bindgen_anon_1.sk;
+        let sport = (*sk).src_port as u16;
+        let mut src = [0u8; 16];
+        match family {
+            Family::V4 => {
+                let mut w = (*sa).msg_src_ip4;
+                if w == 0 {
+                    w = (*sk).src_ip4;
+                }
+                src[..4].copy_from_slice(&w.to_ne_bytes());
+            }
+            Family::V6 => {
+                let mut w = (*sa).msg_src_ip6;
+                if w[0] | w[1] | w[2] | w[3] == 0 {
+                    w = (*sk).src_ip6;
+                }
+                src[..4].copy_from_slice(&w[0].to_ne_bytes());
+                src[4..8].copy_from_slice(&w[1].to_ne_bytes());
+                src[8..12].copy_from_slice(&w[2].to_ne_bytes());
+                src[12..].copy_from_slice(&w[3].to_ne_bytes());
+            }
+        }
+        (src, sport)
+    };
+    let entry = if at.v4 {
+        let o = if at.mapped { 12 } else { 0 };
+        let src4 = [src[o], src[o + 1], src[o + 2], src[o + 3]];
+        if u32::from_ne_bytes(src4) == 0 {
+            return false;
+        }
+        let key = Ct4Key::new(src4, at.v4_addr(), sport, at.port, at.proto);
+        CONNTRACK_V4.get_ptr(key)
+    } else {
+        if src == [0u8; 16] {
+            return false;
+        }
+        let key = Ct6Key::new(src, at.addr, sport, at.port, at.proto);
+        CONNTRACK_V6.get_ptr(key)
+    };
+    // SAFETY: pointer from a successful lookup; one field read at once.
+    matches!(entry, Some(e) if unsafe { (*e).kind } == CtKind::Forward as u8)
+}
+
 /// `connect()` (TCP, UDP) and, with `datagram`, `sendmsg()` on unconnected
 /// UDP sockets: a frontend address becomes a backend address.
 #[inline(always)]
 pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
-    if !ours(ctx) {
+    let config = maps::config();
+    let Some(who) = caller(ctx, &config) else {
         return ALLOW;
-    }
+    };
     let sa = ctx.sock_addr;
     // SAFETY: reading fields of the program's context.
     let (proto, raw_port) = unsafe { ((*sa).protocol as u8, (*sa).user_port) };
@@ -334,25 +447,36 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
     let Some(mut master) = service(&at, 0, SCOPE_EXTERNAL) else {
         return unserved(&at);
     };
-    if master.flags & SVC_F_NODE_DENIED != 0 {
-        // loadBalancerSourceRanges without a node address: kube-proxy
-        // drops the node's packets, so the caller would time out.
-        count(Stat::SourceDenied);
-        events::sock(Stat::SourceDenied, &at.addr, at.port, at.proto, at.v4);
-        // SAFETY: plain helper call; sets the errno the syscall returns.
-        unsafe { bpf_set_retval(-ETIMEDOUT) };
-        return REJECT;
+    if who == Caller::Node {
+        if master.flags & SVC_F_NODE_DENIED != 0 {
+            // loadBalancerSourceRanges without a node address: kube-proxy
+            // drops the node's packets, so the caller would time out.
+            count(Stat::SourceDenied);
+            events::sock(Stat::SourceDenied, &at.addr, at.port, at.proto, at.v4);
+            // SAFETY: plain helper call; sets the errno the syscall returns.
+            unsafe { bpf_set_retval(-ETIMEDOUT) };
+            return REJECT;
+        }
+    } else if master.flags & SVC_F_SOURCE_RANGES != 0
+        || (datagram && tracked_by_tc(sa, family, &at))
+    {
+        // The TC path sees the pod's source address and the flow's
+        // conntrack entry: it gives the answer.
+        count(Stat::SockLeftToTc);
+        return ALLOW;
     }
-    // The node is inside the cluster: an externalTrafficPolicy Local
-    // frontend gives it every endpoint (kube-proxy's short-circuit).
+    // The node, and pods when local-traffic detection is configured, are
+    // inside the cluster: an externalTrafficPolicy Local frontend gives
+    // them every endpoint (kube-proxy's short-circuit).
+    let local = who == Caller::Node || config.flags() & CFG_F_SOCK_PODS_LOCAL != 0;
     let mut scope = SCOPE_EXTERNAL;
-    if master.flags & SVC_F_INTERNAL != 0 {
+    if local && master.flags & SVC_F_INTERNAL != 0 {
         if let Some(internal) = service(&at, 0, SCOPE_INTERNAL) {
             master = internal;
             scope = SCOPE_INTERNAL;
         }
     }
-    let (first, n) = match candidates(master) {
+    let slots = match candidates(master) {
         Pick::Slots(first, n) => (first, n),
         Pick::Drop => {
             // kube-proxy drops the connection's packets, so the caller
@@ -377,9 +501,9 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         cookie as u32,
         (cookie >> 32) as u32,
         u32::from(at.port),
-        maps::config().hash_seed,
+        config.hash_seed,
     );
-    let backend_id = pick(&at, master, scope, first, n, h);
+    let backend_id = pick(&at, who, master, scope, slots, h);
     let Some(backend) = maps::backend(backend_id) else {
         count(Stat::Dangling);
         crate::log::socket_dangling(ctx, backend_id);
@@ -422,6 +546,9 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
     let _ = SOCKETS.insert(cookie, entry, BPF_ANY as u64);
     let _ = SOCK_REV.insert(rev_key, rev, BPF_ANY as u64);
     count(Stat::SockConnect);
+    if who != Caller::Node {
+        count(Stat::SockPodConnect);
+    }
     ALLOW
 }
 
@@ -429,7 +556,7 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
 /// sent to reads as the frontend it asked for.
 #[inline(always)]
 pub fn reverse(ctx: &SockAddrContext, family: Family) -> i32 {
-    if !ours(ctx) {
+    if caller(ctx, &maps::config()).is_none() {
         return ALLOW;
     }
     let sa = ctx.sock_addr;
