@@ -514,7 +514,7 @@ fn pins_and_cgroup_are_the_nodes() -> Result<()> {
         "bpffs mount: Bidirectional propagation needs a privileged container"
     );
 
-    if args.socket_lb {
+    if args.socket_lb.mode != sluice::cli::SocketLb::Off {
         let cgroup = args.cgroup_root.as_ref().ok_or_else(|| {
             anyhow!(
                 "socket-level balancing is on but --cgroup-root is unset: in a container the \

@@ -1,0 +1,741 @@
+//! Socket-level balancing for pods (`--socket-lb=all`, the default): a
+//! client pod's process in the agent's cgroup reaches every kind of
+//! frontend with the TC path's answers, in both families, while the TC
+//! program translates none of its packets (its flow counters stay flat,
+//! conntrack holds nothing of the pod). Each case checks the backend that
+//! answered and the peer address the pod's socket reports (getpeername,
+//! the source of a UDP reply).
+
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context, Result};
+use sluice::datapath::Maps;
+use sluice_common::Stat;
+use sluice_tests::{
+    agent::{Agent, ManifestDir},
+    host::HostClient,
+    servers, Topology,
+};
+
+/// One endpoint: address, node, and (ready, serving, terminating).
+type Ep = (IpAddr, &'static str, (bool, bool, bool));
+
+const READY: (bool, bool, bool) = (true, true, false);
+const TERMINATING_SERVING: (bool, bool, bool) = (false, true, true);
+const TERMINATING: (bool, bool, bool) = (false, false, true);
+
+/// A Service `name` with one port `p` (`proto` `port` -> `target`, plus
+/// `node_port`), cluster IPs `ips` (one family each), `spec` lines under
+/// `spec:`, `status` after it, and one EndpointSlice per family of
+/// `endpoints`.
+#[allow(clippy::too_many_arguments)]
+fn service(
+    name: &str,
+    ips: &[&str],
+    spec: &str,
+    status: &str,
+    proto: &str,
+    (port, target, node_port): (u16, u16, Option<u16>),
+    endpoints: &[Ep],
+) -> String {
+    let families: Vec<&str> = ips
+        .iter()
+        .map(|ip| if ip.contains(':') { "IPv6" } else { "IPv4" })
+        .collect();
+    let node_port = node_port.map_or(String::new(), |p| format!("    nodePort: {p}\n"));
+    let mut out = format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  ipFamilyPolicy: {policy}\n  ipFamilies: [{families}]\n  clusterIP: \"{first}\"\n  clusterIPs: [{ips}]\n{spec}  ports:\n  - name: p\n    protocol: {proto}\n    port: {port}\n    targetPort: {target}\n{node_port}{status}",
+        policy = if ips.len() > 1 { "RequireDualStack" } else { "SingleStack" },
+        families = families.join(", "),
+        first = ips[0],
+        ips = ips.iter().map(|i| format!("\"{i}\"")).collect::<Vec<_>>().join(", "),
+    );
+    for family in ["IPv4", "IPv6"] {
+        if !families.contains(&family) {
+            continue;
+        }
+        let eps: String = endpoints
+            .iter()
+            .filter(|(a, _, _)| a.is_ipv6() == (family == "IPv6"))
+            .map(|(a, node, (r, s, t))| {
+                format!(
+                    "- addresses: [\"{a}\"]\n  nodeName: {node}\n  conditions: {{ready: {r}, serving: {s}, terminating: {t}}}\n"
+                )
+            })
+            .collect();
+        let eps = if eps.is_empty() {
+            " []\n".to_owned()
+        } else {
+            format!("\n{eps}")
+        };
+        out.push_str(&format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-{f}\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {name}\naddressType: {family}\nports:\n- name: p\n  protocol: {proto}\n  port: {target}\nendpoints:{eps}",
+            f = family.to_lowercase(),
+        ));
+    }
+    out
+}
+
+/// The TC path's flow counters (new flows and established packets of
+/// either family).
+fn tc_flows(maps: &Maps) -> Result<u64> {
+    Ok(maps.stat(Stat::NewFlow)? + maps.stat(Stat::Established)? + maps.stat(Stat::Reselected)?)
+}
+
+/// Conntrack entries naming `ip` (as client or peer), both families.
+fn conntrack_of(maps: &Maps, ip: IpAddr) -> usize {
+    let v4 = maps
+        .conntrack_v4
+        .keys()
+        .flatten()
+        .filter(|k| IpAddr::from(k.src) == ip || IpAddr::from(k.dst) == ip)
+        .count();
+    let v6 = maps
+        .conntrack_v6
+        .keys()
+        .flatten()
+        .filter(|k| IpAddr::from(k.src) == ip || IpAddr::from(k.dst) == ip)
+        .count();
+    v4 + v6
+}
+
+fn node_yaml(topo: &Topology) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-1\nstatus:\n  addresses:\n  - type: InternalIP\n    address: {}\n  - type: InternalIP\n    address: \"{}\"\n",
+        topo.node_address(0),
+        topo.node_address6(0)
+    )
+}
+
+/// Connects `n` times from `client` (TCP): the set of backends reached,
+/// each connection's peer checked against `peer`.
+fn backends_reached(
+    topo: &Topology,
+    client: &sluice_tests::Pod,
+    host: &str,
+    port: u16,
+    peer: &str,
+    n: usize,
+) -> Result<BTreeSet<String>> {
+    let mut seen = BTreeSet::new();
+    for _ in 0..n {
+        let out = HostClient::once_in(topo, &client.ns, "tcp", host, port)?;
+        ensure!(
+            out.len() == 3 && out[0] == "ok" && out[2] == peer,
+            "{host}:{port}: {out:?}"
+        );
+        seen.insert(out[1].clone());
+    }
+    Ok(seen)
+}
+
+/// Every kind of frontend from a pod, in both families, through its
+/// sockets: ClusterIP (TCP, unconnected and connected UDP), NodePort on
+/// the node's address, a load-balancer IP with externalTrafficPolicy
+/// Local (the pod, inside the cluster, takes the short-circuit to a
+/// backend on another node), an external IP, the pod reaching itself
+/// through its service, internalTrafficPolicy Local (this node's endpoints
+/// only; none: dropped, ETIMEDOUT at once), terminating backends as
+/// fallback, REJECT without endpoints (ECONNREFUSED), and an `AF_INET6`
+/// socket to an IPv4 service through its v4-mapped address. The TC program
+/// translates none of it.
+#[test]
+fn pods_reach_every_kind_of_frontend_through_their_sockets() -> Result<()> {
+    let mut topo = Topology::new(1, 3)?;
+    topo.add_external()?;
+    topo.wait_ipv6_ready()?;
+    let mut servers = Vec::new();
+    for pod in topo.backends.iter().chain(&topo.clients) {
+        servers.push(servers::tcp_greeter(&pod.ns, 8080, &pod.name)?);
+        servers.push(servers::tcp_greeter6(&pod.ns, 8080, &pod.name)?);
+        servers.push(servers::udp_greeter(&pod.ns, 5353, &pod.name)?);
+        servers.push(servers::udp_greeter6(&pod.ns, 5353, &pod.name)?);
+    }
+    let client = &topo.clients[0];
+    let b = |k: usize, v6: bool| -> IpAddr {
+        let pod = &topo.backends[k];
+        if v6 {
+            pod.ip6.into()
+        } else {
+            pod.ip.into()
+        }
+    };
+    let both = |k: usize, node: &'static str, c| -> [Ep; 2] {
+        [(b(k, false), node, c), (b(k, true), node, c)]
+    };
+    let web: Vec<Ep> = [both(0, "node-1", READY), both(1, "node-1", READY)].concat();
+    let dir = ManifestDir::create()?;
+    dir.write("node.yaml", &node_yaml(&topo))?;
+    let tcp = (80, 8080, None);
+    dir.write(
+        "web.yaml",
+        &service(
+            "web",
+            &["10.96.1.1", "fd00:96::1:1"],
+            "",
+            "",
+            "TCP",
+            tcp,
+            &web,
+        ),
+    )?;
+    dir.write(
+        "dns.yaml",
+        &service(
+            "dns",
+            &["10.96.1.2", "fd00:96::1:2"],
+            "",
+            "",
+            "UDP",
+            (53, 5353, None),
+            &web,
+        ),
+    )?;
+    dir.write(
+        "np.yaml",
+        &service(
+            "np",
+            &["10.96.1.3", "fd00:96::1:3"],
+            "  type: NodePort\n",
+            "",
+            "TCP",
+            (80, 8080, Some(30111)),
+            &both(1, "node-1", READY),
+        ),
+    )?;
+    // Load balancer, eTP Local, its only endpoint on another node: the
+    // external scope is empty, the internal scope (pods, by
+    // --cluster-cidr) reaches backend-2.
+    dir.write(
+        "lb.yaml",
+        &service(
+            "lb",
+            &["10.96.1.4", "fd00:96::1:4"],
+            "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  externalIPs: [\"203.0.113.5\", \"2001:db8::5\"]\n",
+            "status:\n  loadBalancer:\n    ingress:\n    - ip: 203.0.113.4\n    - ip: \"2001:db8::4\"\n",
+            "TCP",
+            (80, 8080, Some(30112)),
+            &both(2, "node-2", READY),
+        ),
+    )?;
+    let me: Vec<Ep> = vec![
+        (client.ip.into(), "node-1", READY),
+        (client.ip6.into(), "node-1", READY),
+    ];
+    dir.write(
+        "me.yaml",
+        &service(
+            "me",
+            &["10.96.1.6", "fd00:96::1:6"],
+            "",
+            "",
+            "TCP",
+            tcp,
+            &me,
+        ),
+    )?;
+    let itp: Vec<Ep> = [both(0, "node-1", READY), both(2, "node-2", READY)].concat();
+    dir.write(
+        "itp.yaml",
+        &service(
+            "itp",
+            &["10.96.1.7", "fd00:96::1:7"],
+            "  internalTrafficPolicy: Local\n",
+            "",
+            "TCP",
+            tcp,
+            &itp,
+        ),
+    )?;
+    dir.write(
+        "itp-remote.yaml",
+        &service(
+            "itp-remote",
+            &["10.96.1.8", "fd00:96::1:8"],
+            "  internalTrafficPolicy: Local\n",
+            "",
+            "TCP",
+            tcp,
+            &both(2, "node-2", READY),
+        ),
+    )?;
+    let fallback: Vec<Ep> = [
+        both(0, "node-1", TERMINATING),
+        both(1, "node-1", TERMINATING_SERVING),
+    ]
+    .concat();
+    dir.write(
+        "term.yaml",
+        &service(
+            "term",
+            &["10.96.1.9", "fd00:96::1:9"],
+            "",
+            "",
+            "TCP",
+            tcp,
+            &fallback,
+        ),
+    )?;
+    dir.write(
+        "empty.yaml",
+        &service(
+            "empty",
+            &["10.96.1.10", "fd00:96::1:a"],
+            "",
+            "",
+            "TCP",
+            tcp,
+            &[],
+        ),
+    )?;
+    dir.write(
+        "empty-udp.yaml",
+        &service(
+            "empty-udp",
+            &["10.96.1.11", "fd00:96::1:b"],
+            "",
+            "",
+            "UDP",
+            (53, 5353, None),
+            &[],
+        ),
+    )?;
+    let mut agent = Agent::start(
+        &topo,
+        &format!("dir:{}", dir.path().display()),
+        &["--cluster-cidr", "10.0.0.0/8,fd00::/8"],
+    )?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    let status = agent.cli(&["status"])?;
+    ensure!(status.contains("socket lb: all"), "{status}");
+
+    let maps = || Maps::open_pinned(topo.bpf.path());
+    let tc_before = tc_flows(&maps()?)?;
+    let pod_before = maps()?.stat(Stat::SockPodConnect)?;
+    let (node4, node6) = (topo.node_address(0), topo.node_address6(0));
+    let mut balanced = 0;
+    for v6 in [false, true] {
+        let addr = |v4: &str, v6a: &str| if v6 { v6a.to_owned() } else { v4.to_owned() };
+        let peer = |host: &str, port: u16| {
+            if v6 {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            }
+        };
+        // ClusterIP, TCP: both backends over a run, the VIP as peer.
+        let vip = addr("10.96.1.1", "fd00:96::1:1");
+        let seen = backends_reached(&topo, client, &vip, 80, &peer(&vip, 80), 16)?;
+        ensure!(seen.len() == 2, "v6={v6}: {seen:?}");
+        balanced += 16;
+        // UDP, unconnected (DNS-like): the reply comes from the VIP, on
+        // the first datagram and the next ones of the same socket.
+        let dns = addr("10.96.1.2", "fd00:96::1:2");
+        let mut udp = HostClient::start_in(&topo, &client.ns, "udp", &dns, 53, None)?;
+        let first = udp.line()?;
+        ensure!(
+            first.len() == 3
+                && first[0] == "ok"
+                && first[1].starts_with("backend-")
+                && first[2] == peer(&dns, 53),
+            "v6={v6}: {first:?}"
+        );
+        for _ in 0..3 {
+            let next = udp.exchange()?;
+            ensure!(next == first, "v6={v6}: {next:?} after {first:?}");
+        }
+        balanced += 4;
+        // UDP, connected: getpeername and the reply's source.
+        let out = HostClient::once_in(&topo, &client.ns, "udpc", &dns, 53)?;
+        ensure!(
+            out.len() == 4
+                && out[0] == "ok"
+                && out[2] == peer(&dns, 53)
+                && out[3] == peer(&dns, 53),
+            "v6={v6}: {out:?}"
+        );
+        balanced += 1;
+        // NodePort on the node's address.
+        let node = if v6 {
+            node6.to_string()
+        } else {
+            node4.to_string()
+        };
+        let seen = backends_reached(&topo, client, &node, 30111, &peer(&node, 30111), 2)?;
+        ensure!(
+            seen == BTreeSet::from(["backend-1".to_owned()]),
+            "v6={v6}: {seen:?}"
+        );
+        balanced += 2;
+        // Load-balancer IP, external IP and NodePort of an eTP Local
+        // service whose endpoint is remote: the short-circuit.
+        for (host, port) in [
+            (addr("203.0.113.4", "2001:db8::4"), 80),
+            (addr("203.0.113.5", "2001:db8::5"), 80),
+            (node.clone(), 30112),
+        ] {
+            let seen = backends_reached(&topo, client, &host, port, &peer(&host, port), 2)?;
+            ensure!(
+                seen == BTreeSet::from(["backend-2".to_owned()]),
+                "v6={v6} {host}: {seen:?}"
+            );
+            balanced += 2;
+        }
+        // The pod through its own service.
+        let me = addr("10.96.1.6", "fd00:96::1:6");
+        let seen = backends_reached(&topo, client, &me, 80, &peer(&me, 80), 2)?;
+        ensure!(
+            seen == BTreeSet::from(["client-0".to_owned()]),
+            "v6={v6}: {seen:?}"
+        );
+        balanced += 2;
+        // internalTrafficPolicy Local: this node's endpoint only.
+        let itp = addr("10.96.1.7", "fd00:96::1:7");
+        let seen = backends_reached(&topo, client, &itp, 80, &peer(&itp, 80), 8)?;
+        ensure!(
+            seen == BTreeSet::from(["backend-0".to_owned()]),
+            "v6={v6}: {seen:?}"
+        );
+        balanced += 8;
+        // ... and none on this node: dropped, said at once.
+        let started = Instant::now();
+        let out = HostClient::once_in(
+            &topo,
+            &client.ns,
+            "tcp",
+            &addr("10.96.1.8", "fd00:96::1:8"),
+            80,
+        )?;
+        ensure!(out == ["error", "ETIMEDOUT"], "v6={v6}: {out:?}");
+        ensure!(
+            started.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            started.elapsed()
+        );
+        // Terminating: the serving one is the fallback, never the other.
+        let term = addr("10.96.1.9", "fd00:96::1:9");
+        let seen = backends_reached(&topo, client, &term, 80, &peer(&term, 80), 6)?;
+        ensure!(
+            seen == BTreeSet::from(["backend-1".to_owned()]),
+            "v6={v6}: {seen:?}"
+        );
+        balanced += 6;
+        // No endpoints: REJECT, TCP and UDP.
+        let out = HostClient::once_in(
+            &topo,
+            &client.ns,
+            "tcp",
+            &addr("10.96.1.10", "fd00:96::1:a"),
+            80,
+        )?;
+        ensure!(out == ["error", "ECONNREFUSED"], "v6={v6}: {out:?}");
+        let out = HostClient::once_in(
+            &topo,
+            &client.ns,
+            "udpc",
+            &addr("10.96.1.11", "fd00:96::1:b"),
+            53,
+        )?;
+        ensure!(out == ["error", "ECONNREFUSED"], "v6={v6}: {out:?}");
+    }
+    // An AF_INET6 socket to the IPv4 ClusterIP, v4-mapped.
+    let seen = backends_reached(
+        &topo,
+        client,
+        "::ffff:10.96.1.1",
+        80,
+        "[::ffff:10.96.1.1]:80",
+        8,
+    )?;
+    ensure!(
+        !seen.is_empty() && seen.iter().all(|s| s.starts_with("backend-")),
+        "{seen:?}"
+    );
+    balanced += 8;
+
+    // None of it crossed the TC program as a service flow.
+    let maps = maps()?;
+    ensure!(
+        tc_flows(&maps)? == tc_before,
+        "the TC path translated pod traffic: {} -> {}",
+        tc_before,
+        tc_flows(&maps)?
+    );
+    ensure!(
+        conntrack_of(&maps, client.ip.into()) == 0,
+        "conntrack holds the pod's flows (v4)"
+    );
+    ensure!(
+        conntrack_of(&maps, client.ip6.into()) == 0,
+        "conntrack holds the pod's flows (v6)"
+    );
+    let pod_connects = maps.stat(Stat::SockPodConnect)? - pod_before;
+    ensure!(
+        pod_connects >= balanced,
+        "{pod_connects} pod socket picks for {balanced} balanced calls"
+    );
+    drop(servers);
+    Ok(())
+}
+
+/// A pod's sockets select as the TC path does: session affinity keeps a
+/// pod on one backend (and a second pod is a client of its own), and a
+/// Maglev frontend's table decides (proven by rewriting the table so that
+/// it names a single backend).
+#[test]
+fn pods_select_as_the_tc_path_does() -> Result<()> {
+    let topo = Topology::new(2, 3)?;
+    let _tcp = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let eps: Vec<Ep> = topo
+        .backends
+        .iter()
+        .map(|b| (IpAddr::from(b.ip), "node-1", READY))
+        .collect();
+    let dir = ManifestDir::create()?;
+    let tcp = (80, 8080, None);
+    dir.write(
+        "sticky.yaml",
+        &service(
+            "sticky",
+            &["10.96.2.1"],
+            "  sessionAffinity: ClientIP\n",
+            "",
+            "TCP",
+            tcp,
+            &eps,
+        ),
+    )?;
+    dir.write(
+        "maglev.yaml",
+        &service("maglev", &["10.96.2.2"], "", "", "TCP", tcp, &eps).replacen(
+            "  namespace: default\n",
+            "  namespace: default\n  annotations:\n    service.sluice.dev/lb-algorithm: maglev\n",
+            1,
+        ),
+    )?;
+    let agent = {
+        let mut a = Agent::start(&topo, &format!("dir:{}", dir.path().display()), &[])?;
+        a.wait_ready(Duration::from_secs(20))?;
+        a
+    };
+    let maps = || Maps::open_pinned(topo.bpf.path());
+    let tc_before = tc_flows(&maps()?)?;
+    let hits = maps()?.stat(Stat::AffinityHit)?;
+
+    for client in &topo.clients {
+        let seen = backends_reached(&topo, client, "10.96.2.1", 80, "10.96.2.1:80", 8)?;
+        ensure!(
+            seen.len() == 1,
+            "{}: affinity not kept: {seen:?}",
+            client.name
+        );
+    }
+    ensure!(
+        maps()?.stat(Stat::AffinityHit)? >= hits + 14,
+        "affinity hits not counted"
+    );
+    // Each pod is its own client: two affinity entries for the frontend.
+    let entries = maps()?
+        .affinity_v4
+        .keys()
+        .flatten()
+        .filter(|k| k.frontend == [10, 96, 2, 1])
+        .count();
+    ensure!(entries == 2, "{entries} affinity entries for two pods");
+
+    let b2 = format!("{}:8080", topo.backends[2].ip);
+    let rows: serde_json::Value = serde_json::from_str(&agent.cli(&["lb", "list", "--json"])?)?;
+    let b2_id = rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["frontend"] == "10.96.2.2:80")
+        .flat_map(|r| r["backends"].as_array().cloned().unwrap_or_default())
+        .find(|b| b["address"] == b2.as_str())
+        .and_then(|b| b["id"].as_u64())
+        .context("backend-2 of the maglev frontend not listed")?;
+    let key = sluice_common::Svc4Key::new([10, 96, 2, 2], 80, sluice_common::IPPROTO_TCP, 0);
+    let mut table = Box::new(sluice_common::MaglevTable::default());
+    table.backends.fill(u32::try_from(b2_id)?);
+    maps()?.maglev_v4.insert(key, *table, 0)?;
+    let seen = backends_reached(&topo, &topo.clients[0], "10.96.2.2", 80, "10.96.2.2:80", 8)?;
+    ensure!(seen == BTreeSet::from(["backend-2".to_owned()]), "{seen:?}");
+    ensure!(
+        tc_flows(&maps()?)? == tc_before,
+        "the TC path translated pod traffic"
+    );
+    Ok(())
+}
+
+/// `--socket-lb=host` (and its old spelling `true`) is the service-mesh
+/// option: pods' sockets are left alone, so their packets carry the
+/// service address to the TC path, which balances them (conntrack holds
+/// the flow); the node's own sockets are still balanced at connect().
+/// `sluice status` says the mode.
+#[test]
+fn host_mode_leaves_pods_to_the_tc_path() -> Result<()> {
+    let mut topo = Topology::new(1, 2)?;
+    topo.add_external()?;
+    let _tcp = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let eps: Vec<Ep> = topo
+        .backends
+        .iter()
+        .map(|b| (IpAddr::from(b.ip), "node-1", READY))
+        .collect();
+    let dir = ManifestDir::create()?;
+    dir.write(
+        "web.yaml",
+        &service("web", &["10.96.3.1"], "", "", "TCP", (80, 8080, None), &eps),
+    )?;
+    for (flag, legacy) in [("host", false), ("true", true)] {
+        let mut agent = Agent::start(
+            &topo,
+            &format!("dir:{}", dir.path().display()),
+            &[&format!("--socket-lb={flag}")],
+        )?;
+        agent.wait_ready(Duration::from_secs(20))?;
+        let status = agent.cli(&["status"])?;
+        ensure!(status.contains("socket lb: host"), "{flag}: {status}");
+        ensure!(
+            agent.log().contains("deprecated") == legacy,
+            "{flag}: deprecation line"
+        );
+        let maps = || Maps::open_pinned(topo.bpf.path());
+        let (new_flows, pod_picks, node_picks) = {
+            let m = maps()?;
+            (
+                m.stat(Stat::NewFlow)?,
+                m.stat(Stat::SockPodConnect)?,
+                m.stat(Stat::SockConnect)?,
+            )
+        };
+        let client = &topo.clients[0];
+        let seen = backends_reached(&topo, client, "10.96.3.1", 80, "10.96.3.1:80", 4)?;
+        ensure!(seen.iter().all(|s| s.starts_with("backend-")), "{seen:?}");
+        let m = maps()?;
+        ensure!(
+            m.stat(Stat::NewFlow)? >= new_flows + 4,
+            "{flag}: the TC path did not balance the pod"
+        );
+        ensure!(
+            m.stat(Stat::SockPodConnect)? == pod_picks,
+            "{flag}: a pod socket was balanced"
+        );
+        ensure!(
+            conntrack_of(&m, client.ip.into()) > 0,
+            "{flag}: no conntrack entry of the pod"
+        );
+        // The node's own processes keep socket balancing.
+        let out = HostClient::once(&topo, "tcp", "10.96.3.1", 80)?;
+        ensure!(
+            out.len() == 3 && out[0] == "ok" && out[2] == "10.96.3.1:80",
+            "{out:?}"
+        );
+        ensure!(
+            maps()?.stat(Stat::SockConnect)? > node_picks,
+            "{flag}: node socket not balanced"
+        );
+        agent.stop()?;
+    }
+    // off: nothing attached, pods and node through TC.
+    let mut agent = Agent::start(
+        &topo,
+        &format!("dir:{}", dir.path().display()),
+        &["--socket-lb=off"],
+    )?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    let status = agent.cli(&["status"])?;
+    ensure!(status.contains("socket lb: off"), "{status}");
+    Ok(())
+}
+
+/// A UDP flow that began on the TC path (`--socket-lb=host`) keeps its
+/// backend once the agent restarts with socket balancing for pods: its
+/// datagrams are left to the TC path while their conntrack entry lives
+/// (`sock_left_to_tc`), and only new sockets are balanced at the socket.
+/// Six flows over four backends: that all six keep their backend by
+/// chance is unlikely (1 in 4096).
+#[test]
+fn a_udp_flow_that_began_on_the_tc_path_keeps_its_backend() -> Result<()> {
+    let topo = Topology::new(1, 4)?;
+    let _udp = topo
+        .backends
+        .iter()
+        .map(|b| servers::udp_greeter(&b.ns, 5353, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let eps: Vec<Ep> = topo
+        .backends
+        .iter()
+        .map(|b| (IpAddr::from(b.ip), "node-1", READY))
+        .collect();
+    let dir = ManifestDir::create()?;
+    dir.write(
+        "dns.yaml",
+        &service("dns", &["10.96.4.1"], "", "", "UDP", (53, 5353, None), &eps),
+    )?;
+    let mut agent = Agent::start(&topo, &format!("dir:{}", dir.path().display()), &[])?;
+    let bin = sluice_tests::agent::binary()?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    agent.replace(&topo.node, &bin, &[("SLUICE_SOCKET_LB", "host")])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    ensure!(agent.cli(&["status"])?.contains("socket lb: host"));
+    let client = &topo.clients[0];
+    let bind = client.ip.to_string();
+    let mut flows = Vec::new();
+    for _ in 0..6 {
+        let mut c = HostClient::start_in(&topo, &client.ns, "udp", "10.96.4.1", 53, Some(&bind))?;
+        let first = c.line()?;
+        ensure!(
+            first.len() == 3 && first[0] == "ok" && first[2] == "10.96.4.1:53",
+            "{first:?}"
+        );
+        flows.push((c, first[1].clone()));
+    }
+    let maps = || Maps::open_pinned(topo.bpf.path());
+    ensure!(
+        conntrack_of(&maps()?, client.ip.into()) > 0,
+        "the flows are not on the TC path"
+    );
+
+    agent.replace(&topo.node, &bin, &[("SLUICE_SOCKET_LB", "all")])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    ensure!(agent.cli(&["status"])?.contains("socket lb: all"));
+    let left = maps()?.stat(Stat::SockLeftToTc)?;
+    for (c, backend) in &mut flows {
+        for _ in 0..2 {
+            let out = c.exchange()?;
+            ensure!(
+                out == ["ok", backend.as_str(), "10.96.4.1:53"],
+                "{out:?}, was {backend}"
+            );
+        }
+    }
+    ensure!(
+        maps()?.stat(Stat::SockLeftToTc)? >= left + 12,
+        "old flows not left to TC"
+    );
+    // A new socket is balanced at the socket.
+    let picks = maps()?.stat(Stat::SockPodConnect)?;
+    let out = HostClient::once_in(&topo, &client.ns, "udp", "10.96.4.1", 53)?;
+    ensure!(
+        out.len() == 3 && out[0] == "ok" && out[2] == "10.96.4.1:53",
+        "{out:?}"
+    );
+    ensure!(
+        maps()?.stat(Stat::SockPodConnect)? > picks,
+        "new socket not balanced"
+    );
+    Ok(())
+}
