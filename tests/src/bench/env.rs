@@ -37,6 +37,11 @@ pub const BACKENDS: usize = 10;
 pub enum Variant {
     Direct,
     Sluice,
+    /// sluice with socket-level balancing for pods (`--socket-lb=all`):
+    /// the client's sockets are in the cgroup the socket programs are
+    /// attached to, so its connections are sent to a backend at
+    /// connect() and the TC programs see plain pod-to-pod packets.
+    SluiceSock,
     /// Diagnostic, not in the default set: sluice attached and programmed
     /// like `sluice`, but the client connects to the pods directly, so the
     /// programs only look packets up and pass them on.
@@ -47,9 +52,10 @@ pub enum Variant {
 }
 
 impl Variant {
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 6] = [
         Variant::Direct,
         Variant::Sluice,
+        Variant::SluiceSock,
         Variant::IptablesLegacy,
         Variant::IptablesNft,
         Variant::Nftables,
@@ -59,6 +65,7 @@ impl Variant {
         match self {
             Variant::Direct => "direct",
             Variant::Sluice => "sluice",
+            Variant::SluiceSock => "sluice-sock",
             Variant::SluicePassthrough => "sluice-passthrough",
             Variant::IptablesLegacy => "iptables-legacy",
             Variant::IptablesNft => "iptables-nft",
@@ -212,10 +219,27 @@ impl Env {
         }
     }
 
-    /// Loads sluice's programs (fresh maps) and attaches them.
+    /// Loads sluice's programs (fresh maps) and attaches them; for
+    /// `sluice-sock` also the socket programs, to the topology's cgroup,
+    /// for every network namespace (`--socket-lb=all`).
     pub fn load_sluice(&mut self, sizes: MapSizes) -> Result<&mut Lb> {
-        let lb = Lb::load_with(&self.topo, sizes, Duration::from_secs(60))?;
+        let mut lb = Lb::load_with(&self.topo, sizes, Duration::from_secs(60))?;
+        if self.variant == Variant::SluiceSock {
+            let cookie = self.topo.node.run(sluice::datapath::netns_cookie)??;
+            lb.reconciler
+                .set_socket_lb(cookie, sluice_common::config::CFG_F_SOCK_PODS)?;
+            lb.datapath.attach_cgroup(self.topo.cgroup.path())?;
+        }
         Ok(self.lb.insert(lb))
+    }
+
+    /// The process in this variant's cgroup while it measures, for
+    /// `sluice-sock` (whose socket programs cover that cgroup only).
+    pub fn enter(&self) -> Result<Option<super::progcost::InCgroup>> {
+        if self.variant != Variant::SluiceSock {
+            return Ok(None);
+        }
+        super::progcost::InCgroup::enter(self.topo.cgroup.path()).map(Some)
     }
 
     /// Removes every rule of this variant from the node (synchronously, so

@@ -17,6 +17,7 @@ pub mod env;
 pub mod events;
 pub mod kubeproxy;
 pub mod north_south;
+pub mod progcost;
 pub mod report;
 pub mod services;
 pub mod stats;
@@ -281,6 +282,10 @@ pub struct SizeResult {
     pub random_index: usize,
     pub control: Control,
     pub variants: Vec<VariantResult>,
+    /// What each program of `sluice` and `sluice-sock` costs per run, for
+    /// service and non-service traffic (`progcost`).
+    #[serde(default)]
+    pub prog_costs: Vec<progcost::ProgCost>,
     pub seconds: f64,
 }
 
@@ -776,7 +781,9 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
         let programmed = match env.variant {
             Variant::Direct => Ok(()),
             Variant::Sluice => program_sluice(env, &set, sizes, cfg, &mut control),
-            Variant::SluicePassthrough => program_passthrough(env, &set, sizes),
+            Variant::SluicePassthrough | Variant::SluiceSock => {
+                program_passthrough(env, &set, sizes)
+            }
             Variant::IptablesLegacy | Variant::IptablesNft => {
                 program_iptables(env, &set, cfg, history, &mut control)
             }
@@ -825,6 +832,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
         if errors.contains_key(&env.variant) {
             continue;
         }
+        let _in = env.enter()?;
         for i in [set.last, set.random] {
             let probe =
                 traffic::connects(env.client(), &env.targets(&set, i), 0, 20, Duration::MAX)?;
@@ -873,7 +881,9 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
             loop {
                 let mut this = Acc::default();
                 let probe = cpu::Probe::start();
-                let measured = measure_round(&envs[i], &set, cfg, &mut this);
+                let measured = envs[i]
+                    .enter()
+                    .and_then(|_in| measure_round(&envs[i], &set, cfg, &mut this));
                 let foreign = probe.foreign_cpus();
                 if let Err(e) = measured {
                     eprintln!("    {}: {e:#}", envs[i].variant.name());
@@ -900,6 +910,21 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
             }
         }
     }
+    // Per-program costs of the two sluice variants, after the rounds.
+    let mut prog_costs = Vec::new();
+    for (env, acc) in envs.iter().zip(&accs) {
+        if acc.error.is_some() || !matches!(env.variant, Variant::Sluice | Variant::SluiceSock) {
+            continue;
+        }
+        check_interrupted()?;
+        match env.enter().and_then(|_in| progcost::measure(env, &set)) {
+            Ok(costs) => prog_costs.extend(costs),
+            Err(e) => eprintln!("  {} program costs: {e:#}", env.variant.name()),
+        }
+    }
+    if !prog_costs.is_empty() {
+        eprint!("{}", report::prog_cost_table(&prog_costs));
+    }
     let variants = envs
         .iter()
         .zip(accs)
@@ -917,6 +942,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
         random_index: set.random,
         control,
         variants,
+        prog_costs,
         seconds: started.elapsed().as_secs_f64(),
     })
 }

@@ -556,6 +556,37 @@ fn issue17_goals(s: &SizeResult) -> Vec<Goal> {
 }
 
 /// The full Markdown report.
+/// What each program costs per run, service and non-service traffic side
+/// by side, one row per variant and program.
+pub fn prog_cost_table(costs: &[super::progcost::ProgCost]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "| variant | program | service: ns/run | runs | non-service: ns/run | runs |"
+    );
+    let _ = writeln!(t, "|---|---|---|---|---|---|");
+    let mut rows: Vec<(&str, &str)> = costs
+        .iter()
+        .map(|c| (c.variant.as_str(), c.program.as_str()))
+        .collect();
+    rows.sort();
+    rows.dedup();
+    for (variant, program) in rows {
+        let cell = |traffic: &str| {
+            costs
+                .iter()
+                .find(|c| c.variant == variant && c.program == program && c.traffic == traffic)
+                .map_or(("-".to_owned(), "-".to_owned()), |c| {
+                    (format!("{:.0}", c.ns_per_run), c.runs.to_string())
+                })
+        };
+        let (s, sr) = cell("service");
+        let (n, nr) = cell("non-service");
+        let _ = writeln!(t, "| {variant} | {program} | {s} | {sr} | {n} | {nr} |");
+    }
+    t
+}
+
 pub fn markdown(r: &Results) -> String {
     let mut t = String::new();
     let m = &r.machine;
@@ -595,6 +626,11 @@ pub fn markdown(r: &Results) -> String {
         );
         t.push_str(&data_table(s));
         t.push('\n');
+        if !s.prog_costs.is_empty() {
+            let _ = writeln!(t, "Per-program cost (kernel BPF run-time statistics):\n");
+            t.push_str(&prog_cost_table(&s.prog_costs));
+            t.push('\n');
+        }
     }
     let _ = writeln!(
         t,
@@ -654,9 +690,10 @@ fn events_table(e: &super::events::EventsCost) -> String {
     t
 }
 
-const COLORS: [(&str, &str); 6] = [
+const COLORS: [(&str, &str); 7] = [
     ("direct", "#555555"),
     ("sluice", "#1f77b4"),
+    ("sluice-sock", "#17becf"),
     ("sluice-passthrough", "#9467bd"),
     ("iptables-legacy", "#d62728"),
     ("iptables-nft", "#ff7f0e"),

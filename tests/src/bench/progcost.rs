@@ -1,0 +1,216 @@
+//! What each BPF program of a sluice variant costs per run, from the
+//! kernel's run-time statistics (`kernel.bpf_stats_enabled`, bpftool's
+//! `run_time_ns`/`run_cnt`), for service packets and for non-service
+//! packets separately; and `InCgroup`, which puts the benchmark process in
+//! the cgroup the `sluice-sock` variant's socket programs are attached to.
+//!
+//! The statistics are enabled only around the two measurements and set
+//! back to what they were (they cost a little on every program run).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::{env::Env, services::ServiceSet, traffic};
+
+const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+/// One program's cost under one kind of traffic.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ProgCost {
+    pub variant: String,
+    pub program: String,
+    /// `service` (connections to the service address) or `non-service`
+    /// (connections to the pods themselves).
+    pub traffic: String,
+    pub runs: u64,
+    pub ns_per_run: f64,
+}
+
+/// Connections per measurement (each a few packets on every hook).
+const CONNECTS: usize = 2000;
+
+/// The process, moved into `cgroup` (v2) for as long as this lives, then
+/// back where it was: sockets it creates meanwhile belong to `cgroup`.
+pub struct InCgroup {
+    back: PathBuf,
+}
+
+impl InCgroup {
+    pub fn enter(cgroup: &Path) -> Result<Self> {
+        let mount = sluice::datapath::cgroup2_mount().context("no cgroup2 mount")?;
+        let own = fs::read_to_string("/proc/self/cgroup")?;
+        let rel = own
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .context("no cgroup v2 line in /proc/self/cgroup")?;
+        let back = mount.join(rel.trim_start_matches('/'));
+        move_self(cgroup)?;
+        Ok(Self { back })
+    }
+}
+
+impl Drop for InCgroup {
+    fn drop(&mut self) {
+        let _ = move_self(&self.back);
+    }
+}
+
+fn move_self(cgroup: &Path) -> Result<()> {
+    fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string())
+        .with_context(|| format!("moving the benchmark into {}", cgroup.display()))
+}
+
+/// `kernel.bpf_stats_enabled` on for as long as this lives, then back to
+/// its earlier value.
+struct StatsOn {
+    before: String,
+}
+
+impl StatsOn {
+    fn enable() -> Result<Self> {
+        let before = fs::read_to_string(STATS_SYSCTL)?.trim().to_owned();
+        fs::write(STATS_SYSCTL, "1")?;
+        Ok(Self { before })
+    }
+}
+
+impl Drop for StatsOn {
+    fn drop(&mut self) {
+        let _ = fs::write(STATS_SYSCTL, &self.before);
+    }
+}
+
+fn bpftool_json(args: &[&str]) -> Result<serde_json::Value> {
+    let out = Command::new("bpftool").arg("-j").args(args).output()?;
+    if !out.status.success() {
+        bail!(
+            "bpftool {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// The programs that use a map pinned directly under `root` (this
+/// variant's datapath, and no other on the machine): id -> name.
+fn programs_of(root: &Path) -> Result<BTreeMap<u64, String>> {
+    let mut maps = BTreeSet::new();
+    for entry in fs::read_dir(root)? {
+        let entry = entry?;
+        if !entry.file_type()?.is_file() {
+            continue;
+        }
+        let path = entry.path();
+        let path = path.to_string_lossy();
+        if let Ok(v) = bpftool_json(&["map", "show", "pinned", &path]) {
+            if let Some(id) = v["id"].as_u64() {
+                maps.insert(id);
+            }
+        }
+    }
+    let progs = bpftool_json(&["prog", "show"])?;
+    Ok(progs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| {
+            p["map_ids"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|m| m.as_u64().is_some_and(|m| maps.contains(&m)))
+        })
+        .filter_map(|p| Some((p["id"].as_u64()?, p["name"].as_str()?.to_owned())))
+        .collect())
+}
+
+/// (run_time_ns, run_cnt) of each of `ids`.
+fn snapshot(ids: &BTreeMap<u64, String>) -> Result<BTreeMap<u64, (u64, u64)>> {
+    let progs = bpftool_json(&["prog", "show"])?;
+    Ok(progs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            let id = p["id"].as_u64()?;
+            ids.contains_key(&id).then(|| {
+                (
+                    id,
+                    (
+                        p["run_time_ns"].as_u64().unwrap_or(0),
+                        p["run_cnt"].as_u64().unwrap_or(0),
+                    ),
+                )
+            })
+        })
+        .collect())
+}
+
+fn costs(
+    variant: &str,
+    traffic: &str,
+    ids: &BTreeMap<u64, String>,
+    before: &BTreeMap<u64, (u64, u64)>,
+    after: &BTreeMap<u64, (u64, u64)>,
+) -> Vec<ProgCost> {
+    ids.iter()
+        .filter_map(|(id, name)| {
+            let (t0, c0) = before.get(id).copied().unwrap_or_default();
+            let (t1, c1) = after.get(id).copied()?;
+            let runs = c1.saturating_sub(c0);
+            Some(ProgCost {
+                variant: variant.to_owned(),
+                program: name.clone(),
+                traffic: traffic.to_owned(),
+                runs,
+                ns_per_run: if runs == 0 {
+                    0.0
+                } else {
+                    t1.saturating_sub(t0) as f64 / runs as f64
+                },
+            })
+        })
+        .collect()
+}
+
+/// Per-program costs of `env`'s sluice datapath: `CONNECTS` connections to
+/// service `set.last` (its address), then as many to its pods directly.
+/// For `sluice-sock`, the caller has put the process in the variant's
+/// cgroup.
+pub fn measure(env: &Env, set: &ServiceSet) -> Result<Vec<ProgCost>> {
+    let ids = programs_of(env.topo.bpf.path())?;
+    if ids.is_empty() {
+        bail!("no program of this datapath found");
+    }
+    let variant = env.variant.name();
+    let service = vec![traffic::addr(set.vip(set.last), super::services::SERVICE_PORT)];
+    let pods: Vec<_> = env
+        .topo
+        .backends
+        .iter()
+        .map(|b| traffic::addr(b.ip, super::services::TARGET_PORT))
+        .collect();
+    let _on = StatsOn::enable()?;
+    let mut out = Vec::new();
+    for (kind, targets) in [("service", &service), ("non-service", &pods)] {
+        let before = snapshot(&ids)?;
+        let run = traffic::connects(env.client(), targets, 0, CONNECTS, std::time::Duration::MAX)?;
+        if run.errors > 0 {
+            bail!(
+                "{kind} traffic: {} errors ({})",
+                run.errors,
+                run.first_error.unwrap_or_default()
+            );
+        }
+        let after = snapshot(&ids)?;
+        out.extend(costs(variant, kind, &ids, &before, &after));
+    }
+    Ok(out)
+}
