@@ -405,6 +405,26 @@ fn goals(r: &Results) -> Vec<Goal> {
             met: Some(rr >= 0.95),
         });
     }
+    // Socket balancing: at least 0.98x direct on new connections and 0.99x
+    // on request/response and bulk, at every N (the worst of each).
+    let mut worst_sock: Option<(f64, f64, f64)> = None;
+    for s in &r.sizes {
+        if let (Some(sk), Some(d)) = (find(s, "sluice-sock"), find(s, "direct")) {
+            let c = sk.connect_last.rate.median / d.connect_last.rate.median;
+            let q = sk.rr.rate.median / d.rr.rate.median;
+            let b = sk.bulk_gbit.median / d.bulk_gbit.median;
+            let (wc, wq, wb) = worst_sock.unwrap_or((f64::MAX, f64::MAX, f64::MAX));
+            worst_sock = Some((wc.min(c), wq.min(q), wb.min(b)));
+        }
+    }
+    if let Some((c, q, b)) = worst_sock {
+        out.push(Goal {
+            what: "sluice-sock (socket balancing) near direct (every N)".into(),
+            target: ">= 0.98x conn/s, >= 0.99x rr/s and bulk".into(),
+            measured: format!("worst {c:.3}x conn/s, {q:.3}x rr/s, {b:.3}x bulk"),
+            met: Some(c >= 0.98 && q >= 0.99 && b >= 0.99),
+        });
+    }
     if let Some(s) = size(10_000) {
         for (v, want) in [("iptables-legacy", 2.5), ("iptables-nft", 5.0)] {
             if let (Some(sl), Some(o)) = (rate(s, "sluice"), rate(s, v)) {
