@@ -190,7 +190,10 @@ pub fn measure(env: &Env, set: &ServiceSet) -> Result<Vec<ProgCost>> {
         bail!("no program of this datapath found");
     }
     let variant = env.variant.name();
-    let service = vec![traffic::addr(set.vip(set.last), super::services::SERVICE_PORT)];
+    let service = vec![traffic::addr(
+        set.vip(set.last),
+        super::services::SERVICE_PORT,
+    )];
     let pods: Vec<_> = env
         .topo
         .backends
