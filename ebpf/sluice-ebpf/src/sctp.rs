@@ -103,6 +103,19 @@ pub fn deferred(skb: *mut __sk_buff) -> Option<i32> {
     Some(fix(skb, ((off as u64) << 32) | ports as u64, code as i32))
 }
 
+/// `N` bytes at `off`, read in place when they are in the linear part of
+/// the packet (no helper call: every IPv4 packet on both hooks comes
+/// through here, SCTP or not), else with `bpf_skb_load_bytes`.
+#[inline(always)]
+fn peek<const N: usize>(ctx: &TcContext, off: usize) -> Option<[u8; N]> {
+    let start = ctx.data();
+    if start + off + N <= ctx.data_end() {
+        // SAFETY: bounds checked just above; byte-aligned read.
+        return Some(unsafe { *((start + off) as *const [u8; N]) });
+    }
+    ctx.load(off).ok()
+}
+
 /// Where an SCTP packet's L4 header starts and how long the SCTP packet
 /// is (from the IP header, not the frame: an Ethernet frame may carry
 /// padding), or `None` for anything else (other protocols, fragments).
@@ -112,10 +125,10 @@ pub fn deferred(skb: *mut __sk_buff) -> Option<i32> {
 /// frame has no room for the walk, hand IPv6 packets over before).
 #[inline(always)]
 fn locate(ctx: &TcContext, ext: bool) -> Option<(usize, usize)> {
-    let ether_type: [u8; 2] = ctx.load(12).ok()?;
+    let ether_type: [u8; 2] = peek(ctx, 12)?;
     if ether_type == ETH_P_IP {
         // vihl, tos, tot_len, id, frag_off, ttl, proto.
-        let ip: [u8; 10] = ctx.load(ETH_LEN).ok()?;
+        let ip: [u8; 10] = peek(ctx, ETH_LEN)?;
         if ip[9] != IPPROTO_SCTP || u16::from_be_bytes([ip[6], ip[7]]) & IP_MF_OFFSET != 0 {
             return None;
         }
