@@ -921,6 +921,10 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
             Ok(costs) => prog_costs.extend(costs),
             Err(e) => eprintln!("  {} program costs: {e:#}", env.variant.name()),
         }
+        match progcost::isolated(env) {
+            Ok(costs) => prog_costs.extend(costs),
+            Err(e) => eprintln!("  {} isolated program costs: {e:#}", env.variant.name()),
+        }
     }
     if !prog_costs.is_empty() {
         eprint!("{}", report::prog_cost_table(&prog_costs));

@@ -6,10 +6,17 @@
 //!
 //! The statistics are enabled only around the two measurements and set
 //! back to what they were (they cost a little on every program run).
+//!
+//! `isolated` times the TC programs alone on a non-service packet with
+//! `BPF_PROG_TEST_RUN` (`bpftool prog run ... repeat`): the same frame run
+//! many times on one CPU, without the statistics' clock reads or the
+//! machine's other traffic. A service packet cannot be timed this way
+//! (its first run rewrites the frame, which the next runs reuse).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
+    net::Ipv4Addr,
     path::{Path, PathBuf},
     process::Command,
 };
@@ -178,6 +185,91 @@ fn costs(
             })
         })
         .collect()
+}
+
+/// Runs per `BPF_PROG_TEST_RUN`.
+const TEST_RUNS: u32 = 200_000;
+
+/// An Ethernet + IPv4 + TCP ACK frame from `src` to `dst:port`.
+fn tcp_frame(src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 20 + 20];
+    f[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 1]);
+    f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 2]);
+    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let ip = &mut f[14..34];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&40u16.to_be_bytes());
+    ip[6] = 0x40; // DF
+    ip[8] = 64;
+    ip[9] = 6;
+    ip[12..16].copy_from_slice(&src.octets());
+    ip[16..20].copy_from_slice(&dst.octets());
+    let sum = ip
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum::<u32>();
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = !(((sum & 0xffff) + (sum >> 16)) as u16);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    let tcp = &mut f[34..54];
+    tcp[..2].copy_from_slice(&40_000u16.to_be_bytes());
+    tcp[2..4].copy_from_slice(&port.to_be_bytes());
+    tcp[12] = 5 << 4;
+    tcp[13] = 0x10; // ACK
+    tcp[14..16].copy_from_slice(&64_240u16.to_be_bytes());
+    f
+}
+
+/// The average duration bpftool reports for `TEST_RUNS` runs of program
+/// `id` on `frame`, in ns.
+fn test_run(id: u64, frame: &Path) -> Result<f64> {
+    let out = Command::new("bpftool")
+        .args(["prog", "run", "id", &id.to_string(), "data_in"])
+        .arg(frame)
+        .args(["repeat", &TEST_RUNS.to_string()])
+        .output()?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    // "Return value: 0, duration (average): 85ns"
+    let ns = text
+        .split("duration")
+        .nth(1)
+        .and_then(|rest| rest.split(':').nth(1))
+        .and_then(|v| {
+            v.trim()
+                .trim_end_matches(|c: char| !c.is_ascii_digit())
+                .parse()
+                .ok()
+        });
+    ns.with_context(|| format!("bpftool prog run id {id}: {}", text.trim()))
+}
+
+/// `sl_ingress` and `sl_egress` of `env` timed alone on a TCP packet from
+/// the client pod to a backend pod (not a service address): the
+/// non-service path.
+pub fn isolated(env: &Env) -> Result<Vec<ProgCost>> {
+    let ids = programs_of(env.topo.bpf.path())?;
+    let frame = super::env::TempFile::write("frame", "")?;
+    let client = env.topo.clients[0].ip;
+    let backend = env.topo.backends[0].ip;
+    fs::write(
+        frame.path(),
+        tcp_frame(client, backend, super::services::TARGET_PORT),
+    )?;
+    let mut out = Vec::new();
+    for (id, name) in &ids {
+        if name != "sl_ingress" && name != "sl_egress" {
+            continue;
+        }
+        out.push(ProgCost {
+            variant: env.variant.name().to_owned(),
+            program: name.clone(),
+            traffic: "non-service (test run)".to_owned(),
+            runs: u64::from(TEST_RUNS),
+            ns_per_run: test_run(*id, frame.path())?,
+        });
+    }
+    Ok(out)
 }
 
 /// Per-program costs of `env`'s sluice datapath: `CONNECTS` connections to
