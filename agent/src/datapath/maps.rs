@@ -12,7 +12,7 @@ use aya::{
 use sluice_common::{
     maps as names, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key,
     CtEntry, MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6, Stat, Svc4Key,
-    Svc6Key, SvcValue,
+    Svc6Key, SvcValue, SvcnetSummary4,
 };
 
 use super::DatapathError;
@@ -45,6 +45,7 @@ pub struct Maps {
     pub local_ifs: HashMap<MapData, u32, u8>,
     pub svcnet_v4: LpmTrie<MapData, [u8; 4], u8>,
     pub svcnet_v6: LpmTrie<MapData, [u8; 16], u8>,
+    pub svcnet_summary_v4: Array<MapData, SvcnetSummary4>,
 }
 
 fn convert<T>(name: &'static str, map: Map) -> Result<T, DatapathError>
@@ -81,6 +82,7 @@ impl Maps {
             local_ifs: convert(names::LOCAL_IFS, take(names::LOCAL_IFS)?)?,
             svcnet_v4: convert(names::SVCNET_V4, take(names::SVCNET_V4)?)?,
             svcnet_v6: convert(names::SVCNET_V6, take(names::SVCNET_V6)?)?,
+            svcnet_summary_v4: convert(names::SVCNET_SUMMARY_V4, take(names::SVCNET_SUMMARY_V4)?)?,
         })
     }
 
@@ -113,6 +115,7 @@ impl Maps {
             local_ifs: convert(names::LOCAL_IFS, open(names::LOCAL_IFS)?)?,
             svcnet_v4: convert(names::SVCNET_V4, open(names::SVCNET_V4)?)?,
             svcnet_v6: convert(names::SVCNET_V6, open(names::SVCNET_V6)?)?,
+            svcnet_summary_v4: convert(names::SVCNET_SUMMARY_V4, open(names::SVCNET_SUMMARY_V4)?)?,
         })
     }
 
@@ -311,6 +314,13 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
             .service_nets
             .insert((IpAddr::V6(Ipv6Addr::from(key.data())), prefix), kind);
     }
+    state.svcnet_summary_v4 =
+        maps.svcnet_summary_v4
+            .get(&0, 0)
+            .map_err(|source| DatapathError::Map {
+                name: names::SVCNET_SUMMARY_V4,
+                source,
+            })?;
     for (key, table) in read_maglev(maps)? {
         let Some((frontend, _)) = key.frontend() else {
             continue;

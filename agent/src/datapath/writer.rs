@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use aya::maps::{lpm_trie::Key, MapError};
 use sluice_common::{
     maps as names, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key,
-    CtEntry, MaglevTable, SockRevKey, SrcRange4, SrcRange6, Stat, SvcValue,
+    CtEntry, MaglevTable, SockRevKey, SrcRange4, SrcRange6, Stat, SvcValue, SvcnetSummary4,
 };
 
 use super::{maps::ServiceKey, read_map_state, DatapathError, Maps, WriteError};
@@ -36,6 +36,8 @@ pub enum Entry<'a> {
     LocalIface(u32),
     /// A service CIDR or cluster IP with its `SVCNET_*` kind.
     ServiceNet(SourceRange, u8),
+    /// The prefixes covering the IPv4 service address space.
+    SvcnetSummary4(&'a SvcnetSummary4),
 }
 
 /// The key of one entry to delete.
@@ -201,6 +203,10 @@ impl MapWrites for MapWriter {
                 IpAddr::V4(a) => (names::SVCNET_V4, m.svcnet_v4.insert(&lpm4(net, a), kind, 0)),
                 IpAddr::V6(a) => (names::SVCNET_V6, m.svcnet_v6.insert(&lpm6(net, a), kind, 0)),
             },
+            Entry::SvcnetSummary4(summary) => (
+                names::SVCNET_SUMMARY_V4,
+                m.svcnet_summary_v4.set(0, summary, 0),
+            ),
         };
         result.map_err(|e| WriteError::from_map(map, e))?;
         self.writes += 1;

@@ -13,7 +13,7 @@ use std::{
 
 use sluice_common::{
     service::SVC_F_MAGLEV, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key,
-    Ct6Key, CtEntry, MaglevTable, SockEntry, SockRevKey, Stat, SvcValue,
+    Ct6Key, CtEntry, MaglevTable, SockEntry, SockRevKey, Stat, SvcValue, SvcnetSummary4,
 };
 
 use super::{endpoint_of, BackendId, FrontendState, MapState, SourceRange, SvcId};
@@ -27,6 +27,8 @@ use crate::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Write {
     Config,
+    /// `sl_svcnetsum4` (one entry, no key).
+    SvcnetSummary,
     Put(EntryKey),
     Delete(EntryKey),
 }
@@ -64,6 +66,7 @@ pub struct FakeMaps {
     pub local_sources: BTreeSet<SourceRange>,
     pub local_ifaces: BTreeSet<u32>,
     pub service_nets: BTreeMap<SourceRange, u8>,
+    pub svcnet_summary_v4: SvcnetSummary4,
     pub conntrack4: Vec<(Ct4Key, CtEntry)>,
     pub conntrack6: Vec<(Ct6Key, CtEntry)>,
     pub sockets: Vec<(u64, SockEntry)>,
@@ -203,6 +206,7 @@ impl FakeMaps {
     fn record(entry: &Entry<'_>) -> Write {
         Write::Put(match *entry {
             Entry::Config(_) => return Write::Config,
+            Entry::SvcnetSummary4(_) => return Write::SvcnetSummary,
             Entry::Backend(id, _) => EntryKey::Backend(id),
             Entry::Service(k, _) => EntryKey::Service(k),
             Entry::Maglev(k, _) => EntryKey::Maglev(k),
@@ -292,6 +296,7 @@ impl MapReads for FakeMaps {
         state.local_sources = self.local_sources.clone();
         state.local_ifaces = self.local_ifaces.clone();
         state.service_nets = self.service_nets.clone();
+        state.svcnet_summary_v4 = self.svcnet_summary_v4;
         // Tables are read back as `read_map_state` reads them: their
         // distinct backends, an unknown one as an endpoint nobody wants.
         for (fe, ids) in &self.maglev {
@@ -374,6 +379,7 @@ impl MapWrites for FakeMaps {
             Entry::ServiceNet(n, kind) => {
                 self.service_nets.insert(n, kind);
             }
+            Entry::SvcnetSummary4(summary) => self.svcnet_summary_v4 = *summary,
         }
         Ok(())
     }

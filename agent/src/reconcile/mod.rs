@@ -42,7 +42,7 @@ use crate::{
 use ids::Ids;
 use sluice_common::{
     maps::{self as names, MAX_SLOTS, SVCNET_CIDR, SVCNET_CLUSTER_IP},
-    Backend, Config, ABI_VERSION,
+    Backend, Config, SvcnetSummary4, ABI_VERSION,
 };
 
 /// Entries the maps can hold.
@@ -274,6 +274,7 @@ impl<W: MapWrites> Reconciler<W> {
         r.programmed.local_sources = programmed.local_sources;
         r.programmed.local_ifaces = programmed.local_ifaces;
         r.programmed.service_nets = programmed.service_nets;
+        r.programmed.svcnet_summary_v4 = programmed.svcnet_summary_v4;
         Ok(r)
     }
 
@@ -701,10 +702,22 @@ impl<W: MapWrites> Reconciler<W> {
         }
         let errors = report.errors.len();
         let want = service_nets(desired);
-        if self.programmed.service_nets == want {
+        if self.programmed.service_nets == want
+            && self.programmed.svcnet_summary_v4 == svcnet_summary(want.keys())
+        {
             self.nets_synced = Some(version);
             return;
         }
+        // The summary widens first (what is programmed and what comes),
+        // so a new cluster IP is never outside it while it is in the LPM.
+        let both: Vec<SourceRange> = self
+            .programmed
+            .service_nets
+            .keys()
+            .chain(want.keys())
+            .copied()
+            .collect();
+        self.sync_svcnet_summary(svcnet_summary(both.iter()), report);
         let mut left_out = 0;
         for (net, kind) in &want {
             if self.programmed.service_nets.get(net) == Some(kind) {
@@ -733,6 +746,10 @@ impl<W: MapWrites> Reconciler<W> {
                 Err(e) => report.errors.push(e),
             }
         }
+        // Then it narrows to what the LPM holds (a cluster IP left out
+        // of a full map needs no cover).
+        let summary = svcnet_summary(self.programmed.service_nets.keys());
+        self.sync_svcnet_summary(summary, report);
         report.service_nets_left_out = left_out;
         if left_out != self.nets_left_out {
             if left_out > 0 {
@@ -744,6 +761,17 @@ impl<W: MapWrites> Reconciler<W> {
             self.nets_left_out = left_out;
         }
         self.nets_synced = (report.errors.len() == errors).then_some(version);
+    }
+
+    /// Writes `sl_svcnetsum4` when it changes.
+    fn sync_svcnet_summary(&mut self, summary: SvcnetSummary4, report: &mut Report) {
+        if summary == self.programmed.svcnet_summary_v4 {
+            return;
+        }
+        match self.writer.put(Entry::SvcnetSummary4(&summary)) {
+            Ok(()) => self.programmed.svcnet_summary_v4 = summary,
+            Err(e) => report.errors.push(e),
+        }
     }
 
     /// Brings `sl_local4`/`sl_local6` to `want`: new networks first, then
@@ -961,6 +989,22 @@ impl<W: MapWrites> Reconciler<W> {
         report.took = now.elapsed();
         Ok(report)
     }
+}
+
+/// The `sl_svcnetsum4` value for IPv4 service nets among `nets`; with
+/// none, the unwritten (all-zero) value, which the programs read as "look
+/// every address up" (in an empty `sl_svcnet4`).
+fn svcnet_summary<'a>(nets: impl Iterator<Item = &'a SourceRange>) -> SvcnetSummary4 {
+    let mut v4: Vec<([u8; 4], u8)> = nets
+        .filter_map(|(ip, len)| match ip {
+            std::net::IpAddr::V4(a) => Some((a.octets(), *len)),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .collect();
+    if v4.is_empty() {
+        return SvcnetSummary4::default();
+    }
+    SvcnetSummary4::of(&mut v4)
 }
 
 /// The entries of `sl_svcnet4`/`sl_svcnet6` for `desired`: each service

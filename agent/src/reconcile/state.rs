@@ -8,7 +8,7 @@ use std::{
     net::IpAddr,
 };
 
-use sluice_common::{service::FRONTEND_KIND_MASK, Backend, FrontendKind};
+use sluice_common::{service::FRONTEND_KIND_MASK, Backend, FrontendKind, SvcnetSummary4};
 
 use super::ids::{BackendId, SvcId};
 use crate::model::{Endpoint, FrontendKey};
@@ -57,6 +57,8 @@ pub struct MapState {
     /// The service address space (`sl_svcnet4`, `sl_svcnet6`): service
     /// CIDRs and cluster IPs (host routes), each with its `SVCNET_*` kind.
     pub service_nets: BTreeMap<SourceRange, u8>,
+    /// `sl_svcnetsum4`: prefixes covering the IPv4 `service_nets`.
+    pub svcnet_summary_v4: SvcnetSummary4,
 }
 
 impl MapState {

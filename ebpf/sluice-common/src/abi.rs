@@ -13,7 +13,7 @@ use crate::{
     stats::{STATS2_MAX, STAT_COUNT},
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Frag4Key,
     Frag6Key, FragPorts, MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6,
-    Svc4Key, Svc6Key, SvcValue,
+    Svc4Key, Svc6Key, SvcValue, SvcnetSummary4,
 };
 
 /// The kernel map type (`enum bpf_map_type`).
@@ -92,7 +92,7 @@ pub const NO_PREALLOC_FLAG: u32 = 1;
 
 /// Every map the agent pins, in the order it creates them. (The per-CPU
 /// scratch maps are per program generation and never pinned.)
-pub const MAPS: [MapDecl; 25] = [
+pub const MAPS: [MapDecl; 26] = [
     decl(
         names::CONFIG,
         MapKind::Array,
@@ -301,6 +301,14 @@ pub const MAPS: [MapDecl; 25] = [
             false,
         )
     },
+    decl(
+        names::SVCNET_SUMMARY_V4,
+        MapKind::Array,
+        4,
+        size_of::<SvcnetSummary4>(),
+        Capacity::Fixed(1),
+        false,
+    ),
 ];
 
 /// The declaration of map `name`.

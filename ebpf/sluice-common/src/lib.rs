@@ -29,6 +29,7 @@ pub mod service;
 pub mod socket;
 pub mod source_range;
 pub mod stats;
+pub mod svcnet;
 
 pub use affinity::{Affinity4Key, Affinity6Key, AffinityValue};
 pub use backend::{Backend, BackendState};
@@ -41,6 +42,7 @@ pub use service::{FrontendKind, Svc4Key, Svc6Key, SvcValue};
 pub use socket::{SockEntry, SockRevKey, SockRevValue};
 pub use source_range::{SrcRange4, SrcRange6};
 pub use stats::Stat;
+pub use svcnet::SvcnetSummary4;
 
 /// IP protocol numbers the datapath balances.
 pub const IPPROTO_TCP: u8 = 6;

@@ -87,6 +87,8 @@ pub const XDP_DEVS: &str = "sl_xdp_devs";
 pub const XDP_DEVS_MAX: u32 = 64;
 /// The IPv6 twin of `sl_svcnet4`: LPM trie of `[u8; 16]` -> `SVCNET_*`.
 pub const SVCNET_V6: &str = "sl_svcnet6";
+/// One-entry array: `SvcnetSummary4`, prefixes covering `sl_svcnet4`.
+pub const SVCNET_SUMMARY_V4: &str = "sl_svcnetsum4";
 /// Capacity of `sl_svcnet4` and of `sl_svcnet6` (cluster IPs and CIDRs).
 pub const SVCNET_MAX: u32 = 65_536;
 /// `sl_svcnet*` value: an address range of the service CIDRs.

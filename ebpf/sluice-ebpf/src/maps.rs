@@ -21,7 +21,7 @@ use sluice_common::{
     stats::{STATS2_MAX, STAT_COUNT},
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Event,
     EventBucket, Frag4Key, Frag6Key, FragPorts, MaglevTable, SockEntry, SockRevKey, SockRevValue,
-    SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue,
+    SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue, SvcnetSummary4,
 };
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -140,6 +140,9 @@ pub static EVENTS: RingBuf<Event, { EVENTS_RING_BYTES as usize }> = RingBuf::new
 #[btf_map(name = "sl_evrate")]
 pub static EVENT_RATE: PerCpuArray<EventBucket, 1> = PerCpuArray::new();
 
+#[btf_map(name = "sl_svcnetsum4")]
+pub static SVCNET_SUMMARY_V4: Array<SvcnetSummary4, 1> = Array::new();
+
 /// Per-CPU room for temporaries too large for the 512-byte BPF stack: a
 /// conntrack entry under construction, FIB lookup parameters, a reply
 /// packet being built. One program run uses it at a time on a CPU (TC runs
@@ -233,6 +236,7 @@ const _: () = assert!(same("sl_svcnet4", names::SVCNET_V4));
 const _: () = assert!(same("sl_svcnet6", names::SVCNET_V6));
 const _: () = assert!(same("sl_events", names::EVENTS));
 const _: () = assert!(same("sl_xdp_devs", names::XDP_DEVS));
+const _: () = assert!(same("sl_svcnetsum4", names::SVCNET_SUMMARY_V4));
 
 // Every pinned map above is in the declaration table (its layout is
 // checked against it by agent/tests/abi_lock.rs).
@@ -259,6 +263,7 @@ const _: () = assert!(sluice_common::abi::declared(names::FRAGMENTS_V6));
 const _: () = assert!(sluice_common::abi::declared(names::SVCNET_V4));
 const _: () = assert!(sluice_common::abi::declared(names::SVCNET_V6));
 const _: () = assert!(sluice_common::abi::declared(names::EVENTS));
+const _: () = assert!(sluice_common::abi::declared(names::SVCNET_SUMMARY_V4));
 
 /// Adds one to a per-CPU counter.
 #[inline(always)]
@@ -354,10 +359,17 @@ pub fn inside_v6(key: &mut Key<[u8; 16]>, src: &[u8; 16], ifindex: u32) -> bool 
 }
 
 /// What `sl_svcnet4` says of IPv4 address `dst` (`SVCNET_*`, 0: outside
-/// the service address space). A separate BPF function: its key stays
-/// off the caller's frame.
+/// the service address space). An address outside the prefixes of
+/// `sl_svcnetsum4` (any pod's, on the way to another pod) is outside
+/// without the LPM lookup. A separate BPF function: its key stays off the
+/// caller's frame.
 #[inline(never)]
 pub fn svcnet_v4(dst: u32) -> u8 {
+    if let Some(summary) = SVCNET_SUMMARY_V4.get(0) {
+        if !summary.may_hold(dst) {
+            return 0;
+        }
+    }
     let key = Key {
         prefix_len: 32,
         data: dst.to_ne_bytes(),
