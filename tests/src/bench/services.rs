@@ -157,6 +157,9 @@ impl ServiceSet {
             state
                 .services
                 .insert(self.service_port_name(i), self.desired_service(i));
+            // Translation lists every cluster IP for the cluster-IPs check
+            // (`sl_svcnet4`), as the agent programs it.
+            state.cluster_ips.insert(self.vip(i).into());
         }
         state
     }
