@@ -52,6 +52,7 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
             [
                 "direct",
                 "sluice",
+                "sluice-sock",
                 "iptables-legacy",
                 "iptables-nft",
                 "nftables"
@@ -93,11 +94,39 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
             positive(first, &["achieved"])?;
             positive(first, &["latency", "p50_us"])?;
         }
+        // Per-program costs of both sluice variants: the TC programs ran
+        // for service and non-service traffic, and alone (test run).
+        let costs = size["prog_costs"].as_array().context("prog_costs")?;
+        for variant in ["sluice", "sluice-sock"] {
+            for traffic in ["service", "non-service", "non-service (test run)"] {
+                let found = costs.iter().any(|c| {
+                    c["variant"] == variant
+                        && c["program"] == "sl_ingress"
+                        && c["traffic"] == traffic
+                        && c["runs"].as_u64().is_some_and(|r| r > 0)
+                        && c["ns_per_run"].as_f64().is_some_and(|ns| ns > 0.0)
+                });
+                assert!(
+                    found,
+                    "{variant} sl_ingress {traffic} at {n} services: {costs:?}"
+                );
+            }
+        }
+        // With socket balancing the client's connections are balanced at
+        // connect(): sl_connect4 ran once per service connection.
+        assert!(
+            costs.iter().any(|c| c["variant"] == "sluice-sock"
+                && c["program"] == "sl_connect4"
+                && c["traffic"] == "service"
+                && c["runs"].as_u64().is_some_and(|r| r > 0)),
+            "at {n} services: {costs:?}"
+        );
     }
     let svg = std::fs::read_to_string(out.join("connect.svg"))?;
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));
     let report = std::fs::read_to_string(out.join("report.md"))?;
     assert!(report.contains("| sluice |"));
+    assert!(report.contains("| sluice-sock | sl_connect4 |"));
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
