@@ -89,8 +89,13 @@ pub const XDP_DEVS_MAX: u32 = 64;
 pub const SVCNET_V6: &str = "sl_svcnet6";
 /// One-entry array: `SvcnetSummary4`, prefixes covering `sl_svcnet4`.
 pub const SVCNET_SUMMARY_V4: &str = "sl_svcnetsum4";
-/// Capacity of `sl_svcnet4` and of `sl_svcnet6` (cluster IPs and CIDRs).
-pub const SVCNET_MAX: u32 = 65_536;
+/// Capacity of `sl_svcnet4` and of `sl_svcnet6` (cluster IPs and CIDRs):
+/// as many as the default service map has entries, so every cluster IP
+/// of a service map's worth of frontends fits (an LPM trie allocates per
+/// entry: the size costs nothing unused). The maps came after 0.1.0, which
+/// ignores them, so their size was free to grow (it was 65,536, which
+/// 100,000 services overflowed).
+pub const SVCNET_MAX: u32 = 262_144;
 /// `sl_svcnet*` value: an address range of the service CIDRs.
 pub const SVCNET_CIDR: u8 = 1;
 /// `sl_svcnet*` value: a cluster IP some service holds (a host route).
