@@ -279,3 +279,166 @@ impl Instance {
         ))
     }
 }
+
+const BPF_PROG_TYPE_XDP: u32 = 6;
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+const BPF_XDP: u32 = 37;
+const XDP_FLAGS_DRV_MODE: u32 = 4;
+const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 2;
+
+/// A minimal XDP program of the benchmark's wire, written as BPF
+/// instructions (no object file).
+#[derive(Clone, Debug)]
+pub enum WireAction {
+    /// `bpf_redirect(ifindex, 0)`: the frame leaves through that device
+    /// of the same namespace as an `xdp_frame` (`ndo_xdp_xmit`), which is
+    /// how a NIC's driver hands frames to XDP: no skb.
+    Redirect(u32),
+    /// As `Redirect`, after writing the frame anew (its bytes, whole
+    /// words of it, are in the program) with a random UDP source port in
+    /// 20000..21024: the packet generator (1,024 flows) of an IPv4 UDP
+    /// frame without options, run with live frames. The whole frame is
+    /// rewritten because live frames recycle their pages: a page comes
+    /// back with whatever the datapath under test wrote into it.
+    Generate(u32, Vec<u8>),
+    /// `XDP_DROP`: a sink that counts (the device's `xdp_drops`).
+    Drop,
+}
+
+impl WireAction {
+    /// The program's instructions.
+    fn instructions(&self) -> Result<Vec<u8>> {
+        let mut insns: Vec<u8> = Vec::new();
+        let mut insn = |code: u8, regs: u8, off: i16, imm: i32| {
+            insns.extend_from_slice(&[code, regs]);
+            insns.extend_from_slice(&off.to_le_bytes());
+            insns.extend_from_slice(&imm.to_le_bytes());
+        };
+        let redirect = |insn: &mut dyn FnMut(u8, u8, i16, i32), ifindex: u32| -> Result<()> {
+            let ifindex = i32::try_from(ifindex).context("ifindex")?;
+            insn(0xb7, 0x01, 0, ifindex); // r1 = ifindex
+            insn(0xb7, 0x02, 0, 0); // r2 = 0
+            insn(0x85, 0x00, 0, 23); // call bpf_redirect
+            insn(0x95, 0x00, 0, 0); // exit
+            Ok(())
+        };
+        match *self {
+            WireAction::Redirect(ifindex) => redirect(&mut insn, ifindex)?,
+            WireAction::Generate(ifindex, ref frame) => {
+                if frame.len() < 42 || frame.len() % 4 != 0 {
+                    bail!("a generated frame has whole words, at least 42 bytes");
+                }
+                let words = frame.len() / 4;
+                let len = i32::try_from(frame.len())?;
+                insn(0x61, 0x16, 0, 0); // r6 = ctx->data
+                insn(0x61, 0x17, 4, 0); // r7 = ctx->data_end
+                insn(0xbf, 0x64, 0, 0); // r4 = r6
+                insn(0x07, 0x04, 0, len); // r4 += len
+                                          // if r4 > r7 goto drop (past the stores, the port and the
+                                          // redirect)
+                insn(0x2d, 0x74, i16::try_from(words + 9)?, 0);
+                for (k, w) in frame.chunks(4).enumerate() {
+                    let imm = i32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                    insn(0x62, 0x06, i16::try_from(4 * k)?, imm); // *(u32 *)(r6 + 4k) = imm
+                }
+                insn(0x85, 0x00, 0, 7); // call bpf_get_prandom_u32
+                insn(0x57, 0x00, 0, 1023); // r0 &= 1023
+                insn(0x07, 0x00, 0, 20000); // r0 += 20000
+                insn(0xdc, 0x00, 0, 16); // r0 = htons(r0)
+                insn(0x6b, 0x06, 34, 0); // *(u16 *)(r6 + 34) = r0
+                redirect(&mut insn, ifindex)?;
+                insn(0xb7, 0x00, 0, 1); // drop: r0 = XDP_DROP
+                insn(0x95, 0x00, 0, 0); // exit
+            }
+            WireAction::Drop => {
+                insn(0xb7, 0x00, 0, 1); // r0 = XDP_DROP
+                insn(0x95, 0x00, 0, 0); // exit
+            }
+        }
+        Ok(insns)
+    }
+
+    /// Loads the program.
+    pub fn load(&self) -> Result<OwnedFd> {
+        let insns = self.instructions()?;
+        let license = CString::new("GPL")?;
+        let mut log = vec![0u8; 4096];
+        let mut attr = [0u8; 128];
+        put(&mut attr, 0, &BPF_PROG_TYPE_XDP.to_ne_bytes());
+        put(&mut attr, 4, &((insns.len() / 8) as u32).to_ne_bytes());
+        put(&mut attr, 8, &(insns.as_ptr() as u64).to_ne_bytes());
+        put(&mut attr, 16, &(license.as_ptr() as u64).to_ne_bytes());
+        put(&mut attr, 24, &1u32.to_ne_bytes());
+        put(&mut attr, 28, &(log.len() as u32).to_ne_bytes());
+        put(&mut attr, 32, &(log.as_mut_ptr() as u64).to_ne_bytes());
+        put(&mut attr, 48, b"bench_wire");
+        match sys_bpf(BPF_PROG_LOAD, &mut attr) {
+            Ok(rc) => Ok(fd(rc)?),
+            Err(e) => {
+                let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
+                bail!(
+                    "BPF_PROG_LOAD (xdp {self:?}): {e}: {}",
+                    String::from_utf8_lossy(&log[..end])
+                )
+            }
+        }
+    }
+}
+
+/// An XDP program of the benchmark's wire attached natively to a device
+/// by a link this holds; detached on drop.
+pub struct WireXdp {
+    _link: OwnedFd,
+}
+
+impl WireXdp {
+    pub fn attach(ns: &Netns, device: &str, action: WireAction) -> Result<Self> {
+        let prog = action.load()?;
+        let dev = CString::new(device)?;
+        let link = ns.run(move || -> Result<OwnedFd> {
+            // SAFETY: a valid NUL-terminated name.
+            let ifindex = unsafe { libc::if_nametoindex(dev.as_ptr()) };
+            if ifindex == 0 {
+                bail!("no device {dev:?}");
+            }
+            let mut attr = [0u8; 128];
+            put(&mut attr, 0, &(prog.as_raw_fd() as u32).to_ne_bytes());
+            put(&mut attr, 4, &ifindex.to_ne_bytes());
+            put(&mut attr, 8, &BPF_XDP.to_ne_bytes());
+            put(&mut attr, 12, &XDP_FLAGS_DRV_MODE.to_ne_bytes());
+            Ok(fd(
+                sys_bpf(BPF_LINK_CREATE, &mut attr).context("BPF_LINK_CREATE (xdp, native)")?
+            )?)
+        })??;
+        Ok(Self { _link: link })
+    }
+}
+
+/// Runs the XDP program `prog` in live-frames mode (the kernel's XDP
+/// packet generator, `BPF_F_TEST_XDP_LIVE_FRAMES`, which xdp-trafficgen
+/// uses): `repeat` copies of `frame` go through the program on the
+/// calling thread's CPU, and what it redirects really leaves. Call it in
+/// the namespace whose devices the program names.
+pub fn xdp_live_frames(prog: &OwnedFd, frame: &[u8], repeat: u32) -> Result<()> {
+    let mut attr = [0u8; 128];
+    put(&mut attr, 0, &(prog.as_raw_fd() as u32).to_ne_bytes());
+    put(&mut attr, 8, &(frame.len() as u32).to_ne_bytes());
+    put(&mut attr, 16, &(frame.as_ptr() as u64).to_ne_bytes());
+    put(&mut attr, 32, &repeat.to_ne_bytes());
+    put(&mut attr, 64, &BPF_F_TEST_XDP_LIVE_FRAMES.to_ne_bytes());
+    sys_bpf(BPF_PROG_TEST_RUN, &mut attr).context("BPF_PROG_TEST_RUN (xdp live frames)")?;
+    Ok(())
+}
+
+/// The ifindex of `device` in `ns`.
+pub fn ifindex(ns: &Netns, device: &str) -> Result<u32> {
+    let dev = CString::new(device)?;
+    let index = ns.run(move || {
+        // SAFETY: a valid NUL-terminated name.
+        unsafe { libc::if_nametoindex(dev.as_ptr()) }
+    })?;
+    if index == 0 {
+        bail!("no device {device} in {}", ns.name());
+    }
+    Ok(index)
+}

@@ -11,40 +11,38 @@
 //!   -> KUBE-SEP DNAT, KUBE-MARK-MASQ and MASQUERADE), iptables-legacy;
 //! - `nftables`: kube-proxy's nftables layout of the same path.
 //!
-//! The generator is `trafgen` (netsniff-ng) on the outside host's `eth0`:
+//! Delivery is NIC-like: `trafgen` (netsniff-ng) sends on `g0`, a veth
+//! of the outside host whose peer `g1` runs a two-instruction XDP program
+//! that redirects every frame into the host's `eth0`; the frames reach
+//! node 1's `e0` through `ndo_xdp_xmit` as raw `xdp_frame`s, before any
+//! skb exists, as a NIC's driver hands them to XDP. Node 1's `e0` runs its
+//! receive work (NAPI) in a kernel thread pinned to CPU 1, alone there;
+//! the generator, the wire and the sink share CPU 0. The sink is node 2's
+//! `u0`, where an XDP program drops and counts every frame (`xdp_drops`).
 //! UDP frames of 64 bytes from one source address and `FLOWS` source
-//! ports (checksum 0, as a UDP sender may), to the node's MAC. The sink
-//! is node 2's backend pod, which drops them in its prerouting hook
-//! (nftables) and counts what arrived (`eth0` RX packets). Every variant
-//! gets the same generator, the same sink, the same devices (GRO on the
-//! receiving veths, which a frame sent by XDP needs), a fresh pair of
-//! nodes, and runs in each round in turn. Reported: delivered packets per
-//! second (median of rounds), what the generator got out, and the
-//! machine's busy CPU (user, system, softirq) per delivered packet.
+//! ports (checksum 0, as a UDP sender may), to the node's MAC. Every
+//! variant gets the same generator, wire, sink and devices, a fresh pair
+//! of nodes, and runs in each round in turn. Reported: delivered packets
+//! per second (median of rounds), what the wire handed to the node, and
+//! node 1's CPU (CPU 1's busy time) per delivered packet, from which the
+//! node's forwarding capacity follows: the figure a NIC-fed benchmark
+//! compares when the generator is faster than the node.
 //!
 //! Denied sources: the same generator against a load-balancer IP whose
 //! source ranges exclude it, with XDP and with TC only: packets dropped
-//! per second (`xdp_drop`, `source_denied`) against the generator's rate.
+//! per second (`xdp_drop`, `source_denied`) and node 1's CPU per drop.
 //!
-//! Veths are not NICs, and this is where XDP loses its edge: trafgen's
-//! frames enter the node as skbs already allocated by the sender (a NIC
-//! hands XDP a raw buffer before any skb exists), a veth's XDP copies an
-//! skb that lacks XDP's headroom into a new buffer, and a frame
-//! redirected into a veth becomes an skb again at its peer. The
-//! generator's transmit also runs the node's receive path on its own CPU,
-//! so the generator is the bottleneck and a cheaper datapath shows as a
-//! higher offered rate. A NIC-like delivery (frames entering through
-//! `ndo_xdp_xmit`, e.g. `xdp-bench redirect` between two veths) failed
-//! here: xdp-bench's programs do not load on this kernel (libbpf: no BTF
-//! for its tracepoints, EPERM for the dispatcher), and the kernel has no
-//! pktgen. See docs/performance.md.
+//! What a veth still does not show: a NIC's DMA, its interrupts and
+//! multiple queues, and the cost of allocating the buffer a NIC fills
+//! (a veth's `xdp_frame` comes from the wire's copy). See
+//! docs/performance.md.
 
 use std::{
     fmt::Write as _,
     fs,
     net::Ipv4Addr,
-    os::unix::process::CommandExt,
-    process::{Command, Stdio},
+    process::Command,
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -61,10 +59,16 @@ use sluice_common::Stat;
 
 use super::{env::TempFile, stats::Rate};
 use crate::{
+    bpf::{ifindex, xdp_live_frames, WireAction, WireXdp},
     lb::{service, Lb},
     topology::receive_xdp_frames,
     Netns, Topology,
 };
+
+/// The CPU node 1's receive work runs on; the generator, the wire and the
+/// sink run on the other one.
+const NODE_CPU: usize = 1;
+const WIRE_CPU: usize = 0;
 
 const NODE_PORT: u16 = 30080;
 const TARGET_PORT: u16 = 8080;
@@ -117,12 +121,22 @@ pub struct NsResult {
     pub error: Option<String>,
     /// Packets per second the sink received.
     pub delivered_pps: Rate,
-    /// Packets per second the node received from the generator.
+    /// Packets per second the wire handed to the node.
     pub offered_pps: Rate,
-    /// Busy CPU of the whole machine per delivered packet (ns).
-    pub cpu_ns_per_packet: Rate,
-    /// Softirq share of that busy time.
-    pub softirq_share: Rate,
+    /// Node 1's CPU time per delivered packet (ns): its receive work,
+    /// the decision, the rewrite and the transmit, alone on its CPU.
+    pub node_ns_per_packet: Rate,
+}
+
+impl NsResult {
+    /// Packets per second one CPU of the node forwards at this cost.
+    pub fn capacity_pps(&self) -> f64 {
+        if self.node_ns_per_packet.median > 0.0 {
+            1e9 / self.node_ns_per_packet.median
+        } else {
+            0.0
+        }
+    }
 }
 
 /// Denied sources dropped.
@@ -132,8 +146,10 @@ pub struct DeniedResult {
     pub error: Option<String>,
     /// Packets per second dropped as denied.
     pub dropped_pps: Rate,
-    /// Packets per second the node received from the generator.
+    /// Packets per second the wire handed to the node.
     pub offered_pps: Rate,
+    /// Node 1's CPU time per dropped packet (ns).
+    pub node_ns_per_packet: Rate,
     /// Share of the denied drops that XDP made (1 = all at the driver).
     pub xdp_share: f64,
 }
@@ -154,6 +170,7 @@ pub struct NorthSouth {
 
 /// Two nodes, an outside host (generator) and a backend on node 2 (sink).
 struct Rig {
+    _wire: Vec<WireXdp>,
     lb: Option<Lb>,
     _rules: Option<TempFile>,
     node2: Topology,
@@ -189,16 +206,31 @@ impl Rig {
         Topology::join(&node1, &node2)?;
         node1.strict_checksums()?;
         node2.strict_checksums()?;
-        // Every variant alike: GRO on the veths that receive forwarded
-        // frames (an XDP-sent frame needs it).
-        node1.externals[0].receive_xdp_frames()?;
-        receive_xdp_frames(&node2.node, "u0")?;
-        let sink = &node2.backends[0];
-        let rules = "table ip sink {\n  chain pre {\n    type filter hook prerouting priority -300;\n    udp dport 8080 drop\n  }\n}\n";
-        let file = TempFile::write("sink-nft", rules)?;
-        crate::netns::run(sink.ns.command("nft").arg("-f").arg(file.path()))?;
-        let backend = sink.ip;
+        // The wire: the generator's program (run with live frames in the
+        // outside host, see `blast`) redirects into its eth0, which hands
+        // xdp_frames to node 1's e0.
+        let mut wire = Vec::new();
+        // Every variant alike: GRO (NAPI) on node 1's e0, which frames
+        // sent with ndo_xdp_xmit need when no XDP program runs there.
+        receive_xdp_frames(&node1.node, "e0")?;
+        // The sink: node 2's u0 drops and counts at XDP. Node 1 knows its
+        // MAC for good (the sink answers no ARP).
+        wire.push(WireXdp::attach(&node2.node, "u0", WireAction::Drop)?);
+        let peer_mac = mac(&node2.node, "u0")?;
+        node1.node.ip(&[
+            "neigh",
+            "replace",
+            "192.168.200.2",
+            "lladdr",
+            &peer_mac,
+            "dev",
+            "u0",
+            "nud",
+            "permanent",
+        ])?;
+        let backend = node2.backends[0].ip;
         let mut rig = Self {
+            _wire: wire,
             lb: None,
             _rules: None,
             node2,
@@ -252,6 +284,10 @@ impl Rig {
                 rig._rules = Some(file);
             }
         }
+        napi_thread_on(&rig.node1.node, "e0", NODE_CPU, 20_000, false)?;
+        // The sink preempts the generator on their shared CPU: nothing is
+        // lost there, whatever the generator's pace.
+        napi_thread_on(&rig.node2.node, "u0", WIRE_CPU, 100_000, true)?;
         Ok(rig)
     }
 
@@ -346,13 +382,80 @@ fn nftables_rules(backend: Ipv4Addr) -> String {
     )
 }
 
-/// RX packets of `dev` in `ns`.
-fn rx_packets(ns: &Netns, dev: &str) -> Result<u64> {
-    let out = crate::netns::run(ns.command("ip").args(["-s", "-j", "link", "show", dev]))?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    v[0]["stats64"]["rx"]["packets"]
-        .as_u64()
-        .context("rx packets in `ip -s -j link`")
+/// One counter of a veth's `ethtool -S` (`rx_queue_0_xdp_drops`, ...).
+fn veth_stat(ns: &Netns, dev: &str, name: &str) -> Result<u64> {
+    let out = crate::netns::run(ns.command("ethtool").args(["-S", dev]))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .filter_map(|l| l.trim().split_once(':'))
+        .find(|(k, _)| k.trim() == name)
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .with_context(|| format!("{name} in `ethtool -S {dev}`"))
+}
+
+/// Turns on threaded NAPI for `dev` of `ns` and pins its kernel threads
+/// (`napi/<dev>-<id>`) to `cpu`: that device's receive work then runs on
+/// `cpu` whoever sent the frames.
+/// With `realtime` (the sink, which shares its CPU with the generator),
+/// the threads run SCHED_FIFO.
+fn napi_thread_on(ns: &Netns, dev: &str, cpu: usize, poll_ns: u32, realtime: bool) -> Result<()> {
+    // /sys/class/net shows the namespace's devices only under `ip netns
+    // exec`, which mounts a /sys of its own.
+    crate::netns::run(Command::new("ip").args([
+        "netns",
+        "exec",
+        ns.name(),
+        "sh",
+        "-c",
+        // Under load a NIC's NAPI keeps polling instead of waiting for an
+        // interrupt per batch: deferred completions (re-polled every
+        // `poll_ns`) do the same for a veth, whose ring (256 frames)
+        // would otherwise overflow while its thread is being woken.
+        &format!(
+            "echo {poll_ns} > /sys/class/net/{dev}/gro_flush_timeout && echo 1000 > /sys/class/net/{dev}/napi_defer_hard_irqs && echo 1 > /sys/class/net/{dev}/threaded"
+        ),
+    ]))?;
+    let prefix = format!("napi/{dev}-");
+    let mut pinned = 0;
+    for entry in fs::read_dir("/proc")?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if !comm.starts_with(&prefix) {
+            continue;
+        }
+        // SAFETY: a zeroed cpu_set_t with one CPU set, passed by pointer
+        // with its size.
+        let rc = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        };
+        if rc != 0 {
+            continue;
+        }
+        if realtime {
+            let param = libc::sched_param { sched_priority: 50 };
+            // SAFETY: a valid sched_param for SCHED_FIFO.
+            if unsafe { libc::sched_setscheduler(pid, libc::SCHED_FIFO, &param) } != 0 {
+                bail!(
+                    "SCHED_FIFO for {}: {}",
+                    comm.trim(),
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+        pinned += 1;
+    }
+    if pinned == 0 {
+        bail!("no NAPI thread {prefix}* to pin after turning threaded NAPI on");
+    }
+    Ok(())
 }
 
 fn mac(ns: &Netns, dev: &str) -> Result<String> {
@@ -361,31 +464,65 @@ fn mac(ns: &Netns, dev: &str) -> Result<String> {
     Ok(v[0]["address"].as_str().context("MAC address")?.to_owned())
 }
 
-/// The trafgen configuration: UDP from the outside host to `dst:dport`,
-/// `FLOWS` source ports.
-fn trafgen_conf(dmac: &str, smac: &str, src: Ipv4Addr, dst: Ipv4Addr, dport: u16) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "{{\n  eth(da={dmac}, sa={smac}, type=0x0800),\n  ipv4(saddr={src}, daddr={dst}, ttl=64, df),\n  udp(sp=dinc(20000, {}), dp={dport}, csum=0),\n  fill(0x41, {PAYLOAD})\n}}",
-        20000 + FLOWS - 1
-    );
-    s
+/// The generator's frame: UDP from the outside host to `dst:dport`
+/// (source port rewritten per packet by the generator's program),
+/// checksum 0, as a UDP sender may.
+fn frame(dmac: [u8; 6], smac: [u8; 6], src: Ipv4Addr, dst: Ipv4Addr, dport: u16) -> Vec<u8> {
+    let mut f = Vec::with_capacity(14 + 20 + 8 + PAYLOAD);
+    f.extend_from_slice(&dmac);
+    f.extend_from_slice(&smac);
+    f.extend_from_slice(&0x0800u16.to_be_bytes());
+    let total = (20 + 8 + PAYLOAD) as u16;
+    let mut ip = [0u8; 20];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&total.to_be_bytes());
+    ip[6] = 0x40; // DF
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&src.octets());
+    ip[16..20].copy_from_slice(&dst.octets());
+    let mut sum: u32 = ip
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&20000u16.to_be_bytes());
+    f.extend_from_slice(&dport.to_be_bytes());
+    f.extend_from_slice(&((8 + PAYLOAD) as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(&[0x41; PAYLOAD]);
+    f
 }
 
-/// Busy and softirq ticks of the whole machine.
-fn cpu_ticks() -> (u64, u64) {
+fn parse_mac(s: &str) -> Result<[u8; 6]> {
+    let bytes: Vec<u8> = s
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16))
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("MAC address {s}"))?;
+    bytes
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("MAC address {s}"))
+}
+
+/// Busy ticks (user, nice, system, irq, softirq, steal) of one CPU.
+fn cpu_busy_ticks(cpu: usize) -> u64 {
     let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
+    let label = format!("cpu{cpu}");
     let f: Vec<u64> = stat
         .lines()
-        .next()
+        .find(|l| l.split_whitespace().next() == Some(label.as_str()))
         .unwrap_or_default()
         .split_whitespace()
         .skip(1)
         .filter_map(|v| v.parse().ok())
         .collect();
     let get = |i: usize| f.get(i).copied().unwrap_or(0);
-    (get(0) + get(1) + get(2) + get(5) + get(6) + get(7), get(6))
+    get(0) + get(1) + get(2) + get(5) + get(6) + get(7)
 }
 
 fn ticks_per_second() -> f64 {
@@ -398,94 +535,98 @@ fn ticks_per_second() -> f64 {
     }
 }
 
-/// One generator run against `dst:dport`; returns (seconds, offered
-/// packets at the node, delivered packets at the sink, busy ns, softirq
-/// ns).
-fn blast(rig: &Rig, dst: Ipv4Addr, dport: u16, seconds: f64) -> Result<(f64, u64, u64, f64, f64)> {
+/// What one generator run saw.
+struct Blast {
+    seconds: f64,
+    /// Frames the wire handed to node 1 (accepted or not).
+    offered: u64,
+    /// Frames the sink on node 2 counted.
+    delivered: u64,
+    /// Node 1's CPU time (ns).
+    node_cpu_ns: f64,
+}
+
+/// One generator run against `dst:dport`.
+fn blast(rig: &Rig, dst: Ipv4Addr, dport: u16, seconds: f64) -> Result<Blast> {
     let ext = &rig.node1.externals[0];
-    let conf = trafgen_conf(
-        &mac(&rig.node1.node, "e0")?,
-        &mac(&ext.ns, "eth0")?,
+    let frame = frame(
+        parse_mac(&mac(&rig.node1.node, "e0")?)?,
+        parse_mac(&mac(&ext.ns, "eth0")?)?,
         ext.ip,
         dst,
         dport,
     );
-    let file = TempFile::write("trafgen", &conf)?;
-    let sink = &rig.node2.backends[0];
-    let (offered0, delivered0) = (
-        rx_packets(&rig.node1.node, "e0")?,
-        rx_packets(&sink.ns, "eth0")?,
-    );
-    let (busy0, soft0) = cpu_ticks();
+    let offered = || -> Result<u64> {
+        Ok(veth_stat(&ext.ns, "eth0", "tx_queue_0_xdp_xmit")?
+            + veth_stat(&ext.ns, "eth0", "tx_queue_0_xdp_xmit_errors")?)
+    };
+    let delivered = || veth_stat(&rig.node2.node, "u0", "rx_queue_0_xdp_drops");
+    let (offered0, delivered0) = (offered()?, delivered()?);
+    let busy0 = cpu_busy_ticks(NODE_CPU);
     let start = Instant::now();
-    // trafgen forks a worker per CPU and stops them on SIGINT to the
-    // group: it runs in a process group of its own, signalled whole.
-    let mut child = ext
-        .ns
-        .command("trafgen")
-        .args(["--dev", "eth0", "--cpus", "1", "--no-sock-mem", "--conf"])
-        .arg(file.path())
-        .process_group(0)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting trafgen (apt-get install netsniff-ng)")?;
-    let group = child.id() as i32;
-    std::thread::sleep(Duration::from_secs_f64(seconds));
-    // SAFETY: signalling the process group of our own child.
-    unsafe { libc::kill(-group, libc::SIGINT) };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while child.try_wait()?.is_none() {
-        if Instant::now() > deadline {
-            // SAFETY: as above.
-            unsafe { libc::kill(-group, libc::SIGKILL) };
-            let _ = child.wait();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let stop = AtomicBool::new(false);
+    let prog = WireAction::Generate(ifindex(&ext.ns, "eth0")?, frame.clone()).load()?;
+    let (prog, frame) = (&prog, &frame);
+    std::thread::scope(|scope| -> Result<()> {
+        let gen = scope.spawn(|| {
+            ext.ns.run(|| -> Result<()> {
+                pin_current_thread(WIRE_CPU)?;
+                while !stop.load(Ordering::Relaxed) {
+                    xdp_live_frames(prog, frame, 1 << 16)?;
+                }
+                Ok(())
+            })
+        });
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        stop.store(true, Ordering::Relaxed);
+        gen.join()
+            .map_err(|_| anyhow::anyhow!("the generator thread panicked"))???;
+        Ok(())
+    })?;
     let secs = start.elapsed().as_secs_f64();
     // Let the last frames drain.
     std::thread::sleep(Duration::from_millis(100));
-    let (busy1, soft1) = cpu_ticks();
-    let offered = rx_packets(&rig.node1.node, "e0")?.saturating_sub(offered0);
-    let delivered = rx_packets(&sink.ns, "eth0")?.saturating_sub(delivered0);
-    let tick_ns = 1e9 / ticks_per_second();
-    Ok((
-        secs,
-        offered,
-        delivered,
-        busy1.saturating_sub(busy0) as f64 * tick_ns,
-        soft1.saturating_sub(soft0) as f64 * tick_ns,
-    ))
+    let busy1 = cpu_busy_ticks(NODE_CPU);
+    Ok(Blast {
+        seconds: secs,
+        offered: offered()?.saturating_sub(offered0),
+        delivered: delivered()?.saturating_sub(delivered0),
+        node_cpu_ns: busy1.saturating_sub(busy0) as f64 * 1e9 / ticks_per_second(),
+    })
 }
 
 fn one_line(e: &anyhow::Error) -> String {
     format!("{e:#}").replace(['\n', '|'], " ")
 }
 
-/// Whether the generator is installed.
-pub fn available() -> bool {
-    Command::new("trafgen")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok()
+/// Pins the calling thread to `cpu`.
+fn pin_current_thread(cpu: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread (0).
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        bail!(
+            "pinning the generator to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
 }
 
-/// Per-round figures of one variant: delivered pps, offered pps, CPU ns
-/// per packet, softirq share; the last error.
+/// Per-round figures of one variant: delivered pps, offered pps, node ns
+/// per packet; the last error.
 #[derive(Default)]
-struct Samples(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, Option<String>);
+struct Samples(Vec<f64>, Vec<f64>, Vec<f64>, Option<String>);
 
 /// Runs the scenario.
 pub fn run(cfg: &NsConfig) -> Result<NorthSouth> {
-    if !available() {
-        bail!("the north-south scenario needs trafgen: apt-get install netsniff-ng (cargo xtask setup installs it)");
-    }
     let mut out = NorthSouth {
-        generator: "trafgen (netsniff-ng), 1 CPU, UDP".into(),
+        generator: format!(
+            "the kernel's XDP generator (BPF_PROG_TEST_RUN, live frames) on CPU {WIRE_CPU}, UDP frames handed to node 1 as xdp_frames (as from a NIC); node 1's receive work on CPU {NODE_CPU}"
+        ),
         flows: FLOWS,
         frame_bytes: 14 + 20 + 8 + PAYLOAD,
         seconds_per_round: cfg.seconds,
@@ -499,38 +640,36 @@ pub fn run(cfg: &NsConfig) -> Result<NorthSouth> {
             let variant = NsVariant::ALL[i];
             super::check_interrupted()?;
             let outcome = Rig::new(variant, false).and_then(|rig| {
-                // A short warm-up: neighbours, conntrack of every flow.
+                // A short warm-up: conntrack of every flow.
                 blast(&rig, node_ip(), NODE_PORT, 0.3)?;
                 blast(&rig, node_ip(), NODE_PORT, cfg.seconds)
             });
             let slot = &mut per[i];
             match outcome {
-                Ok((secs, offered, delivered, busy, soft)) => {
+                Ok(b) if b.delivered > 0 => {
+                    let ns = b.node_cpu_ns / b.delivered as f64;
                     eprintln!(
-                        "north-south {}: offered {:.0} pps, delivered {:.0} pps",
+                        "north-south {}: offered {:.0} pps, delivered {:.0} pps, node {ns:.0} ns/packet",
                         variant.name(),
-                        offered as f64 / secs,
-                        delivered as f64 / secs
+                        b.offered as f64 / b.seconds,
+                        b.delivered as f64 / b.seconds
                     );
-                    slot.0.push(delivered as f64 / secs);
-                    slot.1.push(offered as f64 / secs);
-                    if delivered > 0 {
-                        slot.2.push(busy / delivered as f64);
-                        slot.3.push(if busy > 0.0 { soft / busy } else { 0.0 });
-                    }
+                    slot.0.push(b.delivered as f64 / b.seconds);
+                    slot.1.push(b.offered as f64 / b.seconds);
+                    slot.2.push(ns);
                 }
-                Err(e) => slot.4 = Some(one_line(&e)),
+                Ok(b) => slot.3 = Some(format!("nothing delivered ({} frames offered)", b.offered)),
+                Err(e) => slot.3 = Some(one_line(&e)),
             }
         }
     }
-    for (variant, Samples(delivered, offered, cpu, soft, error)) in NsVariant::ALL.iter().zip(per) {
+    for (variant, Samples(delivered, offered, ns, error)) in NsVariant::ALL.iter().zip(per) {
         out.forwarded.push(NsResult {
             variant: variant.name().into(),
             error,
             delivered_pps: Rate::from_rounds(&delivered),
             offered_pps: Rate::from_rounds(&offered),
-            cpu_ns_per_packet: Rate::from_rounds(&cpu),
-            softirq_share: Rate::from_rounds(&soft),
+            node_ns_per_packet: Rate::from_rounds(&ns),
         });
     }
     for variant in [NsVariant::SluiceXdp, NsVariant::SluiceTc] {
@@ -543,27 +682,29 @@ pub fn run(cfg: &NsConfig) -> Result<NorthSouth> {
 fn denied(variant: NsVariant, cfg: &NsConfig) -> DeniedResult {
     let mut dropped = Vec::new();
     let mut offered = Vec::new();
+    let mut per_packet = Vec::new();
     let mut share = 0.0;
     let mut error = None;
     for _ in 0..cfg.rounds {
         let outcome = Rig::new(variant, true).and_then(|rig| {
             let (xdp0, denied0) = (rig.stat(Stat::XdpDrop), rig.stat(Stat::SourceDenied));
-            let (secs, off, _, _, _) = blast(&rig, LB_IP, 80, cfg.seconds)?;
+            let b = blast(&rig, LB_IP, 80, cfg.seconds)?;
             let (xdp, denied) = (
                 rig.stat(Stat::XdpDrop) - xdp0,
                 rig.stat(Stat::SourceDenied) - denied0,
             );
-            Ok((secs, off, xdp, denied))
+            Ok((b, xdp, denied))
         });
         match outcome {
-            Ok((secs, off, xdp, den)) => {
-                dropped.push(den as f64 / secs);
-                offered.push(off as f64 / secs);
-                share = if den > 0 {
-                    xdp as f64 / den as f64
+            Ok((b, xdp, den)) => {
+                dropped.push(den as f64 / b.seconds);
+                offered.push(b.offered as f64 / b.seconds);
+                if den > 0 {
+                    per_packet.push(b.node_cpu_ns / den as f64);
+                    share = xdp as f64 / den as f64;
                 } else {
-                    0.0
-                };
+                    share = 0.0;
+                }
             }
             Err(e) => error = Some(one_line(&e)),
         }
@@ -573,6 +714,7 @@ fn denied(variant: NsVariant, cfg: &NsConfig) -> DeniedResult {
         error,
         dropped_pps: Rate::from_rounds(&dropped),
         offered_pps: Rate::from_rounds(&offered),
+        node_ns_per_packet: Rate::from_rounds(&per_packet),
         xdp_share: share,
     }
 }
@@ -586,41 +728,42 @@ pub fn markdown(ns: &NorthSouth) -> String {
     }
     let _ = writeln!(
         s,
-        "\n## North-south: NodePort to a backend on another node\n\n{} frames of {} bytes, {} flows, {} round(s) of {:.1} s per variant. Delivered: packets the backend on node 2 received; offered: packets the node received from the generator; CPU: busy time of the whole machine (user, system, softirq) per delivered packet.\n",
+        "\n## North-south: NodePort to a backend on another node\n\n{}; frames of {} bytes, {} flows, {} round(s) of {:.1} s per variant. Delivered: packets the sink on node 2 counted; offered: packets the wire handed to node 1; node ns/packet: node 1's CPU time (its CPU alone) per delivered packet; capacity: 1 s / that cost, the packets per second one CPU of the node forwards.\n",
         ns.generator, ns.frame_bytes, ns.flows, ns.rounds, ns.seconds_per_round
     );
-    let _ = writeln!(s, "| variant | delivered pps | offered pps | CPU ns/packet | softirq share | vs sluice-tc | vs iptables |");
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
-    let of = |name: &str| {
+    let _ = writeln!(s, "| variant | delivered pps | offered pps | node ns/packet | capacity pps | capacity vs sluice-tc | vs iptables | vs nftables |");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    let cap = |name: &str| {
         ns.forwarded
             .iter()
-            .find(|v| v.variant == name)
-            .map(|v| v.delivered_pps.median)
+            .find(|v| v.variant == name && v.error.is_none())
+            .map(NsResult::capacity_pps)
             .unwrap_or(0.0)
     };
-    let (tc, ipt) = (of("sluice-tc"), of("iptables"));
+    let (tc, ipt, nft) = (cap("sluice-tc"), cap("iptables"), cap("nftables"));
     for v in &ns.forwarded {
         if let Some(e) = &v.error {
-            let _ = writeln!(s, "| {} | failed: {e} | | | | | |", v.variant);
+            let _ = writeln!(s, "| {} | failed: {e} | | | | | | |", v.variant);
             continue;
         }
         let ratio = |base: f64| {
             if base > 0.0 {
-                format!("{:.2}x", v.delivered_pps.median / base)
+                format!("{:.2}x", v.capacity_pps() / base)
             } else {
                 "-".into()
             }
         };
         let _ = writeln!(
             s,
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0}% | {} | {} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
             v.variant,
             v.delivered_pps.median,
             v.offered_pps.median,
-            v.cpu_ns_per_packet.median,
-            100.0 * v.softirq_share.median,
+            v.node_ns_per_packet.median,
+            v.capacity_pps(),
             ratio(tc),
-            ratio(ipt)
+            ratio(ipt),
+            ratio(nft)
         );
     }
     let _ = writeln!(
@@ -629,41 +772,42 @@ pub fn markdown(ns: &NorthSouth) -> String {
     );
     let _ = writeln!(
         s,
-        "| variant | dropped pps | offered pps | dropped in XDP |"
+        "| variant | dropped pps | offered pps | node ns/packet | dropped in XDP |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|");
     for d in &ns.denied {
         if let Some(e) = &d.error {
-            let _ = writeln!(s, "| {} | failed: {e} | | |", d.variant);
+            let _ = writeln!(s, "| {} | failed: {e} | | | |", d.variant);
             continue;
         }
         let _ = writeln!(
             s,
-            "| {} | {:.0} | {:.0} | {:.0}% |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0}% |",
             d.variant,
             d.dropped_pps.median,
             d.offered_pps.median,
+            d.node_ns_per_packet.median,
             100.0 * d.xdp_share
         );
     }
     s
 }
 
-/// A bar chart of the delivered rates.
+/// A bar chart of the node's forwarding capacity per variant.
 pub fn svg(ns: &NorthSouth) -> String {
     let max = ns
         .forwarded
         .iter()
-        .map(|v| v.delivered_pps.median)
+        .map(NsResult::capacity_pps)
         .fold(1.0, f64::max);
     let (w, bar, gap, left) = (660.0, 28.0, 12.0, 135.0);
     let h = 40.0 + (bar + gap) * ns.forwarded.len() as f64;
     let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<text x=\"10\" y=\"20\">North-south: delivered packets per second (median)</text>\n"
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<text x=\"10\" y=\"20\">North-south: packets per second one node CPU forwards (1 s / node CPU per packet)</text>\n"
     );
     for (i, v) in ns.forwarded.iter().enumerate() {
         let y = 32.0 + i as f64 * (bar + gap);
-        let len = (w - left - 120.0) * v.delivered_pps.median / max;
+        let len = (w - left - 120.0) * v.capacity_pps() / max;
         let _ = writeln!(
             s,
             "<text x=\"10\" y=\"{:.0}\">{}</text><rect x=\"{left}\" y=\"{y:.0}\" width=\"{len:.0}\" height=\"{bar}\" fill=\"#4a7ebb\"/><text x=\"{:.0}\" y=\"{:.0}\">{:.0}</text>",
@@ -671,7 +815,7 @@ pub fn svg(ns: &NorthSouth) -> String {
             v.variant,
             left + len + 6.0,
             y + bar * 0.65,
-            v.delivered_pps.median
+            v.capacity_pps()
         );
     }
     s.push_str("</svg>\n");
