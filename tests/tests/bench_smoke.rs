@@ -122,6 +122,29 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
             "at {n} services: {costs:?}"
         );
     }
+    // North-south: every variant forwarded through the NIC-like wire to
+    // the sink, and sl_xdp dropped every denied source at the driver.
+    let ns = &results["north_south"];
+    assert!(ns["error"].is_null(), "north-south: {ns}");
+    let forwarded = ns["forwarded"].as_array().context("north-south rows")?;
+    assert_eq!(forwarded.len(), 5, "{ns}");
+    for v in forwarded {
+        assert!(v["error"].is_null(), "north-south: {v}");
+        positive(v, &["delivered_pps", "median"])?;
+        positive(v, &["node_ns_per_packet", "median"])?;
+    }
+    let denied = ns["denied"].as_array().context("denied rows")?;
+    let share = |name: &str| {
+        denied
+            .iter()
+            .find(|d| d["variant"] == name)
+            .and_then(|d| d["xdp_share"].as_f64())
+    };
+    assert_eq!(share("sluice-xdp"), Some(1.0), "{ns}");
+    assert_eq!(share("sluice-tc"), Some(0.0), "{ns}");
+    for d in denied {
+        positive(d, &["dropped_pps", "median"])?;
+    }
     let svg = std::fs::read_to_string(out.join("connect.svg"))?;
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));
     let report = std::fs::read_to_string(out.join("report.md"))?;
