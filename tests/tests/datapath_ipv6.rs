@@ -600,61 +600,6 @@ fn v6_fragments_behind_destination_options_are_balanced() -> Result<()> {
     Ok(())
 }
 
-/// One's-complement sum of `data` (as 16-bit big-endian words) onto `sum`.
-fn sum16(data: &[u8], mut sum: u32) -> u32 {
-    for pair in data.chunks(2) {
-        let hi = u32::from(pair[0]) << 8;
-        sum += hi | pair.get(1).map_or(0, |&lo| u32::from(lo));
-    }
-    sum
-}
-
-/// An IPv6 UDP datagram `src:port -> dst:port_dst` with a type 0 routing
-/// header (one address, `waypoint`) and `segments_left`, for a raw socket.
-/// The UDP checksum is over the final destination: `waypoint` while a
-/// segment is left, `dst` (where the header leads) when none is.
-fn routed_udp(
-    src: Ipv6Addr,
-    dst: Ipv6Addr,
-    waypoint: Ipv6Addr,
-    segments_left: u8,
-    sport: u16,
-    dport: u16,
-) -> Vec<u8> {
-    let payload = b"routed";
-    let udp_len = 8 + payload.len();
-    let mut pkt = Vec::new();
-    pkt.extend_from_slice(&[0x60, 0, 0, 0]);
-    pkt.extend_from_slice(&((24 + udp_len) as u16).to_be_bytes());
-    pkt.extend_from_slice(&[43, 64]); // routing header next, hop limit
-    pkt.extend_from_slice(&src.octets());
-    pkt.extend_from_slice(&dst.octets());
-    // Routing header: UDP next, 24 bytes, type 0, segments left, reserved.
-    pkt.extend_from_slice(&[17, 2, 0, segments_left, 0, 0, 0, 0]);
-    pkt.extend_from_slice(&waypoint.octets());
-    let mut udp = Vec::new();
-    udp.extend_from_slice(&sport.to_be_bytes());
-    udp.extend_from_slice(&dport.to_be_bytes());
-    udp.extend_from_slice(&(udp_len as u16).to_be_bytes());
-    udp.extend_from_slice(&[0, 0]);
-    udp.extend_from_slice(payload);
-    let last = if segments_left > 0 { waypoint } else { dst };
-    let mut sum = sum16(&src.octets(), 0);
-    sum = sum16(&last.octets(), sum);
-    sum += udp_len as u32 + 17;
-    sum = sum16(&udp, sum);
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    let check = match !(sum as u16) {
-        0 => 0xffff,
-        c => c,
-    };
-    udp[6..8].copy_from_slice(&check.to_be_bytes());
-    pkt.extend_from_slice(&udp);
-    pkt
-}
-
 /// A routing header with a segment left means the destination in the
 /// fixed header is a waypoint, not the final one: such a datagram to the
 /// VIP passes untouched (counted), while the same datagram with no
@@ -689,13 +634,19 @@ fn v6_routing_header_with_segments_left_passes_untouched() -> Result<()> {
             )?;
             let to: socket2::SockAddr = SocketAddr::from(vip6(VIP6, 0)).into();
             let mut buf = [0u8; 512];
-            raw.send_to(&routed_udp(src, VIP6, elsewhere, 1, 40053, 53), &to)?;
+            raw.send_to(
+                &clients::routed_udp(src, VIP6, elsewhere, 1, 40053, 53),
+                &to,
+            )?;
             let passed = match receiver.recv_from(&mut buf) {
                 Ok(_) => bail!("a datagram with a segment left was answered"),
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => 0,
                 Err(e) => return Err(e.into()),
             };
-            raw.send_to(&routed_udp(src, VIP6, elsewhere, 0, 40053, 53), &to)?;
+            raw.send_to(
+                &clients::routed_udp(src, VIP6, elsewhere, 0, 40053, 53),
+                &to,
+            )?;
             receiver.set_read_timeout(Some(Duration::from_secs(3)))?;
             let (n, from) = receiver
                 .recv_from(&mut buf)

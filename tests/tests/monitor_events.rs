@@ -406,6 +406,166 @@ fn an_unknown_fragment_is_an_event() -> Result<()> {
     Ok(())
 }
 
+/// Sends one UDP datagram of `size` bytes to `to` from `ns`, fragmented
+/// by the sender (no path MTU discovery), and waits up to 1 s for an
+/// answer, which does not come.
+fn fragmented_send(ns: &Netns, to: SocketAddr, size: usize) -> Result<()> {
+    let v6 = to.is_ipv6();
+    ns.run(move || -> std::io::Result<()> {
+        let socket = UdpSocket::bind(if v6 { "[::]:0" } else { "0.0.0.0:0" })?;
+        clients::allow_fragments(&socket, v6)?;
+        socket.set_read_timeout(Some(Duration::from_secs(1)))?;
+        socket.connect(to)?;
+        socket.send(&vec![1u8; size])?;
+        let _ = socket.recv(&mut [0u8; 64]);
+        Ok(())
+    })??;
+    Ok(())
+}
+
+/// The later fragments of a datagram whose first fragment was refused (a
+/// frontend without backends) are dropped, each an event with the flow's
+/// tuple (its ports come from the first fragment), in both families.
+#[test]
+fn dropped_later_fragments_are_events_with_their_flow() -> Result<()> {
+    let topo = Topology::new(1, 0)?;
+    topo.wait_ipv6_ready()?;
+    let client = &topo.clients[0];
+    let mut lb = Lb::load(&topo)?;
+    events_on(&mut lb, true)?;
+    lb.set(cluster_ip("dns", EMPTY_VIP, 53, Proto::Udp, &[]));
+    lb.set(cluster_ip6("dns6", VIP6, 53, Proto::Udp, &[]));
+    let monitor = Monitor::start(topo.bpf.path(), &["--reason", "fragment_dropped"])?;
+    for (to, family, src) in [
+        (
+            SocketAddr::from(vip(EMPTY_VIP, 53)),
+            "ipv4",
+            IpAddr::V4(client.ip),
+        ),
+        (SocketAddr::from(vip6(VIP6, 53)), "ipv6", client.addr(true)),
+    ] {
+        fragmented_send(&client.ns, to, 4000)?;
+        let v = monitor.wait_for("fragment_dropped", WAIT, |v| {
+            v["family"] == family && v["dst"] == to.ip().to_string()
+        })?;
+        assert_eq!(v["hook"], "ingress", "{v}");
+        assert_eq!(v["proto"], "udp", "{v}");
+        assert_eq!(v["src"], src.to_string(), "{v}");
+        assert_eq!(v["dport"], 53, "{v}");
+        assert!(v["sport"].as_u64().is_some_and(|p| p > 0), "{v}");
+    }
+    ensure!(
+        lb.stat(Stat::FragmentDropped)? >= 4,
+        "two later fragments each"
+    );
+    Ok(())
+}
+
+/// An IPv6 datagram whose routing header has a segment left is not for
+/// the address in its fixed header: it passes unbalanced, an event.
+#[test]
+fn an_ipv6_extension_header_passed_unbalanced_is_an_event() -> Result<()> {
+    let topo = Topology::new(1, 1)?;
+    topo.wait_ipv6_ready()?;
+    let client = &topo.clients[0];
+    let b = &topo.backends[0];
+    let mut lb = Lb::load(&topo)?;
+    events_on(&mut lb, true)?;
+    lb.set(cluster_ip6(
+        "dns6",
+        VIP6,
+        53,
+        Proto::Udp,
+        &[(b.ip6, 5353, BackendState::Active)],
+    ));
+    let monitor = Monitor::start(topo.bpf.path(), &["--reason", "ipv6_ext_header"])?;
+    let src = client.ip6;
+    let waypoint = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 1);
+    client.ns.run(move || -> std::io::Result<()> {
+        let raw = Socket::new(
+            Domain::IPV6,
+            Type::RAW,
+            Some(Protocol::from(libc::IPPROTO_RAW)),
+        )?;
+        let packet = clients::routed_udp(src, VIP6, waypoint, 1, 40053, 53);
+        raw.send_to(&packet, &SockAddr::from(SocketAddr::from(vip6(VIP6, 0))))?;
+        Ok(())
+    })??;
+    let v = monitor.wait_for("ipv6_ext_header", WAIT, |_| true)?;
+    assert_eq!(v["hook"], "ingress", "{v}");
+    assert_eq!(v["family"], "ipv6", "{v}");
+    assert_eq!(v["src"], src.to_string(), "{v}");
+    assert_eq!(v["dst"], VIP6.to_string(), "{v}");
+    assert_eq!(lb.stat(Stat::NewFlow)?, 0, "nothing balanced");
+    Ok(())
+}
+
+/// Deletes `key` (little-endian u32) from the map pinned at `pin`, as a
+/// broken or foreign writer could: the datapath's own error paths are
+/// provoked this way.
+fn delete_u32_key(pin: &std::path::Path, key: u32) -> Result<()> {
+    let bytes: Vec<String> = key.to_le_bytes().iter().map(|b| b.to_string()).collect();
+    let mut cmd = std::process::Command::new("bpftool");
+    cmd.args(["map", "delete", "pinned"]).arg(pin).arg("key");
+    cmd.args(&bytes);
+    sluice_tests::netns::run(&mut cmd)?;
+    Ok(())
+}
+
+/// A slot whose backend is gone from `sl_backends` (which the agent's
+/// write order never lets happen) drops the new flow: an event.
+#[test]
+fn a_dangling_slot_is_an_event() -> Result<()> {
+    let topo = Topology::new(1, 1)?;
+    let client = &topo.clients[0];
+    let b = &topo.backends[0];
+    let _server = servers::tcp_greeter(&b.ns, 8080, &b.name)?;
+    let mut lb = Lb::load(&topo)?;
+    events_on(&mut lb, true)?;
+    lb.set(cluster_ip(
+        "web",
+        VIP,
+        80,
+        Proto::Tcp,
+        &[(b.ip, 8080, BackendState::Active)],
+    ));
+    assert_eq!(clients::tcp_hello(&client.ns, vip(VIP, 80))?, b.name);
+    let id = lb.backend_id(b.ip, 8080).context("backend id")?;
+    delete_u32_key(&topo.bpf.path().join("sl_backends"), id)?;
+    let monitor = Monitor::start(topo.bpf.path(), &["--reason", "dangling"])?;
+    times_out(&client.ns, SocketAddr::from(vip(VIP, 80)))?;
+    let v = monitor.wait_for("dangling", WAIT, |_| true)?;
+    assert_eq!(v["hook"], "tc", "{v}");
+    ensure!(lb.stat(Stat::Dangling)? >= 1);
+    Ok(())
+}
+
+/// An empty slot of the IPv6 program array (which the agent fills before
+/// it attaches anything): IPv6 passes unbalanced, `tail_call_failed` is
+/// an event.
+#[test]
+fn a_missed_tail_call_is_an_event() -> Result<()> {
+    let topo = Topology::new(1, 1)?;
+    topo.wait_ipv6_ready()?;
+    let client = &topo.clients[0];
+    let b = &topo.backends[0];
+    let _server = servers::udp_greeter6(&b.ns, 5353, &b.name)?;
+    let mut lb = Lb::load(&topo)?;
+    events_on(&mut lb, true)?;
+    delete_u32_key(
+        &topo.bpf.path().join("sl_progs"),
+        sluice_common::maps::PROG_INGRESS6,
+    )?;
+    let monitor = Monitor::start(topo.bpf.path(), &["--reason", "tail_call_failed"])?;
+    // Straight to the pod: IPv6 still flows, untouched.
+    let (answer, _) = clients::udp_hello(&client.ns, SocketAddr::new(b.addr(true), 5353))?;
+    assert_eq!(answer, b.name);
+    let v = monitor.wait_for("tail_call_failed", WAIT, |_| true)?;
+    assert_eq!(v["hook"], "tc", "{v}");
+    ensure!(lb.stat(Stat::TailCallFailed)? >= 1);
+    Ok(())
+}
+
 /// `--monitor-events all`: new flows are traced with the backend they
 /// picked, one in `--monitor-trace-sample`.
 #[test]
