@@ -25,16 +25,21 @@ use sluice::{
     datapath::{detach_xdp, XdpMode},
     model::{BackendState, FrontendKind, Proto, WhenEmpty},
 };
-use sluice_common::Stat;
+use sluice_common::{
+    config::{CFG_F_EVENTS_DROPS, CFG_F_EVENTS_MASK},
+    Stat,
+};
 use sluice_tests::{
     clients::{self, Stream},
     lb::{frontend, service, Lb},
+    monitor::Monitor,
     servers::{self, Server},
     topology::{receive_xdp_frames, v6_of},
     Netns, Topology,
 };
 
 const NODE_PORT: u16 = 30080;
+const EVENT_WAIT: Duration = Duration::from_secs(5);
 const LB_IP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
 const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 1);
 /// Node 1's address on the underlay: the SNAT source towards node 2.
@@ -344,11 +349,22 @@ fn denied_sources_are_dropped_in_xdp() -> Result<()> {
     fe.source_ranges = vec![(IpAddr::V4(Ipv4Addr::new(192, 168, 1, 0)), 24)];
     c.lb.set(service("public", 80, Proto::Tcp, vec![fe]));
     enable_xdp(&mut c.lb, &c.node1)?;
+    c.lb.reconciler
+        .set_config_flags(CFG_F_EVENTS_MASK, CFG_F_EVENTS_DROPS)?;
+    let monitor = Monitor::start(c.node1.bpf.path(), &[])?;
     let lb_addr = SocketAddr::new(LB_IP.into(), 80);
     let (e0, e1) = (&c.node1.externals[0], &c.node1.externals[1]);
     assert_eq!(whoami(&e0.ns, lb_addr)?.0, "node2-backend-0");
     let (xdp_drops, denied) = (c.stat(Stat::XdpDrop)?, c.stat(Stat::SourceDenied)?);
     times_out(&e1.ns, lb_addr)?;
+    // Visible in `sluice monitor`, made at the driver.
+    let v = monitor.wait_for("source_denied in XDP", EVENT_WAIT, |v| {
+        v["reason"] == "source_denied" && v["family"] == "ipv4"
+    })?;
+    assert_eq!(v["hook"], "xdp", "{v}");
+    assert_eq!(v["src"], e1.ip.to_string(), "{v}");
+    assert_eq!(v["frontend"], format!("{LB_IP}:80"), "{v}");
+    assert!(v["svc_id"].as_u64().is_some_and(|id| id > 0), "{v}");
     let dropped = c.stat(Stat::SourceDenied)? - denied;
     assert!(dropped >= 1, "the SYN (and its retries) denied");
     assert_eq!(
@@ -374,6 +390,11 @@ fn denied_sources_are_dropped_in_xdp() -> Result<()> {
     assert_eq!(whoami(&e0.ns, lb6)?.0, "node2-backend-0");
     let (xdp_drops, denied) = (c.stat(Stat::XdpDrop)?, c.stat(Stat::SourceDenied)?);
     times_out(&e1.ns, lb6)?;
+    let v = monitor.wait_for("IPv6 source_denied in XDP", EVENT_WAIT, |v| {
+        v["reason"] == "source_denied" && v["family"] == "ipv6"
+    })?;
+    assert_eq!(v["hook"], "xdp", "{v}");
+    assert_eq!(v["dst"], v6_of(LB_IP).to_string(), "{v}");
     let dropped = c.stat(Stat::SourceDenied)? - denied;
     assert!(dropped >= 1, "IPv6: the SYN denied");
     assert_eq!(
@@ -396,6 +417,11 @@ fn denied_sources_are_dropped_in_xdp() -> Result<()> {
     let dropped = c.stat(Stat::UnallocatedIp)? - unallocated;
     assert!(dropped >= 1);
     assert_eq!(c.stat(Stat::XdpDrop)? - xdp_drops, dropped, "in XDP");
+    let v = monitor.wait_for("unallocated_ip in XDP", EVENT_WAIT, |v| {
+        v["reason"] == "unallocated_ip"
+    })?;
+    assert_eq!(v["hook"], "xdp", "{v}");
+    assert_eq!(v["dst"], "10.96.7.7", "{v}");
     Ok(())
 }
 

@@ -89,10 +89,10 @@ pub fn record(event: &Event, time: String, backend: Option<SocketAddr>) -> Recor
     let socket = hook == Some(Hook::Socket);
     let ports = tuple && event.proto != 1 && event.proto != 58;
     let frontend = match (hook, dst) {
-        (Some(Hook::Ingress | Hook::Socket), Some(dst)) if ports => {
+        (Some(Hook::Ingress | Hook::Xdp | Hook::Socket), Some(dst)) if ports => {
             Some(SocketAddr::new(dst, event.dport).to_string())
         }
-        (Some(Hook::Ingress), Some(dst)) => Some(dst.to_string()),
+        (Some(Hook::Ingress | Hook::Xdp), Some(dst)) => Some(dst.to_string()),
         _ => None,
     };
     Record {

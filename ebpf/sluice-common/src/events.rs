@@ -33,6 +33,8 @@ pub enum Hook {
     /// A socket of the node: `connect()`, or `sendmsg()` on an
     /// unconnected UDP socket (`sl_connect4`/`6`, `sl_sendmsg4`/`6`).
     Socket = 3,
+    /// `sl_xdp` (a packet from outside, at the driver).
+    Xdp = 4,
 }
 
 impl Hook {
@@ -43,6 +45,7 @@ impl Hook {
             Hook::Ingress => "ingress",
             Hook::Egress => "egress",
             Hook::Socket => "socket",
+            Hook::Xdp => "xdp",
         }
     }
 
@@ -53,6 +56,7 @@ impl Hook {
             1 => Some(Hook::Ingress),
             2 => Some(Hook::Egress),
             3 => Some(Hook::Socket),
+            4 => Some(Hook::Xdp),
             _ => None,
         }
     }
@@ -80,7 +84,8 @@ pub struct Event {
     pub svc_id: u32,
     /// `sl_backends` id, 0: none.
     pub backend_id: u32,
-    /// The device the packet came through (`skb->ifindex`), 0 for sockets.
+    /// The device the packet came through (`skb->ifindex`, or the XDP
+    /// context's `ingress_ifindex`), 0 for sockets.
     pub ifindex: u32,
     /// `Stat` index of the reason.
     pub reason: u8,

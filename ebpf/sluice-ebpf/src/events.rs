@@ -60,7 +60,7 @@ pub fn new_flow4(
         };
         emit4(
             code(reason, Hook::Ingress) | TRACE,
-            skb,
+            ifindex(skb),
             flow,
             svc_id,
             backend_id,
@@ -87,7 +87,7 @@ pub fn new_flow6(
         };
         emit6(
             code(reason, Hook::Ingress) | TRACE,
-            skb,
+            ifindex(skb),
             flow,
             svc_id,
             backend_id,
@@ -106,7 +106,33 @@ fn sampled(flags: u32) -> bool {
 /// An IPv4 packet's event at `sl_ingress`.
 #[inline(always)]
 pub fn ingress4(reason: Stat, skb: *mut __sk_buff, flow: &Flow4, svc_id: u32, backend_id: u32) {
-    emit4(code(reason, Hook::Ingress), skb, flow, svc_id, backend_id);
+    emit4(
+        code(reason, Hook::Ingress),
+        ifindex(skb),
+        flow,
+        svc_id,
+        backend_id,
+    );
+}
+
+/// An IPv4 packet's event at `sl_xdp` (`ingress`: the context's
+/// `ingress_ifindex`).
+#[inline(always)]
+pub fn xdp4(reason: Stat, ingress: u32, flow: &Flow4, svc_id: u32) {
+    emit4(code(reason, Hook::Xdp), ingress, flow, svc_id, 0);
+}
+
+/// An IPv6 packet's event at `sl_xdp`.
+#[inline(always)]
+pub fn xdp6(reason: Stat, ingress: u32, flow: &Flow6, svc_id: u32) {
+    emit6(code(reason, Hook::Xdp), ingress, flow, svc_id, 0);
+}
+
+/// The device an skb came through.
+#[inline(always)]
+fn ifindex(skb: *mut __sk_buff) -> u32 {
+    // SAFETY: the program's own context.
+    unsafe { (*skb).ifindex }
 }
 
 /// An IPv6 packet's event at `sl_ingress6`.
@@ -125,7 +151,7 @@ pub fn flow6(
     svc_id: u32,
     backend_id: u32,
 ) {
-    emit6(code(reason, hook), skb, flow, svc_id, backend_id);
+    emit6(code(reason, hook), ifindex(skb), flow, svc_id, backend_id);
 }
 
 /// A socket's refused (or dangling) `connect()`/`sendmsg()` to
@@ -204,12 +230,12 @@ fn reserve(code: u32) -> Option<RingBufEntry<Event>> {
 }
 
 #[inline(never)]
-fn emit4(code: u32, skb: *mut __sk_buff, flow: &Flow4, svc_id: u32, backend_id: u32) {
+fn emit4(code: u32, ifindex: u32, flow: &Flow4, svc_id: u32, backend_id: u32) {
     let Some(mut entry) = reserve(code) else {
         return;
     };
     let event = entry.as_mut_ptr();
-    // SAFETY: a reserved slot (see `reserve`); reading the context.
+    // SAFETY: a reserved slot (see `reserve`).
     unsafe {
         (*event).family = FAMILY_V4;
         (*event).proto = flow.proto;
@@ -220,18 +246,18 @@ fn emit4(code: u32, skb: *mut __sk_buff, flow: &Flow4, svc_id: u32, backend_id: 
         (*event).dport = flow.dport;
         (*event).svc_id = svc_id;
         (*event).backend_id = backend_id;
-        (*event).ifindex = (*skb).ifindex;
+        (*event).ifindex = ifindex;
     }
     entry.submit(0);
 }
 
 #[inline(never)]
-fn emit6(code: u32, skb: *mut __sk_buff, flow: &Flow6, svc_id: u32, backend_id: u32) {
+fn emit6(code: u32, ifindex: u32, flow: &Flow6, svc_id: u32, backend_id: u32) {
     let Some(mut entry) = reserve(code) else {
         return;
     };
     let event = entry.as_mut_ptr();
-    // SAFETY: a reserved slot (see `reserve`); reading the context.
+    // SAFETY: a reserved slot (see `reserve`).
     unsafe {
         (*event).family = FAMILY_V6;
         (*event).proto = flow.proto;
@@ -241,7 +267,7 @@ fn emit6(code: u32, skb: *mut __sk_buff, flow: &Flow6, svc_id: u32, backend_id: 
         (*event).dport = flow.dport;
         (*event).svc_id = svc_id;
         (*event).backend_id = backend_id;
-        (*event).ifindex = (*skb).ifindex;
+        (*event).ifindex = ifindex;
     }
     entry.submit(0);
 }

@@ -43,6 +43,7 @@ use sluice_common::{
 
 use crate::{
     conntrack::tcp_bits,
+    events,
     flow::Flow4,
     hash,
     headers::{
@@ -62,11 +63,25 @@ pub enum Action {
     Ignore,
     /// Service traffic handed to TC undecided (`xdp_pass`).
     Pass,
-    Drop,
     Tx,
     Redirect,
     /// Rewritten but not sendable: dropped (`xdp_aborted`).
     Aborted,
+    /// Dropped (`xdp_drop`) for this reason (counted by it): every drop
+    /// has one, and is an event for `sluice monitor`, which the function
+    /// holding the flow emits (`refused4`, `xdp6::refused6`) so that the
+    /// emitting call stays off the deep chains (512 bytes of stack).
+    Refused(Stat),
+}
+
+/// Emits the event of a `Refused` action (see `Action::Refused`).
+#[inline(always)]
+fn refused4(ctx: *mut xdp_md, flow: &Flow4, svc_id: u32, action: Action) -> Action {
+    if let Action::Refused(reason) = action {
+        // SAFETY: reading the context's ingress device.
+        events::xdp4(reason, unsafe { (*ctx).ingress_ifindex }, flow, svc_id);
+    }
+    action
 }
 
 /// The program: a verdict, counted per kind.
@@ -83,7 +98,7 @@ pub fn run(ctx: &XdpContext) -> u32 {
             count(Stat::XdpPass);
             xdp_action::XDP_PASS
         }
-        Action::Drop => {
+        Action::Refused(_) => {
             count(Stat::XdpDrop);
             xdp_action::XDP_DROP
         }
@@ -176,7 +191,7 @@ fn decide(ctx: *mut xdp_md) -> Action {
         }
     }
     let Some(master) = maps::service(&Svc4Key::new(flow.dst, flow.dport, flow.proto, 0)) else {
-        return unserved(&flow);
+        return refused4(ctx.ctx, &flow, 0, unserved(&flow));
     };
     if master.kind() == FrontendKind::ClusterIp {
         return Action::Pass;
@@ -202,7 +217,8 @@ fn decide(ctx: *mut xdp_md) -> Action {
             Tracked::Reselect | Tracked::Reset => Action::Pass,
         };
     }
-    new_flow(ctx.ctx, &flow, master, now, tot_len)
+    let action = new_flow(ctx.ctx, &flow, master, now, tot_len);
+    refused4(ctx.ctx, &flow, master.svc_id, action)
 }
 
 /// A packet to no frontend: a new flow to an address of the service CIDRs
@@ -223,7 +239,7 @@ fn unserved(flow: &Flow4) -> Action {
         return Action::Pass;
     }
     count(Stat::UnallocatedIp);
-    Action::Drop
+    Action::Refused(Stat::UnallocatedIp)
 }
 
 /// A packet of a tracked flow SNATed to the node (`entry`: its forward
@@ -283,13 +299,13 @@ fn new_flow(ctx: *mut xdp_md, flow: &Flow4, master: &SvcValue, now: u64, tot_len
     }
     if master.flags & SVC_F_SOURCE_RANGES != 0 && !maps::source_allowed(master.svc_id, flow.src) {
         count(Stat::SourceDenied);
-        return Action::Drop;
+        return Action::Refused(Stat::SourceDenied);
     }
     match candidates(master) {
         Pick::Slots(..) => {}
         Pick::Drop => {
             count(Stat::NoBackendDrop);
-            return Action::Drop;
+            return Action::Refused(Stat::NoBackendDrop);
         }
         Pick::Reject => return Action::Pass,
     }
@@ -329,7 +345,7 @@ fn new_flow(ctx: *mut xdp_md, flow: &Flow4, master: &SvcValue, now: u64, tot_len
     let port = claim(flow, &nf, baddr, bport, src);
     if port == 0 {
         count(Stat::SnatFailed);
-        return Action::Drop;
+        return Action::Refused(Stat::SnatFailed);
     }
     count(Stat::NewFlow);
     let ends = Ends {

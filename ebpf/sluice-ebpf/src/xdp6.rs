@@ -26,6 +26,7 @@ use sluice_common::{
 use crate::{
     checksum::{adjust, sum_addr6},
     conntrack::{note_reply6, tcp_bits_of},
+    events,
     flow6::{same_addr, FRAG_NONE},
     headers::{EthHdr, Ipv6Hdr, TcpHdr, UdpHdr, ETH_LEN, IPV6_LEN},
     ingress6,
@@ -76,7 +77,8 @@ pub fn decide6(ctx: *mut xdp_md) -> Action {
     }
     s.flow.svc_key_into(&mut s.svc_key, 0, SCOPE_EXTERNAL);
     let Some(master) = maps::service6(&s.svc_key) else {
-        return unserved6(s);
+        let action = unserved6(s);
+        return refused6(ctx, s, 0, action);
     };
     if master.kind() == FrontendKind::ClusterIp {
         return Action::Pass;
@@ -103,11 +105,22 @@ pub fn decide6(ctx: *mut xdp_md) -> Action {
         };
     }
     if let Some(done) = screen6(ctx, s, master) {
-        return done;
+        return refused6(ctx, s, master.svc_id, done);
     }
     let h = ingress6::hash(&s.flow);
     let picked = pick6(s, master, SCOPE_EXTERNAL, h);
-    commit6(ctx, s, master, picked, tot_len)
+    let action = commit6(ctx, s, master, picked, tot_len);
+    refused6(ctx, s, master.svc_id, action)
+}
+
+/// `xdp::refused4` for IPv6.
+#[inline(always)]
+fn refused6(ctx: *mut xdp_md, s: &Scratch6, svc_id: u32, action: Action) -> Action {
+    if let Action::Refused(reason) = action {
+        // SAFETY: reading the context's ingress device.
+        events::xdp6(reason, unsafe { (*ctx).ingress_ifindex }, &s.flow, svc_id);
+    }
+    action
 }
 
 /// Fills `s.flow` from an IPv6 TCP/UDP frame without extension headers
@@ -159,7 +172,7 @@ fn unserved6(s: &mut Scratch6) -> Action {
         return Action::Pass;
     }
     count(Stat::UnallocatedIp);
-    Action::Drop
+    Action::Refused(Stat::UnallocatedIp)
 }
 
 /// Routes the packet in `s` to `s.out.dst` (see `xdp_nat::route`); the
@@ -280,13 +293,13 @@ fn screen6(ctx: *mut xdp_md, s: &mut Scratch6, master: &SvcValue) -> Option<Acti
         && !maps::source_allowed6(&mut s.range_key, master.svc_id, &s.flow.src)
     {
         count(Stat::SourceDenied);
-        return Some(Action::Drop);
+        return Some(Action::Refused(Stat::SourceDenied));
     }
     match candidates(master) {
         Pick::Slots(..) => {}
         Pick::Drop => {
             count(Stat::NoBackendDrop);
-            return Some(Action::Drop);
+            return Some(Action::Refused(Stat::NoBackendDrop));
         }
         Pick::Reject => return Some(Action::Pass),
     }
@@ -335,7 +348,7 @@ fn commit6(
     let port = claim6(s, master.svc_id, backend_id, h);
     if port == 0 {
         count(Stat::SnatFailed);
-        return Action::Drop;
+        return Action::Refused(Stat::SnatFailed);
     }
     count(Stat::NewFlow);
     s.out.src = s.snat_addr;
