@@ -231,10 +231,9 @@ const RUNTIME_PACKAGES: &[(&str, &str)] = &[
     ("ip", "iproute2"),
     ("iptables-legacy", "iptables"),
     ("nft", "nftables"),
-    // Tests turn off TX checksum offload on veths (strict checksums).
+    // Tests turn off TX checksum offload on veths (strict checksums); the
+    // bench's north-south scenario reads veth XDP counters.
     ("ethtool", "ethtool"),
-    // The bench's north-south scenario generates packets with trafgen.
-    ("trafgen", "netsniff-ng"),
 ];
 
 fn ensure_runtime_tools() -> Result<()> {

@@ -11,30 +11,33 @@
 //!   -> KUBE-SEP DNAT, KUBE-MARK-MASQ and MASQUERADE), iptables-legacy;
 //! - `nftables`: kube-proxy's nftables layout of the same path.
 //!
-//! Delivery is NIC-like: `trafgen` (netsniff-ng) sends on `g0`, a veth
-//! of the outside host whose peer `g1` runs a two-instruction XDP program
-//! that redirects every frame into the host's `eth0`; the frames reach
-//! node 1's `e0` through `ndo_xdp_xmit` as raw `xdp_frame`s, before any
-//! skb exists, as a NIC's driver hands them to XDP. Node 1's `e0` runs its
-//! receive work (NAPI) in a kernel thread pinned to CPU 1, alone there;
-//! the generator, the wire and the sink share CPU 0. The sink is node 2's
-//! `u0`, where an XDP program drops and counts every frame (`xdp_drops`).
-//! UDP frames of 64 bytes from one source address and `FLOWS` source
-//! ports (checksum 0, as a UDP sender may), to the node's MAC. Every
-//! variant gets the same generator, wire, sink and devices, a fresh pair
-//! of nodes, and runs in each round in turn. Reported: delivered packets
-//! per second (median of rounds), what the wire handed to the node, and
-//! node 1's CPU (CPU 1's busy time) per delivered packet, from which the
-//! node's forwarding capacity follows: the figure a NIC-fed benchmark
-//! compares when the generator is faster than the node.
+//! Delivery is NIC-like: the generator is the kernel's own XDP packet
+//! generator (`BPF_PROG_TEST_RUN` with live frames, as xdp-trafficgen
+//! uses it) running a program of ours (`bpf::WireAction::Generate`, a few
+//! raw instructions) in the outside host, pinned to CPU 0: it writes each
+//! frame anew with a random source port (1,024 flows) and redirects it
+//! into the host's `eth0`, so the frames reach node 1's `e0` through
+//! `ndo_xdp_xmit` as raw `xdp_frame`s, before any skb exists, as a NIC's
+//! driver hands them to XDP. Node 1's `e0` runs its receive work (NAPI)
+//! in a kernel thread pinned to CPU 1, alone there, polling under load
+//! (deferred completions) as a NIC's NAPI does. The sink is node 2's `u0`,
+//! where an XDP program drops and counts every frame (`xdp_drops`); its
+//! NAPI thread shares CPU 0 with the generator at real-time priority, so
+//! it never loses a frame to the generator. UDP frames of 60 bytes (64 on
+//! a wire with the FCS), checksum 0 as a UDP sender may. Every variant
+//! gets the same generator, wire, sink and devices, a fresh pair of
+//! nodes, and runs in each round in turn. Reported: delivered packets per
+//! second (median of rounds), what the wire handed to the node, and node
+//! 1's CPU (CPU 1's busy time) per delivered packet, from which the
+//! node's forwarding capacity per CPU follows.
 //!
 //! Denied sources: the same generator against a load-balancer IP whose
 //! source ranges exclude it, with XDP and with TC only: packets dropped
 //! per second (`xdp_drop`, `source_denied`) and node 1's CPU per drop.
 //!
 //! What a veth still does not show: a NIC's DMA, its interrupts and
-//! multiple queues, and the cost of allocating the buffer a NIC fills
-//! (a veth's `xdp_frame` comes from the wire's copy). See
+//! multiple queues, and its rings of thousands of frames (a veth's holds
+//! 256, which overflows whenever the node's thread is not polling). See
 //! docs/performance.md.
 
 use std::{

@@ -66,7 +66,7 @@ struct Args {
     #[arg(long)]
     no_events: bool,
     /// Skip the north-south scenario (XDP, TC, iptables, nftables
-    /// forwarding a NodePort to another node; needs trafgen).
+    /// forwarding a NodePort to another node, fed by the kernel's XDP generator).
     #[arg(long)]
     no_north_south: bool,
     /// Run only the north-south scenario.
