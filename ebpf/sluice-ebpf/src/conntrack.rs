@@ -5,7 +5,7 @@ use sluice_common::{
     conntrack::{
         CT_F_RST, CT_F_RX_CLOSING, CT_F_SEEN_REPLY, CT_F_SYN, CT_F_TX_CLOSING, CT_REFRESH_NS,
     },
-    CtEntry, CtKind, IPPROTO_SCTP, IPPROTO_TCP,
+    Ct6Key, CtEntry, CtKind, IPPROTO_SCTP, IPPROTO_TCP,
 };
 
 use crate::{
@@ -83,6 +83,58 @@ pub fn note_reply6(flow: &Flow6, entry: *mut CtEntry) {
     if let Some(fwd) = CONNTRACK_V6.get_ptr_mut(forward_key) {
         push_to_forward(fwd, backend_id, flags, now);
     }
+}
+
+/// Bits that say a flow has begun to end, in either direction: after any
+/// of them a SYN-ACK on its tuple cannot belong to it.
+const ENDING: u8 = CT_F_RST | CT_F_TX_CLOSING | CT_F_RX_CLOSING;
+
+/// Whether a backend's SYN-ACK (`flow`) that found the reply entry
+/// `entry` belongs to a new connection reusing a finished service flow's
+/// tuple: the client reused its port towards the backend's own address
+/// after a service connection to the same backend had closed (RST or FIN
+/// from either side; the forward entry carries both sides' bits) or its
+/// forward entry was gone. The stale reply entry is then removed and the
+/// packet must pass untranslated, as netfilter lets a new connection
+/// replace a closed one. A SYN-ACK of a live flow (a retransmission during
+/// its handshake) is not: it is translated as before. A separate BPF
+/// function, called for SYN-ACKs only.
+#[inline(never)]
+pub fn reused_reply(flow: &Flow4, entry: *mut CtEntry) -> bool {
+    // SAFETY: the caller found the entry; fields are copied at once.
+    let (flags, forward_key) =
+        unsafe { ((*entry).flags, (*entry).forward_key_of_reply(flow.proto)) };
+    let ended = flags & ENDING != 0
+        || CONNTRACK_V4
+            .get_ptr(forward_key)
+            // SAFETY: pointer from a successful lookup; one byte read.
+            .is_none_or(|fwd| unsafe { (*fwd).flags } & ENDING != 0);
+    if ended {
+        let _ = CONNTRACK_V4.remove(flow.ct_key());
+    }
+    ended
+}
+
+/// `reused_reply` for IPv6 (`key`: scratch space, the reply entry's key
+/// on entry, clobbered).
+#[inline(never)]
+pub fn reused_reply6(flow: &Flow6, entry: *mut CtEntry, key: &mut Ct6Key) -> bool {
+    // SAFETY: as in `reused_reply`.
+    let flags = unsafe { (*entry).flags };
+    let mut ended = flags & ENDING != 0;
+    if !ended {
+        // SAFETY: as in `reused_reply`.
+        *key = unsafe { (*entry).forward_key6_of_reply(flow.proto) };
+        ended = CONNTRACK_V6
+            .get_ptr(&*key)
+            // SAFETY: pointer from a successful lookup; one byte read.
+            .is_none_or(|fwd| unsafe { (*fwd).flags } & ENDING != 0);
+    }
+    if ended {
+        flow.ct_key_into(key);
+        let _ = CONNTRACK_V6.remove(&*key);
+    }
+    ended
 }
 
 /// Updates a reply entry for one backend packet. Returns the new flags,

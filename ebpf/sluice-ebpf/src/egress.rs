@@ -8,9 +8,10 @@ use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat};
 
 use crate::events;
 use crate::{
-    conntrack::{note_reply, v4},
+    conntrack::{note_reply, reused_reply, v4},
     error::{Error, Verdict},
     flow::{Flow4, Parsed},
+    headers::TCP_SYN,
     icmp,
     maps::{count, CONNTRACK_V4},
     nat::{self, Side},
@@ -46,6 +47,9 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         )
     };
     if kind != CtKind::Reply as u8 || flags & CT_F_SNAT != 0 {
+        return Ok(Verdict::Next);
+    }
+    if flow.has_tcp_flag(TCP_SYN) && reused_reply(&flow, entry) {
         return Ok(Verdict::Next);
     }
     note_reply(&flow, entry);

@@ -5,14 +5,16 @@
 #![allow(clippy::needless_borrows_for_generic_args)]
 
 use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
-use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat};
+use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat, IPPROTO_TCP};
 
 use crate::events;
 use crate::{
-    conntrack::note_reply6,
+    conntrack::{note_reply6, reused_reply6},
     error::{settle, Error, Verdict},
     flow6::Parsed6,
-    frag, icmp6,
+    frag,
+    headers::TCP_SYN,
+    icmp6,
     maps::{self, count, Scratch6, CONNTRACK_V6},
     nat::Side,
     nat6,
@@ -58,6 +60,12 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     };
     // SNATed flows are turned back on the way in (`snat6::reply`).
     if kind != CtKind::Reply as u8 || flags & CT_F_SNAT != 0 {
+        return Ok(Verdict::Next);
+    }
+    if flow.proto == IPPROTO_TCP
+        && flow.tcp_flags & TCP_SYN != 0
+        && reused_reply6(flow, entry, &mut s.ct_key)
+    {
         return Ok(Verdict::Next);
     }
     note_reply6(flow, entry);
