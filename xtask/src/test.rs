@@ -31,6 +31,9 @@ pub fn lint(tc: &toolchain::Toolchain) -> Result<()> {
     ebpf::clippy(tc)
 }
 
+/// The test binaries run a second time with `SLUICE_TEST_XDP=native`.
+const XDP_PASS: &str = "binary(service_types) | binary(kube_proxy_cases) | binary(datapath_fragments)";
+
 pub fn run_tests(args: &TestArgs) -> Result<()> {
     if !is_root() {
         bail!(
@@ -46,10 +49,23 @@ pub fn run_tests(args: &TestArgs) -> Result<()> {
     let nextest = output(Command::new("cargo").args(["nextest", "--version"])).is_some();
     if nextest {
         run(cargo().args(["test", "--doc", "--quiet"]))?;
-        run(cargo()
+        let all = run(cargo()
             .env("SLUICE_RELEASES_BIN", &releases)
             .args(["nextest", "run", "--no-fail-fast"])
-            .args(&args.runner_args))
+            .args(&args.runner_args));
+        // The tests that send traffic from outside hosts and between
+        // nodes, again with sl_xdp natively on those devices: every
+        // verdict must be the same whether XDP or TC makes it.
+        let xdp = if args.runner_args.is_empty() {
+            run(cargo()
+                .env("SLUICE_RELEASES_BIN", &releases)
+                .env("SLUICE_TEST_XDP", "native")
+                .args(["nextest", "run", "--no-fail-fast", "-E"])
+                .arg(XDP_PASS))
+        } else {
+            Ok(())
+        };
+        all.and(xdp)
     } else {
         eprintln!("cargo-nextest not found: falling back to cargo test");
         run(cargo()
