@@ -32,7 +32,8 @@ pub fn lint(tc: &toolchain::Toolchain) -> Result<()> {
 }
 
 /// The test binaries run a second time with `SLUICE_TEST_XDP=native`.
-const XDP_PASS: &str = "binary(service_types) | binary(kube_proxy_cases) | binary(datapath_fragments)";
+const XDP_PASS: &str =
+    "binary(service_types) | binary(kube_proxy_cases) | binary(datapath_fragments)";
 
 pub fn run_tests(args: &TestArgs) -> Result<()> {
     if !is_root() {
