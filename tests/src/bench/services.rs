@@ -161,6 +161,12 @@ impl ServiceSet {
             // (`sl_svcnet4`), as the agent programs it.
             state.cluster_ips.insert(self.vip(i).into());
         }
+        // As the agent's sync task does when cluster IPs or service CIDRs
+        // change: a reconcile that sees the same version (an endpoint
+        // change) leaves `sl_svcnet4/6` alone. At 0 every reconcile
+        // compared every cluster IP (23.7 ms per endpoint change at
+        // 100,000 services in the 2026-11-25 run).
+        state.nets_version = 1;
         state
     }
 
