@@ -67,8 +67,8 @@ pub enum Action {
     Redirect,
     /// Rewritten but not sendable: dropped (`xdp_aborted`).
     Aborted,
-    /// Dropped (`xdp_drop`) for this reason (counted by it): every drop
-    /// has one, and is an event for `sluice monitor`, which the function
+    /// Dropped (`xdp_drop`) for this reason, which `run` counts: every
+    /// drop has one, and is an event for `sluice monitor`, which the function
     /// holding the flow emits (`refused4`, `xdp6::refused6`) so that the
     /// emitting call stays off the deep chains (512 bytes of stack).
     Refused(Stat),
@@ -98,7 +98,8 @@ pub fn run(ctx: &XdpContext) -> u32 {
             count(Stat::XdpPass);
             xdp_action::XDP_PASS
         }
-        Action::Refused(_) => {
+        Action::Refused(reason) => {
+            count(reason);
             count(Stat::XdpDrop);
             xdp_action::XDP_DROP
         }
@@ -238,7 +239,6 @@ fn unserved(flow: &Flow4) -> Action {
     if CONNTRACK_V4.get_ptr(flow.ct_key()).is_some() {
         return Action::Pass;
     }
-    count(Stat::UnallocatedIp);
     Action::Refused(Stat::UnallocatedIp)
 }
 
@@ -298,13 +298,11 @@ fn new_flow(ctx: *mut xdp_md, flow: &Flow4, master: &SvcValue, now: u64, tot_len
         return Action::Pass;
     }
     if master.flags & SVC_F_SOURCE_RANGES != 0 && !maps::source_allowed(master.svc_id, flow.src) {
-        count(Stat::SourceDenied);
         return Action::Refused(Stat::SourceDenied);
     }
     match candidates(master) {
         Pick::Slots(..) => {}
         Pick::Drop => {
-            count(Stat::NoBackendDrop);
             return Action::Refused(Stat::NoBackendDrop);
         }
         Pick::Reject => return Action::Pass,
@@ -344,7 +342,6 @@ fn new_flow(ctx: *mut xdp_md, flow: &Flow4, master: &SvcValue, now: u64, tot_len
     };
     let port = claim(flow, &nf, baddr, bport, src);
     if port == 0 {
-        count(Stat::SnatFailed);
         return Action::Refused(Stat::SnatFailed);
     }
     count(Stat::NewFlow);

@@ -171,7 +171,6 @@ fn unserved6(s: &mut Scratch6) -> Action {
     if CONNTRACK_V6.get_ptr(&s.ct_key).is_some() {
         return Action::Pass;
     }
-    count(Stat::UnallocatedIp);
     Action::Refused(Stat::UnallocatedIp)
 }
 
@@ -292,13 +291,11 @@ fn screen6(ctx: *mut xdp_md, s: &mut Scratch6, master: &SvcValue) -> Option<Acti
     if master.flags & SVC_F_SOURCE_RANGES != 0
         && !maps::source_allowed6(&mut s.range_key, master.svc_id, &s.flow.src)
     {
-        count(Stat::SourceDenied);
         return Some(Action::Refused(Stat::SourceDenied));
     }
     match candidates(master) {
         Pick::Slots(..) => {}
         Pick::Drop => {
-            count(Stat::NoBackendDrop);
             return Some(Action::Refused(Stat::NoBackendDrop));
         }
         Pick::Reject => return Some(Action::Pass),
@@ -347,7 +344,6 @@ fn commit6(
     let h = ingress6::hash(&s.flow);
     let port = claim6(s, master.svc_id, backend_id, h);
     if port == 0 {
-        count(Stat::SnatFailed);
         return Action::Refused(Stat::SnatFailed);
     }
     count(Stat::NewFlow);
