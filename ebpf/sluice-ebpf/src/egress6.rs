@@ -5,7 +5,7 @@
 #![allow(clippy::needless_borrows_for_generic_args)]
 
 use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
-use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat, IPPROTO_TCP};
+use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat};
 
 use crate::events;
 use crate::{
@@ -62,10 +62,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     if kind != CtKind::Reply as u8 || flags & CT_F_SNAT != 0 {
         return Ok(Verdict::Next);
     }
-    if flow.proto == IPPROTO_TCP
-        && flow.tcp_flags & TCP_SYN != 0
-        && reused_reply6(flow, entry, &mut s.ct_key)
-    {
+    if flow.has_tcp_flag(TCP_SYN) && reused_reply6(flow, entry, &mut s.ct_key) {
         return Ok(Verdict::Next);
     }
     note_reply6(flow, entry);
