@@ -9,7 +9,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::netns::Netns;
+use crate::{fuzz::packet, netns::Netns};
 
 pub const TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -415,15 +415,6 @@ impl Drop for Prober {
     }
 }
 
-/// One's-complement sum of `data` (as 16-bit big-endian words) onto `sum`.
-pub fn sum16(data: &[u8], mut sum: u32) -> u32 {
-    for pair in data.chunks(2) {
-        let hi = u32::from(pair[0]) << 8;
-        sum += hi | pair.get(1).map_or(0, |&lo| u32::from(lo));
-    }
-    sum
-}
-
 /// An IPv6 UDP datagram `src:port -> dst:port_dst` with a type 0 routing
 /// header (one address, `waypoint`) and `segments_left`, for a raw socket.
 /// The UDP checksum is over the final destination: `waypoint` while a
@@ -436,36 +427,19 @@ pub fn routed_udp(
     sport: u16,
     dport: u16,
 ) -> Vec<u8> {
-    let payload = b"routed";
-    let udp_len = 8 + payload.len();
-    let mut pkt = Vec::new();
-    pkt.extend_from_slice(&[0x60, 0, 0, 0]);
-    pkt.extend_from_slice(&((24 + udp_len) as u16).to_be_bytes());
-    pkt.extend_from_slice(&[43, 64]); // routing header next, hop limit
-    pkt.extend_from_slice(&src.octets());
-    pkt.extend_from_slice(&dst.octets());
-    // Routing header: UDP next, 24 bytes, type 0, segments left, reserved.
-    pkt.extend_from_slice(&[17, 2, 0, segments_left, 0, 0, 0, 0]);
-    pkt.extend_from_slice(&waypoint.octets());
-    let mut udp = Vec::new();
-    udp.extend_from_slice(&sport.to_be_bytes());
-    udp.extend_from_slice(&dport.to_be_bytes());
-    udp.extend_from_slice(&(udp_len as u16).to_be_bytes());
-    udp.extend_from_slice(&[0, 0]);
-    udp.extend_from_slice(payload);
     let last = if segments_left > 0 { waypoint } else { dst };
-    let mut sum = sum16(&src.octets(), 0);
-    sum = sum16(&last.octets(), sum);
-    sum += udp_len as u32 + 17;
-    sum = sum16(&udp, sum);
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    let check = match !(sum as u16) {
-        0 => 0xffff,
-        c => c,
-    };
-    udp[6..8].copy_from_slice(&check.to_be_bytes());
+    let udp = packet::udp(
+        &src.octets(),
+        &last.octets(),
+        sport,
+        dport,
+        b"routed",
+        false,
+    );
+    let mut pkt = packet::ipv6_header(src.octets(), dst.octets(), 43, 24 + udp.len());
+    // Routing header: UDP next, 24 bytes, type 0, segments left, reserved.
+    pkt.extend_from_slice(&[packet::UDP, 2, 0, segments_left, 0, 0, 0, 0]);
+    pkt.extend_from_slice(&waypoint.octets());
     pkt.extend_from_slice(&udp);
     pkt
 }
