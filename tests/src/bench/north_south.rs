@@ -63,6 +63,7 @@ use sluice_common::Stat;
 use super::{env::TempFile, stats::Rate};
 use crate::{
     bpf::{ifindex, xdp_live_frames, WireAction, WireXdp},
+    fuzz::packet,
     lb::{service, Lb},
     topology::receive_xdp_frames,
     Netns, Topology,
@@ -471,45 +472,33 @@ fn mac(ns: &Netns, dev: &str) -> Result<String> {
 /// (source port rewritten per packet by the generator's program),
 /// checksum 0, as a UDP sender may.
 fn frame(dmac: [u8; 6], smac: [u8; 6], src: Ipv4Addr, dst: Ipv4Addr, dport: u16) -> Vec<u8> {
-    let mut f = Vec::with_capacity(14 + 20 + 8 + PAYLOAD);
+    let (src, dst) = (src.octets(), dst.octets());
+    let udp = packet::udp(&src, &dst, 20000, dport, &[0x41; PAYLOAD], true);
+    let mut f = Vec::with_capacity(packet::ETH_LEN + 20 + udp.len());
     f.extend_from_slice(&dmac);
     f.extend_from_slice(&smac);
-    f.extend_from_slice(&0x0800u16.to_be_bytes());
-    let total = (20 + 8 + PAYLOAD) as u16;
-    let mut ip = [0u8; 20];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&total.to_be_bytes());
-    ip[6] = 0x40; // DF
-    ip[8] = 64;
-    ip[9] = 17;
-    ip[12..16].copy_from_slice(&src.octets());
-    ip[16..20].copy_from_slice(&dst.octets());
-    let mut sum: u32 = ip
-        .chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-    f.extend_from_slice(&ip);
-    f.extend_from_slice(&20000u16.to_be_bytes());
-    f.extend_from_slice(&dport.to_be_bytes());
-    f.extend_from_slice(&((8 + PAYLOAD) as u16).to_be_bytes());
-    f.extend_from_slice(&[0, 0]);
-    f.extend_from_slice(&[0x41; PAYLOAD]);
+    f.extend_from_slice(&packet::ETH_P_IP.to_be_bytes());
+    // TTL 64, id 0, DF.
+    f.extend_from_slice(&packet::ipv4_header(
+        src,
+        dst,
+        packet::UDP,
+        udp.len(),
+        &[],
+        64,
+        0,
+        0x4000,
+    ));
+    f.extend_from_slice(&udp);
     f
 }
 
-fn parse_mac(s: &str) -> Result<[u8; 6]> {
-    let bytes: Vec<u8> = s
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16))
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("MAC address {s}"))?;
-    bytes
-        .try_into()
-        .map_err(|_| anyhow::anyhow!("MAC address {s}"))
+/// `mac` as bytes.
+fn mac_octets(ns: &Netns, dev: &str) -> Result<[u8; 6]> {
+    let text = mac(ns, dev)?;
+    packet::unhex(&text.replace(':', ""))
+        .and_then(|b| b.try_into().ok())
+        .with_context(|| format!("MAC address {text}"))
 }
 
 /// Busy ticks (user, nice, system, irq, softirq, steal) of one CPU.
@@ -553,8 +542,8 @@ struct Blast {
 fn blast(rig: &Rig, dst: Ipv4Addr, dport: u16, seconds: f64) -> Result<Blast> {
     let ext = &rig.node1.externals[0];
     let frame = frame(
-        parse_mac(&mac(&rig.node1.node, "e0")?)?,
-        parse_mac(&mac(&ext.ns, "eth0")?)?,
+        mac_octets(&rig.node1.node, "e0")?,
+        mac_octets(&ext.ns, "eth0")?,
         ext.ip,
         dst,
         dport,
