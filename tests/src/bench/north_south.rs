@@ -386,15 +386,21 @@ fn nftables_rules(backend: Ipv4Addr) -> String {
     )
 }
 
-/// One counter of a veth's `ethtool -S` (`rx_queue_0_xdp_drops`, ...).
-fn veth_stat(ns: &Netns, dev: &str, name: &str) -> Result<u64> {
+/// The sum of counters `names` of a veth's `ethtool -S`
+/// (`rx_queue_0_xdp_drops`, ...), read in one call.
+fn veth_stats(ns: &Netns, dev: &str, names: &[&str]) -> Result<u64> {
     let out = crate::netns::run(ns.command("ethtool").args(["-S", dev]))?;
     let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .filter_map(|l| l.trim().split_once(':'))
-        .find(|(k, _)| k.trim() == name)
-        .and_then(|(_, v)| v.trim().parse().ok())
-        .with_context(|| format!("{name} in `ethtool -S {dev}`"))
+    let mut total = 0;
+    for name in names {
+        total += text
+            .lines()
+            .filter_map(|l| l.trim().split_once(':'))
+            .find(|(k, _)| k.trim() == *name)
+            .and_then(|(_, v)| v.trim().parse::<u64>().ok())
+            .with_context(|| format!("{name} in `ethtool -S {dev}`"))?;
+    }
+    Ok(total)
 }
 
 /// Turns on threaded NAPI for `dev` of `ns` and pins its kernel threads
@@ -548,11 +554,14 @@ fn blast(rig: &Rig, dst: Ipv4Addr, dport: u16, seconds: f64) -> Result<Blast> {
         dst,
         dport,
     );
-    let offered = || -> Result<u64> {
-        Ok(veth_stat(&ext.ns, "eth0", "tx_queue_0_xdp_xmit")?
-            + veth_stat(&ext.ns, "eth0", "tx_queue_0_xdp_xmit_errors")?)
+    let offered = || {
+        veth_stats(
+            &ext.ns,
+            "eth0",
+            &["tx_queue_0_xdp_xmit", "tx_queue_0_xdp_xmit_errors"],
+        )
     };
-    let delivered = || veth_stat(&rig.node2.node, "u0", "rx_queue_0_xdp_drops");
+    let delivered = || veth_stats(&rig.node2.node, "u0", &["rx_queue_0_xdp_drops"]);
     let (offered0, delivered0) = (offered()?, delivered()?);
     let busy0 = cpu_busy_ticks(NODE_CPU);
     let start = Instant::now();
