@@ -48,13 +48,8 @@ pub(crate) fn fd(rc: i64) -> io::Result<OwnedFd> {
 
 /// (link id, program id) of every TCX link on `device` of `ns`.
 pub fn tcx_links(ns: &Netns, device: &str, attach_type: u32) -> Result<Vec<(u32, u32)>> {
-    let device = CString::new(device)?;
+    let ifindex = ifindex(ns, device)?;
     ns.run(move || -> Result<Vec<(u32, u32)>> {
-        // SAFETY: a valid NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(device.as_ptr()) };
-        if ifindex == 0 {
-            bail!("no device {device:?}");
-        }
         let mut progs = [0u32; 64];
         let mut links = [0u32; 64];
         let mut attr = [0u8; 128];
@@ -83,30 +78,19 @@ pub struct ForeignTcx {
 
 impl ForeignTcx {
     pub fn attach(ns: &Netns, device: &str, attach_type: u32) -> Result<Self> {
-        let dev = CString::new(device)?;
-        let link = ns.run(move || -> Result<OwnedFd> {
-            // r0 = -1 (TCX_NEXT); exit
-            let insns: [u8; 16] = [
-                0xb7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x95, 0, 0, 0, 0, 0, 0, 0,
-            ];
-            let license = CString::new("GPL")?;
-            let mut attr = [0u8; 128];
-            put(&mut attr, 0, &BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
-            put(&mut attr, 4, &2u32.to_ne_bytes());
-            put(&mut attr, 8, &(insns.as_ptr() as u64).to_ne_bytes());
-            put(&mut attr, 16, &(license.as_ptr() as u64).to_ne_bytes());
-            put(&mut attr, 48, b"foreign_next");
-            let prog = fd(sys_bpf(BPF_PROG_LOAD, &mut attr).context("BPF_PROG_LOAD")?)?;
-            // SAFETY: a valid NUL-terminated name.
-            let ifindex = unsafe { libc::if_nametoindex(dev.as_ptr()) };
-            let mut attr = [0u8; 128];
-            put(&mut attr, 0, &(prog.as_raw_fd() as u32).to_ne_bytes());
-            put(&mut attr, 4, &ifindex.to_ne_bytes());
-            put(&mut attr, 8, &attach_type.to_ne_bytes());
-            Ok(fd(
-                sys_bpf(BPF_LINK_CREATE, &mut attr).context("BPF_LINK_CREATE")?
-            )?)
-        })??;
+        // r0 = -1 (TCX_NEXT); exit
+        let insns: [u8; 16] = [
+            0xb7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x95, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        let license = CString::new("GPL")?;
+        let mut attr = [0u8; 128];
+        put(&mut attr, 0, &BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
+        put(&mut attr, 4, &2u32.to_ne_bytes());
+        put(&mut attr, 8, &(insns.as_ptr() as u64).to_ne_bytes());
+        put(&mut attr, 16, &(license.as_ptr() as u64).to_ne_bytes());
+        put(&mut attr, 48, b"foreign_next");
+        let prog = fd(sys_bpf(BPF_PROG_LOAD, &mut attr).context("BPF_PROG_LOAD")?)?;
+        let link = link_create(ns, &prog, device, attach_type, 0)?;
         let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", link.as_raw_fd()))?;
         let link_id = info
             .lines()
@@ -394,24 +378,31 @@ pub struct WireXdp {
 impl WireXdp {
     pub fn attach(ns: &Netns, device: &str, action: WireAction) -> Result<Self> {
         let prog = action.load()?;
-        let dev = CString::new(device)?;
-        let link = ns.run(move || -> Result<OwnedFd> {
-            // SAFETY: a valid NUL-terminated name.
-            let ifindex = unsafe { libc::if_nametoindex(dev.as_ptr()) };
-            if ifindex == 0 {
-                bail!("no device {dev:?}");
-            }
-            let mut attr = [0u8; 128];
-            put(&mut attr, 0, &(prog.as_raw_fd() as u32).to_ne_bytes());
-            put(&mut attr, 4, &ifindex.to_ne_bytes());
-            put(&mut attr, 8, &BPF_XDP.to_ne_bytes());
-            put(&mut attr, 12, &XDP_FLAGS_DRV_MODE.to_ne_bytes());
-            Ok(fd(
-                sys_bpf(BPF_LINK_CREATE, &mut attr).context("BPF_LINK_CREATE (xdp, native)")?
-            )?)
-        })??;
+        let link = link_create(ns, &prog, device, BPF_XDP, XDP_FLAGS_DRV_MODE)?;
         Ok(Self { _link: link })
     }
+}
+
+/// Attaches `prog` to `device` of `ns` (`attach_type`, `flags`) by a
+/// link, which the returned fd holds.
+fn link_create(
+    ns: &Netns,
+    prog: &OwnedFd,
+    device: &str,
+    attach_type: u32,
+    flags: u32,
+) -> Result<OwnedFd> {
+    let ifindex = ifindex(ns, device)?;
+    ns.run(move || -> Result<OwnedFd> {
+        let mut attr = [0u8; 128];
+        put(&mut attr, 0, &(prog.as_raw_fd() as u32).to_ne_bytes());
+        put(&mut attr, 4, &ifindex.to_ne_bytes());
+        put(&mut attr, 8, &attach_type.to_ne_bytes());
+        put(&mut attr, 12, &flags.to_ne_bytes());
+        let rc = sys_bpf(BPF_LINK_CREATE, &mut attr)
+            .with_context(|| format!("BPF_LINK_CREATE (attach type {attach_type}) on {device}"))?;
+        Ok(fd(rc)?)
+    })?
 }
 
 /// Runs the XDP program `prog` in live-frames mode (the kernel's XDP
