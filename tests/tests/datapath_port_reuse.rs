@@ -17,7 +17,7 @@ use std::{
 use anyhow::{Context, Result};
 use sluice::model::{BackendState, Proto};
 use sluice_tests::{
-    lb::{cluster_ip, cluster_ip6, vip, vip6, Lb},
+    lb::{cluster_ips, Lb},
     servers, Netns, Topology,
 };
 use socket2::{Domain, Socket, Type};
@@ -72,31 +72,20 @@ fn reuse(v6: bool, reset: bool) -> Result<()> {
         servers::tcp_greeter(&b.ns, 8080, &b.name)?
     };
     let mut lb = Lb::load(&topo)?;
-    let (service, direct) = if v6 {
-        lb.set(cluster_ip6(
-            "web6",
-            VIP6,
-            80,
-            Proto::Tcp,
-            &[(b.ip6, 8080, BackendState::Active)],
-        ));
-        (
-            SocketAddr::from(vip6(VIP6, 80)),
-            SocketAddr::new(IpAddr::V6(b.ip6), 8080),
-        )
+    let vip = if v6 {
+        IpAddr::V6(VIP6)
     } else {
-        lb.set(cluster_ip(
-            "web",
-            VIP,
-            80,
-            Proto::Tcp,
-            &[(b.ip, 8080, BackendState::Active)],
-        ));
-        (
-            SocketAddr::from(vip(VIP, 80)),
-            SocketAddr::new(IpAddr::V4(b.ip), 8080),
-        )
+        IpAddr::V4(VIP)
     };
+    let backend = b.addr(v6);
+    lb.set(cluster_ips(
+        "web",
+        &[vip],
+        80,
+        Proto::Tcp,
+        &[(backend, 8080, BackendState::Active)],
+    ));
+    let (service, direct) = (SocketAddr::new(vip, 80), SocketAddr::new(backend, 8080));
     let client = &topo.clients[0];
     for port in [41_000u16, 41_001, 41_002] {
         assert_eq!(greet_from(&client.ns, port, service, reset)?, b.name);
