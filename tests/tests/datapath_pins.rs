@@ -312,3 +312,84 @@ fn a_service_that_does_not_fit_is_refused_whole_and_others_keep_working() -> Res
     );
     Ok(())
 }
+
+/// Issue 17: the writer hands runs of entries of one map to the kernel as
+/// one `BPF_MAP_UPDATE_BATCH`, keeps their order across maps, and a batch
+/// that meets a full map stops at the first entry that did not fit and
+/// says how many went in: exactly those are in the map.
+#[test]
+fn a_batch_of_writes_goes_in_order_and_stops_where_a_map_is_full() -> Result<()> {
+    use sluice::{
+        datapath::{Entry, MapReads, MapWrites, ServiceKey, WriteError},
+        reconcile::BackendId,
+    };
+    use sluice_common::{Backend, Svc4Key, SvcValue};
+
+    let root = sluice_tests::topology::BpfRoot::create()?;
+    let sizes = MapSizes {
+        backends: 4,
+        ..MapSizes::default()
+    };
+    let (_datapath, maps) = Datapath::load(root.path(), &sizes)?;
+    let mut writer = MapWriter::new(maps);
+    let backend = |i: u8| Backend {
+        addr: [10, 30, 0, i, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        port: 8080,
+        family: sluice_common::FAMILY_V4,
+        state: BackendState::Active as u8,
+        svc_id: 7,
+    };
+    let backends: Vec<Backend> = (1..=6).map(backend).collect();
+    let ids: Vec<BackendId> = (1..=6).map(BackendId).collect();
+    let key = |slot: u16| ServiceKey::V4(Svc4Key::new([10, 96, 0, 9], 80, 6, slot));
+    let slot = |id: u32| SvcValue {
+        svc_id: 7,
+        backend_id: id,
+        ..SvcValue::default()
+    };
+    let slots = [slot(1), slot(2)];
+    let master = SvcValue {
+        svc_id: 7,
+        active: 2,
+        total: 2,
+        ..SvcValue::default()
+    };
+    // Backends, slots, master: three runs, in that order.
+    let entries = [
+        Entry::Backend(ids[0], &backends[0]),
+        Entry::Backend(ids[1], &backends[1]),
+        Entry::Service(key(1), &slots[0]),
+        Entry::Service(key(2), &slots[1]),
+        Entry::Service(key(0), &master),
+    ];
+    writer
+        .put_batch(&entries)
+        .map_err(|(n, e)| anyhow::anyhow!("after {n}: {e}"))?;
+    assert_eq!(writer.writes(), 5);
+    let (state, _) = writer.state()?;
+    assert_eq!(state.backends.len(), 2, "both backends in sl_backends");
+    assert_eq!(
+        state.service_entries(),
+        3,
+        "master and two slots in sl_svc4"
+    );
+
+    // Four more backends into a map with room for two more.
+    let more: Vec<Entry<'_>> = (2..6)
+        .map(|i| Entry::Backend(ids[i], &backends[i]))
+        .collect();
+    match writer.put_batch(&more) {
+        Err((2, WriteError::Full { map })) => assert_eq!(map, "sl_backends"),
+        other => panic!("expected the third of four to find sl_backends full, got {other:?}"),
+    }
+    assert_eq!(writer.writes(), 7, "the two that fitted count as writes");
+    let (state, _) = writer.state()?;
+    let mut have: Vec<u32> = state.backends.keys().map(|id| id.get()).collect();
+    have.sort();
+    assert_eq!(
+        have,
+        vec![1, 2, 3, 4],
+        "exactly the entries before the full one"
+    );
+    Ok(())
+}

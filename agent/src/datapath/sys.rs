@@ -17,6 +17,7 @@ const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_UPDATE: libc::c_long = 29;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 
 /// `BPF_NOEXIST`: insert only.
 pub const NOEXIST: u64 = 1;
@@ -167,6 +168,29 @@ pub fn map_update(fd: BorrowedFd<'_>, key: &[u8], value: &[u8], flags: u64) -> i
     attr[2] = value.as_ptr() as u64;
     attr[3] = flags;
     bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
+}
+
+/// `BPF_MAP_UPDATE_BATCH`: puts `keys.len() / key_size` entries in order,
+/// `keys` and `values` packed back to back (`values` at the map's value
+/// size). On failure, how many entries went in before the one that
+/// failed (the kernel writes that count back), and the error.
+pub fn map_update_batch(
+    fd: BorrowedFd<'_>,
+    keys: &[u8],
+    values: &[u8],
+    count: u32,
+) -> Result<(), (u32, io::Error)> {
+    // union bpf_attr, batch: in_batch, out_batch, keys, values (u64 each),
+    // count, map_fd (u32 each), elem_flags, flags (u64 each).
+    let mut attr = [0u64; 16];
+    attr[2] = keys.as_ptr() as u64;
+    attr[3] = values.as_ptr() as u64;
+    attr[4] = count as u64 | ((fd.as_raw_fd() as u32 as u64) << 32);
+    attr[5] = ANY;
+    match bpf(BPF_MAP_UPDATE_BATCH, &mut attr) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(((attr[4] & 0xffff_ffff) as u32, e)),
+    }
 }
 
 /// `BPF_MAP_DELETE_ELEM`; absent keys are fine.

@@ -10,13 +10,18 @@
 
 use std::net::IpAddr;
 
-use aya::maps::{lpm_trie::Key, MapError};
+use std::os::fd::AsFd;
+
+use aya::{
+    maps::{lpm_trie::Key, IterableMap, MapError},
+    sys::SyscallError,
+};
 use sluice_common::{
     maps as names, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key,
     CtEntry, MaglevTable, SockRevKey, SrcRange4, SrcRange6, Stat, SvcValue, SvcnetSummary4,
 };
 
-use super::{maps::ServiceKey, read_map_state, DatapathError, Maps, WriteError};
+use super::{maps::ServiceKey, read_map_state, sys, DatapathError, Maps, WriteError};
 use crate::{
     conntrack::{self, SocketEntries},
     reconcile::{BackendId, MapState, SourceRange, SvcId},
@@ -84,6 +89,17 @@ pub trait MapWrites: MapReads {
     /// Successful puts and deletions so far.
     fn writes(&self) -> u64;
 
+    /// Puts `entries` in their order, as if one by one (the real writer
+    /// hands each run of entries of one map to the kernel in one
+    /// `BPF_MAP_UPDATE_BATCH`). On failure: how many went in (every entry
+    /// before the one that failed, none after it), and the error.
+    fn put_batch(&mut self, entries: &[Entry<'_>]) -> Result<(), (usize, WriteError)> {
+        for (i, entry) in entries.iter().enumerate() {
+            self.put(*entry).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
+
     /// Writes the config entry (`sl_config`).
     fn write_config(&mut self, config: &Config) -> Result<(), WriteError> {
         self.put(Entry::Config(config))
@@ -108,10 +124,84 @@ impl MapWriter {
         Self { maps, writes: 0 }
     }
 
+    /// One `BPF_MAP_UPDATE_BATCH` for `entries`, all of `run`'s map.
+    fn put_run(&mut self, run: Run, entries: &[Entry<'_>]) -> Result<(), (usize, WriteError)> {
+        let (map, fd) = match run {
+            Run::Backends => (names::BACKENDS, self.maps.backends.map().fd().as_fd()),
+            Run::Services4 => (names::SERVICES_V4, self.maps.services_v4.map().fd().as_fd()),
+            Run::Services6 => (names::SERVICES_V6, self.maps.services_v6.map().fd().as_fd()),
+        };
+        let mut keys = Vec::new();
+        let mut values = Vec::new();
+        for entry in entries {
+            pack(entry, &mut keys, &mut values);
+        }
+        match sys::map_update_batch(fd, &keys, &values, entries.len() as u32) {
+            Ok(()) => {
+                self.writes += entries.len() as u64;
+                Ok(())
+            }
+            Err((done, io_error)) => {
+                let done = (done as usize).min(entries.len());
+                self.writes += done as u64;
+                let source = MapError::SyscallError(SyscallError {
+                    call: "bpf_map_update_batch",
+                    io_error,
+                });
+                Err((done, WriteError::from_map(map, source)))
+            }
+        }
+    }
+
     /// Read access to the maps.
     pub fn maps(&self) -> &Maps {
         &self.maps
     }
+}
+
+/// The maps whose runs of entries go to the kernel in one batch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Run {
+    Backends,
+    Services4,
+    Services6,
+}
+
+impl Run {
+    fn of(entry: &Entry<'_>) -> Option<Self> {
+        match entry {
+            Entry::Backend(..) => Some(Run::Backends),
+            Entry::Service(ServiceKey::V4(_), _) => Some(Run::Services4),
+            Entry::Service(ServiceKey::V6(_), _) => Some(Run::Services6),
+            _ => None,
+        }
+    }
+}
+
+/// Appends a batchable entry's key and value bytes (others have none).
+fn pack(entry: &Entry<'_>, keys: &mut Vec<u8>, values: &mut Vec<u8>) {
+    match entry {
+        Entry::Backend(id, b) => {
+            keys.extend_from_slice(&id.get().to_ne_bytes());
+            values.extend_from_slice(bytes_of(*b));
+        }
+        Entry::Service(ServiceKey::V4(k), v) => {
+            keys.extend_from_slice(bytes_of(k));
+            values.extend_from_slice(bytes_of(*v));
+        }
+        Entry::Service(ServiceKey::V6(k), v) => {
+            keys.extend_from_slice(bytes_of(k));
+            values.extend_from_slice(bytes_of(*v));
+        }
+        _ => {}
+    }
+}
+
+/// The bytes of a map key or value (`#[repr(C)]`, padding explicit).
+fn bytes_of<T: aya::Pod>(value: &T) -> &[u8] {
+    // SAFETY: `T: Pod` is plain old data without implicit padding; the
+    // slice covers exactly the value and lives as long as the borrow.
+    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }
 }
 
 fn lpm4(net: SourceRange, a: std::net::Ipv4Addr) -> Key<[u8; 4]> {
@@ -259,5 +349,25 @@ impl MapWrites for MapWriter {
 
     fn writes(&self) -> u64 {
         self.writes
+    }
+
+    fn put_batch(&mut self, entries: &[Entry<'_>]) -> Result<(), (usize, WriteError)> {
+        let mut start = 0;
+        while start < entries.len() {
+            let run = Run::of(&entries[start]);
+            let len = entries[start..]
+                .iter()
+                .take_while(|e| run.is_some() && Run::of(e) == run)
+                .count()
+                .max(1);
+            let chunk = &entries[start..start + len];
+            match run {
+                Some(run) if len > 1 => self.put_run(run, chunk),
+                _ => self.put(chunk[0]).map_err(|e| (0, e)),
+            }
+            .map_err(|(done, e)| (start + done, e))?;
+            start += len;
+        }
+        Ok(())
     }
 }

@@ -54,24 +54,34 @@ fn sync_inner<W: MapWrites>(
     // The master's slot count as programmed: the loop below grows the
     // record of the slots before the master covers them.
     let total = current.slots.len();
-    for (i, &backend_id) in target.slots.iter().enumerate() {
-        if !owner_changed && current.slots.get(i) == Some(&backend_id) {
-            continue;
-        }
-        let value = SvcValue {
-            svc_id: target.svc_id.get(),
-            backend_id: backend_id.get(),
-            ..SvcValue::default()
-        };
-        writer.put(Entry::Service(
-            ServiceKey::of(frontend, slot_number(i)),
-            &value,
-        ))?;
+    // The changed slots, in one batch.
+    let changed: Vec<(usize, ServiceKey, SvcValue)> = target
+        .slots
+        .iter()
+        .enumerate()
+        .filter(|(i, id)| owner_changed || current.slots.get(*i) != Some(*id))
+        .map(|(i, id)| {
+            let value = SvcValue {
+                svc_id: target.svc_id.get(),
+                backend_id: id.get(),
+                ..SvcValue::default()
+            };
+            (i, ServiceKey::of(frontend, slot_number(i)), value)
+        })
+        .collect();
+    let entries: Vec<Entry<'_>> = changed
+        .iter()
+        .map(|(_, key, value)| Entry::Service(*key, value))
+        .collect();
+    let result = writer.put_batch(&entries);
+    let written = result.as_ref().err().map_or(changed.len(), |(n, _)| *n);
+    for &(i, _, _) in &changed[..written] {
         if current.slots.len() <= i {
             current.slots.resize(i + 1, BackendId::default());
         }
-        current.slots[i] = backend_id;
+        current.slots[i] = target.slots[i];
     }
+    result.map_err(|(_, e)| e)?;
     // A table exists before a master entry that flags it.
     let table_changed = owner_changed || current.maglev != target.maglev;
     if table_changed && !target.maglev.is_empty() {

@@ -824,14 +824,31 @@ impl<W: MapWrites> Reconciler<W> {
                 Err(e) => report.errors.push(e),
             }
         }
-        for (bid, b) in &plan.backends {
-            if self.programmed.backends.get(bid) == Some(b) {
-                continue;
+        let changed: Vec<(BackendId, Backend)> = plan
+            .backends
+            .iter()
+            .filter(|(bid, b)| self.programmed.backends.get(bid) != Some(b))
+            .copied()
+            .collect();
+        let entries: Vec<Entry<'_>> = changed
+            .iter()
+            .map(|(bid, b)| Entry::Backend(*bid, b))
+            .collect();
+        let mut rest = &changed[..];
+        let mut batch = &entries[..];
+        // One batch; after a failed entry, the rest as a batch again.
+        while !batch.is_empty() {
+            let (written, failed) = match self.writer.put_batch(batch) {
+                Ok(()) => (batch.len(), None),
+                Err((n, e)) => (n, Some(e)),
+            };
+            for (bid, b) in &rest[..written] {
+                self.set_backend(*bid, *b);
             }
-            match self.writer.put(Entry::Backend(*bid, b)) {
-                Ok(()) => self.set_backend(*bid, *b),
-                Err(e) => report.errors.push(e),
-            }
+            let skip = written + usize::from(failed.is_some());
+            report.errors.extend(failed);
+            rest = &rest[skip.min(rest.len())..];
+            batch = &batch[skip.min(batch.len())..];
         }
         let mut frontends: Vec<&(FrontendKey, FrontendState)> = plan
             .frontends
