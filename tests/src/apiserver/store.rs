@@ -14,6 +14,7 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Result};
+use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use super::{kinds::ResourceKind, watch::Registry};
@@ -50,10 +51,30 @@ pub(crate) enum SnapshotError {
     TooLarge { current: u64 },
 }
 
+/// A stored object and its JSON as an item of a list (without `kind` and
+/// `apiVersion`, as a real server's list items), serialized once when
+/// stored: a list of 100,000 objects copies bytes instead of cloning and
+/// serializing 100,000 JSON trees (a real server lists from its watch
+/// cache; this one must not be the bottleneck of the agent's start).
+struct Stored {
+    value: Value,
+    item: Bytes,
+}
+
+/// The JSON of `obj` as a list item.
+pub(crate) fn list_item(obj: &Value) -> Bytes {
+    let mut item = obj.clone();
+    if let Some(map) = item.as_object_mut() {
+        map.remove("kind");
+        map.remove("apiVersion");
+    }
+    Bytes::from(serde_json::to_vec(&item).unwrap_or_default())
+}
+
 pub(crate) struct Store {
     rv: u64,
     compacted: u64,
-    objects: BTreeMap<Key, Value>,
+    objects: BTreeMap<Key, Stored>,
     history: VecDeque<Arc<Change>>,
     next_uid: u64,
     pub watchers: Registry,
@@ -108,11 +129,15 @@ impl Store {
     pub fn get(&self, kind: ResourceKind, namespace: &str, name: &str) -> Option<&Value> {
         self.objects
             .get(&(kind, namespace.to_owned(), name.to_owned()))
+            .map(|s| &s.value)
     }
 
     /// Current objects of `kind`, in key order.
     pub fn current(&self, kind: ResourceKind) -> impl Iterator<Item = (&Key, &Value)> {
-        self.objects.iter().filter(move |(k, _)| k.0 == kind)
+        self.objects
+            .iter()
+            .filter(move |(k, _)| k.0 == kind)
+            .map(|(k, s)| (k, &s.value))
     }
 
     /// The whole list of `kind` as it was at `at` (tests; the server
@@ -124,13 +149,17 @@ impl Store {
         at: u64,
     ) -> Result<BTreeMap<Key, Value>, SnapshotError> {
         let (items, _) = self.page(kind, at, None, None, true, |_| true)?;
-        Ok(items.into_iter().collect())
+        Ok(items
+            .into_iter()
+            .map(|(k, item)| (k, serde_json::from_slice(&item).unwrap_or_default()))
+            .collect())
     }
 
     /// One page of the list of `kind` as it was at `at`: the objects after
     /// key `after` (in key order) that `keep` accepts, at most `limit` of
     /// them, and how many more such objects follow (with `count_rest`
-    /// false, only whether any does: 0 or 1). Only the page is cloned and
+    /// false, only whether any does: 0 or 1), each as its list item JSON
+    /// (see [`Stored`]). Only the page is copied and
     /// the walk starts after `after`, so paginating through N objects costs
     /// O(N) clones and filter checks, not O(N^2 / limit); counting the rest
     /// walks it once more per page, as a real server's
@@ -144,7 +173,7 @@ impl Store {
         limit: Option<usize>,
         count_rest: bool,
         mut keep: impl FnMut(&Value) -> bool,
-    ) -> Result<(Vec<(Key, Value)>, usize), SnapshotError> {
+    ) -> Result<(Vec<(Key, Bytes)>, usize), SnapshotError> {
         if at < self.compacted {
             return Err(SnapshotError::Expired {
                 compacted: self.compacted,
@@ -170,16 +199,18 @@ impl Store {
             None => std::ops::Bound::Included((kind, String::new(), String::new())),
         };
         let beyond = |k: &Key| after.is_none_or(|a| k > a);
+        // The range starts after `after` already.
         let mut current = self
             .objects
             .range((start, std::ops::Bound::Unbounded))
             .take_while(|(k, _)| k.0 == kind)
-            .filter(|(k, _)| beyond(k) && !overlay.contains_key(*k))
+            .filter(|(k, _)| overlay.is_empty() || !overlay.contains_key(*k))
+            .map(|(k, s)| (k, Item::Stored(s)))
             .peekable();
         let mut past = overlay
             .iter()
             .filter(|(k, _)| beyond(k))
-            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .filter_map(|(k, v)| v.map(|v| (k, Item::Past(v))))
             .peekable();
         let mut items = Vec::new();
         let mut remaining = 0;
@@ -196,8 +227,8 @@ impl Store {
                     }
                 }
             };
-            let Some((key, value)) = next else { break };
-            if !keep(value) {
+            let Some((key, item)) = next else { break };
+            if !keep(item.value()) {
                 continue;
             }
             if limit.is_some_and(|l| items.len() >= l) {
@@ -206,7 +237,7 @@ impl Store {
                     break;
                 }
             } else {
-                items.push((key.clone(), value.clone()));
+                items.push((key.clone(), item.bytes()));
             }
         }
         Ok((items, remaining))
@@ -286,7 +317,7 @@ impl Store {
             .unwrap_or_default()
             .to_owned();
         let key = (kind, namespace, name);
-        let existing = self.objects.get(&key).cloned();
+        let existing = self.objects.get(&key).map(|s| s.value.clone());
         let keep = |field: &str| {
             existing
                 .as_ref()
@@ -319,7 +350,14 @@ impl Store {
         }
         self.rv += 1;
         set_rv(&mut obj, self.rv);
-        self.objects.insert(key, obj.clone());
+        let item = list_item(&obj);
+        self.objects.insert(
+            key,
+            Stored {
+                value: obj.clone(),
+                item,
+            },
+        );
         self.commit(kind, existing, Some(obj.clone()));
         Ok(obj)
     }
@@ -330,12 +368,35 @@ impl Store {
         let namespace = if kind.namespaced() { namespace } else { "" };
         let prev = self
             .objects
-            .remove(&(kind, namespace.to_owned(), name.to_owned()))?;
+            .remove(&(kind, namespace.to_owned(), name.to_owned()))?
+            .value;
         self.rv += 1;
         let mut gone = prev.clone();
         set_rv(&mut gone, self.rv);
         self.commit(kind, Some(prev), None);
         Some(gone)
+    }
+}
+
+/// An object of a page: stored now, or as it was (from the history).
+enum Item<'a> {
+    Stored(&'a Stored),
+    Past(&'a Value),
+}
+
+impl Item<'_> {
+    fn value(&self) -> &Value {
+        match self {
+            Item::Stored(s) => &s.value,
+            Item::Past(v) => v,
+        }
+    }
+
+    fn bytes(&self) -> Bytes {
+        match self {
+            Item::Stored(s) => s.item.clone(),
+            Item::Past(v) => list_item(v),
+        }
     }
 }
 
