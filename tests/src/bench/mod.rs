@@ -16,6 +16,7 @@ pub mod cpu;
 pub mod env;
 pub mod events;
 pub mod kubeproxy;
+pub mod mapwrites;
 pub mod north_south;
 pub mod progcost;
 pub mod report;
@@ -391,6 +392,9 @@ pub struct Results {
     /// The north-south scenario (`north_south`).
     #[serde(default)]
     pub north_south: Option<north_south::NorthSouth>,
+    /// The kernel's cost of writing map entries (`mapwrites`).
+    #[serde(default)]
+    pub map_writes: Option<mapwrites::MapWriteCost>,
 }
 
 /// Maps big enough for the largest N of the run, used at every N (a real
@@ -1013,6 +1017,20 @@ pub fn run(cfg: &Config) -> Result<Results> {
     } else {
         &cfg.sizes
     };
+    if !sizes_to_run.is_empty() {
+        // As many entries as the largest N's backends.
+        let entries = (max_n * ENDPOINTS).max(10_000);
+        eprintln!("map writes: kernel cost per entry, {entries} entries");
+        match mapwrites::run(entries) {
+            Ok(cost) => {
+                for c in &cost.cases {
+                    eprintln!("  {} batch {}: {:.0} ns", c.map, c.batch, c.ns_per_entry);
+                }
+                results.map_writes = Some(cost);
+            }
+            Err(e) => eprintln!("map writes not measured: {e:#}"),
+        }
+    }
     for &n in sizes_to_run {
         let size = run_size(n, cfg, sizes, &mut history)?;
         results.sizes.push(size);
