@@ -123,6 +123,8 @@ impl Store<SliceInfo> for Slices<'_> {
             let svc = owner(key, new);
             let set = self.index.entry(svc.clone()).or_default();
             if let Err(at) = set.binary_search(key) {
+                // Most services have one slice: no room for four.
+                set.reserve_exact(1);
                 set.insert(at, key.clone());
             }
             dirty.services.insert(svc);

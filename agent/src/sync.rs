@@ -130,6 +130,7 @@ impl Desired {
                 if !t.problems.is_empty() {
                     self.problems_of.insert(key.clone(), t.problems);
                 }
+                new_names.reserve_exact(t.ports.len());
                 for (name, desired) in t.ports {
                     if old.get(&name) != Some(&desired) {
                         changed.insert(name.clone());

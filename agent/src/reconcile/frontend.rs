@@ -74,6 +74,11 @@ fn sync_inner<W: MapWrites>(
         .map(|(_, key, value)| Entry::Service(*key, value))
         .collect();
     let result = writer.put_batch(&entries);
+    // The record holds as many slots as programmed, without spare room
+    // (100,000 frontends of 10 slots would keep 16 each).
+    current
+        .slots
+        .reserve_exact(target.slots.len().saturating_sub(current.slots.len()));
     let written = result.as_ref().err().map_or(changed.len(), |(n, _)| *n);
     for &(i, _, _) in &changed[..written] {
         if current.slots.len() <= i {

@@ -101,7 +101,9 @@ pub struct Reconciler<W = MapWriter> {
     /// Backend ids per service-port id, and frontends per service-port id
     /// (`SvcId(0)` for frontends whose master entry is missing).
     backends_of: HashMap<SvcId, BTreeSet<BackendId>>,
-    frontends_of: HashMap<SvcId, BTreeSet<FrontendKey>>,
+    /// (A sorted `Vec` each: a unit has a few frontends, and a B-tree
+    /// node holds room for eleven, 270 bytes for one at 100,000 units.)
+    frontends_of: HashMap<SvcId, Vec<FrontendKey>>,
     /// Service-map entries in `programmed`, per family.
     service_entries: FamilyCount,
     /// Maglev tables in `programmed`, per family.
@@ -387,7 +389,9 @@ impl<W: MapWrites> Reconciler<W> {
             self.maglev_tables.sub(key, 1);
         }
         if let Some(set) = self.frontends_of.get_mut(&old.svc_id) {
-            set.remove(key);
+            if let Ok(i) = set.binary_search(key) {
+                set.remove(i);
+            }
             if set.is_empty() {
                 self.frontends_of.remove(&old.svc_id);
             }
@@ -401,7 +405,11 @@ impl<W: MapWrites> Reconciler<W> {
         if !fe.maglev.is_empty() {
             self.maglev_tables.add(&key, 1);
         }
-        self.frontends_of.entry(fe.svc_id).or_default().insert(key);
+        let set = self.frontends_of.entry(fe.svc_id).or_default();
+        if let Err(i) = set.binary_search(&key) {
+            set.reserve_exact(1);
+            set.insert(i, key);
+        }
         self.programmed.frontends.insert(key, fe);
     }
 
@@ -442,7 +450,8 @@ impl<W: MapWrites> Reconciler<W> {
             .collect()
     }
 
-    fn unit_frontends(&self, svc_id: SvcId) -> BTreeSet<FrontendKey> {
+    /// The unit's frontends, in key order.
+    fn unit_frontends(&self, svc_id: SvcId) -> Vec<FrontendKey> {
         self.frontends_of.get(&svc_id).cloned().unwrap_or_default()
     }
 

@@ -860,7 +860,8 @@ impl SliceInfo {
             }
         };
 
-        let mut ports: Vec<SlicePort> = Vec::new();
+        let mut ports: Vec<SlicePort> =
+            Vec::with_capacity(slice.ports.as_ref().map_or(0, Vec::len));
         for p in slice.ports.iter().flatten() {
             // The API documents an unset name as the empty string.
             let name = p.name.clone().unwrap_or_default();
