@@ -34,6 +34,7 @@ pub struct Metrics {
     registry: Registry,
     pub sync_duration: Histogram,
     pub last_sync: FloatGauge,
+    pub first_sync: FloatGauge,
     pub frontends: Gauge,
     pub backends: Gauge,
     pub slots: Gauge,
@@ -82,6 +83,7 @@ impl Metrics {
                 prometheus_client::metrics::histogram::exponential_buckets(0.0001, 2.0, 18),
             ),
             last_sync: FloatGauge::default(),
+            first_sync: FloatGauge::default(),
             frontends: Gauge::default(),
             backends: Gauge::default(),
             slots: Gauge::default(),
@@ -119,6 +121,11 @@ impl Metrics {
             "last_sync_timestamp_seconds",
             "When the maps last equalled the desired state (Unix time)",
             m.last_sync.clone(),
+        );
+        registry.register(
+            "first_sync_duration_seconds",
+            "How long the first full sync after the start took (0 before it)",
+            m.first_sync.clone(),
         );
         registry.register(
             "programmed_frontends",

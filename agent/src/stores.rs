@@ -71,6 +71,14 @@ trait Store<T> {
     fn map(&mut self) -> &mut BTreeMap<ObjectKey, T>;
     /// Records that `key` went from `old` to what the map now holds.
     fn touched(&mut self, key: &ObjectKey, old: Option<&T>, dirty: &mut Dirty);
+
+    /// Rebuilds the map with full B-tree nodes. A list fills it in key
+    /// order, which leaves every node about half empty (at 100,000
+    /// services the services' and slices' maps held 28 MB of nothing).
+    fn compact(&mut self) {
+        let map = std::mem::take(self.map());
+        *self.map() = map.into_iter().collect();
+    }
 }
 
 struct Services<'a>(&'a mut BTreeMap<ObjectKey, ServiceInfo>);
@@ -103,6 +111,13 @@ impl Store<SliceInfo> for Slices<'_> {
     fn map(&mut self) -> &mut BTreeMap<ObjectKey, SliceInfo> {
         self.map
     }
+    fn compact(&mut self) {
+        let map = std::mem::take(self.map);
+        *self.map = map.into_iter().collect();
+        let index = std::mem::take(self.index);
+        *self.index = index.into_iter().collect();
+    }
+
     fn touched(&mut self, key: &ObjectKey, old: Option<&SliceInfo>, dirty: &mut Dirty) {
         let new = self.map.get(key);
         let has_problems = |s: Option<&SliceInfo>| s.is_some_and(|s| !s.problems.is_empty());
@@ -237,6 +252,7 @@ fn apply_change<T: PartialEq + Clone>(
             for item in items {
                 apply_one(kind, store, rejected, item, dirty);
             }
+            store.compact();
         }
         Change::ListStart => {
             listing.insert(kind, HashSet::new());
@@ -251,6 +267,7 @@ fn apply_change<T: PartialEq + Clone>(
         Change::ListEnd => {
             let listed = listing.remove(&kind).unwrap_or_default();
             remove_unlisted(kind, store, rejected, &listed, dirty);
+            store.compact();
         }
     }
 }

@@ -313,10 +313,11 @@ pub fn agent_run(
     out.vm_rss_ready_kb = agent.pid().and_then(|p| status_kb(p, "VmRSS"));
     out.cpu_to_ready_s = agent.pid().and_then(cpu_seconds);
     out.vm_hwm_ready_kb = agent.pid().and_then(|p| status_kb(p, "VmHWM"));
-    let sync_sum = agent.metric("sluice_sync_duration_seconds_sum")?;
-    let sync_count = agent.metric("sluice_sync_duration_seconds_count")?;
-    out.first_sync_reconcile = if sync_count >= 1.0 {
-        Measure::done(Duration::from_secs_f64(sync_sum / sync_count))
+    // The first sync's own figure: an average over the syncs so far
+    // would halve it when a scan's sync came before the ready check.
+    let first_sync = agent.metric("sluice_first_sync_duration_seconds")?;
+    out.first_sync_reconcile = if first_sync > 0.0 {
+        Measure::done(Duration::from_secs_f64(first_sync))
     } else {
         Measure::skipped("no sync observed".into())
     };
