@@ -108,12 +108,7 @@ pub fn cluster_ip(
 ) -> (ServicePortName, DesiredService) {
     let (namespace, name) = name.split_once('/').unwrap_or(("default", name));
     (
-        ServicePortName {
-            namespace: namespace.into(),
-            name: name.into(),
-            port: port.to_string().into(),
-            proto,
-        },
+        ServicePortName::new(namespace, name, port.to_string(), proto),
         DesiredService {
             frontends: vec![Frontend::new(
                 FrontendKey::new(IpAddr::V4(vip), port, proto),
@@ -268,12 +263,7 @@ pub fn service(
     frontends: Vec<Frontend>,
 ) -> (ServicePortName, DesiredService) {
     (
-        ServicePortName {
-            namespace: "default".into(),
-            name: name.into(),
-            port: port.to_string().into(),
-            proto,
-        },
+        ServicePortName::new("default", name, port.to_string(), proto),
         DesiredService { frontends },
     )
 }

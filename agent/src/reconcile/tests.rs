@@ -21,12 +21,7 @@ use crate::{
 };
 
 pub(crate) fn name(n: &str) -> ServicePortName {
-    ServicePortName {
-        namespace: "default".into(),
-        name: n.into(),
-        port: "http".into(),
-        proto: Proto::Tcp,
-    }
+    ServicePortName::new("default", n, "http", Proto::Tcp)
 }
 
 pub(crate) fn key(addr: &str, port: u16) -> FrontendKey {

@@ -183,12 +183,7 @@ fn every_case_gives_its_verdict() {
             failures.push(format!("{}: problems {:?}", c.name, t.problems));
             continue;
         }
-        let name = ServicePortName {
-            namespace: "default".into(),
-            name: "web".into(),
-            port: "http".into(),
-            proto: crate::model::Proto::Tcp,
-        };
+        let name = ServicePortName::new("default", "web", "http", crate::model::Proto::Tcp);
         let key = c.dest.key();
         let f = t
             .desired

@@ -264,12 +264,12 @@ pub fn translate_service(
         if list.is_empty() {
             continue;
         }
-        let name = ServicePortName {
-            namespace: key.namespace.clone(),
-            name: key.name.clone(),
-            port: crate::model::intern(&port.port_name()),
-            proto: port.proto,
-        };
+        let name = ServicePortName::new(
+            key.namespace.clone(),
+            key.name.clone(),
+            crate::model::intern(&port.port_name()),
+            port.proto,
+        );
         if !seen.insert(name.clone()) {
             out.problems.push(Problem::new(
                 object.clone(),

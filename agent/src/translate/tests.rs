@@ -46,12 +46,7 @@ fn run(services: &[Service], slices: &[EndpointSlice]) -> Translation {
 }
 
 fn spn(name: &str, port: &str, proto: Proto) -> ServicePortName {
-    ServicePortName {
-        namespace: "default".into(),
-        name: name.into(),
-        port: port.into(),
-        proto,
-    }
+    ServicePortName::new("default", name, port, proto)
 }
 
 fn tcp(name: &str, port: &str) -> ServicePortName {

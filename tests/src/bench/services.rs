@@ -114,12 +114,7 @@ impl ServiceSet {
     }
 
     fn service_port_name(&self, i: usize) -> ServicePortName {
-        ServicePortName {
-            namespace: NAMESPACE.into(),
-            name: self.name(i).into(),
-            port: "http".into(),
-            proto: Proto::Tcp,
-        }
+        ServicePortName::new(NAMESPACE, self.name(i), "http", Proto::Tcp)
     }
 
     fn desired_service(&self, i: usize) -> DesiredService {
