@@ -115,9 +115,20 @@ pub async fn run(
         wrap: Update::ServiceCidrs,
     };
     let probe_api = Api::<Node>::all(client);
+    // The two big lists decode on tasks of their own, side by side (on one
+    // task, 100,000 services and their slices decode one after the
+    // other). Dropping the set (this future aborted) aborts them.
+    let mut big = tokio::task::JoinSet::new();
+    {
+        let (tx, health, metrics) = (tx.clone(), health.clone(), metrics.clone());
+        big.spawn(async move { services.run(&tx, &health, &metrics).await });
+    }
+    {
+        let (tx, health, metrics) = (tx.clone(), health.clone(), metrics.clone());
+        big.spawn(async move { slices.run(&tx, &health, &metrics).await });
+    }
     tokio::join!(
-        services.run(&tx, &health, &metrics),
-        slices.run(&tx, &health, &metrics),
+        async { while big.join_next().await.is_some() {} },
         nodes.run(&tx, &health, &metrics),
         service_cidrs.run(&tx, &health, &metrics),
         probe(probe_api, &node_name, &health),
