@@ -58,7 +58,17 @@ pub struct Stores {
     /// Kinds whose complete set has arrived at least once.
     pub synced: BTreeSet<Kind>,
     /// Per kind with a list in progress: the keys its pages held so far.
-    listing: BTreeMap<Kind, HashSet<ObjectKey>>,
+    listing: BTreeMap<Kind, Listing>,
+}
+
+/// A list in progress: the keys it held so far, and whether it fills its
+/// store from empty (the first list: compacted at its end; a relist
+/// leaves the nodes of unchanged objects as they are and needs no second
+/// copy of the store for a rebuild).
+#[derive(Debug, Default)]
+struct Listing {
+    seen: HashSet<ObjectKey>,
+    from_empty: bool,
 }
 
 /// The service a slice belongs to.
@@ -235,7 +245,7 @@ fn apply_change<T: PartialEq + Clone>(
     kind: Kind,
     store: &mut impl Store<T>,
     rejected: &mut BTreeMap<(Kind, ObjectKey), Problem>,
-    listing: &mut BTreeMap<Kind, HashSet<ObjectKey>>,
+    listing: &mut BTreeMap<Kind, Listing>,
     change: Change<T>,
     dirty: &mut Dirty,
 ) {
@@ -247,18 +257,28 @@ fn apply_change<T: PartialEq + Clone>(
         }
         Change::Reset(items) => {
             // Everything not in the new set is gone.
+            let from_empty = store.map().is_empty();
             let listed: HashSet<ObjectKey> = items.iter().map(|c| c.key.clone()).collect();
             remove_unlisted(kind, store, rejected, &listed, dirty);
             for item in items {
                 apply_one(kind, store, rejected, item, dirty);
             }
-            store.compact();
+            if from_empty {
+                store.compact();
+            }
         }
         Change::ListStart => {
-            listing.insert(kind, HashSet::new());
+            let from_empty = store.map().is_empty();
+            listing.insert(
+                kind,
+                Listing {
+                    seen: HashSet::new(),
+                    from_empty,
+                },
+            );
         }
         Change::ListPage(items) => {
-            let seen = listing.entry(kind).or_default();
+            let seen = &mut listing.entry(kind).or_default().seen;
             for item in items {
                 seen.insert(item.key.clone());
                 apply_one(kind, store, rejected, item, dirty);
@@ -266,8 +286,10 @@ fn apply_change<T: PartialEq + Clone>(
         }
         Change::ListEnd => {
             let listed = listing.remove(&kind).unwrap_or_default();
-            remove_unlisted(kind, store, rejected, &listed, dirty);
-            store.compact();
+            remove_unlisted(kind, store, rejected, &listed.seen, dirty);
+            if listed.from_empty {
+                store.compact();
+            }
         }
     }
 }

@@ -300,6 +300,17 @@ impl Agent {
             .with_context(|| format!("metric {name} not found in:\n{text}"))
     }
 
+    /// The sum of the samples of metric `name` whose labels contain
+    /// `label` (e.g. `kind="Service"`).
+    pub fn metric_sum(&self, name: &str, label: &str) -> Result<f64> {
+        let text = self.metrics()?;
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with(name) && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+
     /// SIGKILL, as a node agent crash or OOM kill.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -70,12 +70,7 @@ fn stable() -> SocketAddrV4 {
 }
 
 fn metric_with(agent: &Agent, name: &str, label: &str) -> Result<f64> {
-    let text = agent.metrics()?;
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with(name) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
+    agent.metric_sum(name, label)
 }
 
 #[test]

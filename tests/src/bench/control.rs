@@ -25,7 +25,7 @@ use super::{
 };
 use crate::{
     agent::{Agent, ManifestDir},
-    apiserver::ApiServer,
+    apiserver::{ApiServer, Fault, ResourceKind, Verb},
     lb::Lb,
     topology::Topology,
 };
@@ -69,6 +69,24 @@ pub struct AgentRun {
     /// by rate (`super::churn`).
     #[serde(default)]
     pub churn_rates: Vec<super::churn::RatePoint>,
+    /// API source only: a relist of everything after the change series.
+    #[serde(default)]
+    pub relist: Option<Relist>,
+}
+
+/// A relist of both big kinds (the watches closed and answered 410 Gone
+/// after a compaction, as after an API outage), nothing having changed.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Relist {
+    /// From the fault until both kinds relisted and every update reached
+    /// the maps' side.
+    pub seconds: f64,
+    /// Map writes it caused (nothing changed: none expected).
+    pub writes: f64,
+    /// VmHWM before and after it: a relist that held more than the first
+    /// list did would raise it.
+    pub vm_hwm_before_kb: Option<u64>,
+    pub vm_hwm_after_kb: Option<u64>,
 }
 
 const CHUNK: usize = 1000;
@@ -337,6 +355,12 @@ pub fn agent_run(
     });
     out.churn.path = feed.path().into();
     if let Feed::Kube { server, .. } = &feed {
+        match relist(&agent, server) {
+            Ok(r) => out.relist = Some(r),
+            Err(e) => eprintln!("relist not measured: {e:#}"),
+        }
+    }
+    if let Feed::Kube { server, .. } = &feed {
         if !cfg.churn_rates.is_empty() {
             let maps = Maps::open_pinned(topo.bpf.path())?;
             out.churn_rates = super::churn::rate_series(
@@ -357,6 +381,45 @@ pub fn agent_run(
     }
     agent.stop()?;
     Ok(out)
+}
+
+/// Makes the agent relist Services and EndpointSlices (compaction, then
+/// 410 Gone on the next watch of each, then the open watches closed) and
+/// measures what it cost.
+fn relist(agent: &Agent, server: &ApiServer) -> Result<Relist> {
+    let relists =
+        |kind: &str| agent.metric_sum("sluice_relists_total", &format!("kind=\"{kind}\""));
+    let (services0, slices0) = (relists("Service")?, relists("EndpointSlice")?);
+    let writes0 = agent.metric("sluice_map_writes_total")?;
+    let updates0 = agent.metric("sluice_update_to_datapath_seconds_count")?;
+    let pid = agent.pid();
+    let vm_hwm_before_kb = pid.and_then(|p| status_kb(p, "VmHWM"));
+    let start = Instant::now();
+    server.compact();
+    for kind in [ResourceKind::Service, ResourceKind::EndpointSlice] {
+        server.inject_fault(Verb::Watch, Some(kind), 1, Fault::ExpiredWatch);
+    }
+    server.close_watches();
+    let budget = Duration::from_secs(120);
+    agent.wait_until("both kinds relisted", budget, |_| {
+        Ok(relists("Service")? > services0 && relists("EndpointSlice")? > slices0)
+    })?;
+    // Each relist hands over a start, its pages and an end; settled when
+    // no update waits for the maps.
+    agent.wait_until("relisted objects synced", budget, |a| {
+        let before = a.metric("sluice_update_to_datapath_seconds_count")?;
+        std::thread::sleep(Duration::from_millis(300));
+        let after = a.metric("sluice_update_to_datapath_seconds_count")?;
+        Ok(after == before && after >= updates0 + 4.0)
+    })?;
+    // Less the last settle check's 300 ms.
+    let seconds = start.elapsed().as_secs_f64() - 0.3;
+    Ok(Relist {
+        seconds,
+        writes: agent.metric("sluice_map_writes_total")? - writes0,
+        vm_hwm_before_kb,
+        vm_hwm_after_kb: pid.and_then(|p| status_kb(p, "VmHWM")),
+    })
 }
 
 fn agent_churn(

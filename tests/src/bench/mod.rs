@@ -817,6 +817,9 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
             for p in &run.churn_rates {
                 eprintln!("    under churn: {}", report::rate_text(p));
             }
+            if let Some(r) = &run.relist {
+                eprintln!("    relist: {}", report::relist_text(r));
+            }
             match source {
                 AgentSource::Dir => control.agent_dir = Some(run),
                 AgentSource::Kube => control.agent = Some(run),

@@ -548,6 +548,17 @@ fn issue17_goals(s: &SizeResult) -> Vec<Goal> {
             met: Some(ready < 5.0 && first.is_some_and(|f| f < 1.0)),
         });
     }
+    if let Some(r) = &a.relist {
+        out.push(Goal {
+            what: "a relist at 100,000 services (API), nothing changed".into(),
+            target: "no more memory than the first list (VmHWM), no map write".into(),
+            measured: relist_text(r),
+            met: Some(
+                r.writes == 0.0
+                    && matches!((r.vm_hwm_before_kb, r.vm_hwm_after_kb), (Some(b), Some(a)) if a <= b),
+            ),
+        });
+    }
     if let Some(l) = &a.churn.latency {
         out.push(Goal {
             what: "one endpoint change to datapath at 100,000 services (API)".into(),
@@ -704,6 +715,18 @@ pub fn markdown(r: &Results) -> String {
         );
     }
     t
+}
+
+/// One line on a relist: time, writes, VmHWM before and after.
+pub fn relist_text(r: &super::control::Relist) -> String {
+    let mb = |kb: Option<u64>| kb.map_or("-".into(), |kb| format!("{:.0} MB", kb as f64 / 1024.0));
+    format!(
+        "{} to relist and settle, {} map writes, VmHWM {} before / {} after",
+        seconds(r.seconds),
+        r.writes,
+        mb(r.vm_hwm_before_kb),
+        mb(r.vm_hwm_after_kb)
+    )
 }
 
 fn map_writes_table(w: &super::mapwrites::MapWriteCost) -> String {
