@@ -23,8 +23,35 @@ fn clean(args: &CleanupArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// One glibc malloc arena for the whole process, set before any thread
+/// exists. With one per thread (glibc's default), the list decoded on one
+/// thread and applied on another left freed memory stranded in each
+/// arena: at 100,000 services VmHWM was 363-376 MB after the first sync
+/// and a relist added 30 MB; with one arena 333 MB and 15 MB, start to
+/// ready unchanged (docs/performance.md, issue 17).
+fn one_malloc_arena() {
+    // SAFETY: mallopt only sets an allocator parameter; called before the
+    // runtime starts any thread.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
+fn main() -> ExitCode {
+    one_malloc_arena();
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(sluice_main()),
+        Err(e) => {
+            eprintln!("sluice: starting the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn sluice_main() -> ExitCode {
     let cli = Cli::parse();
     let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // The programs' own logs, at the level `--datapath-log-level` asks for.
