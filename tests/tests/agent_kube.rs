@@ -69,10 +69,6 @@ fn stable() -> SocketAddrV4 {
     SocketAddrV4::new(STABLE, 80)
 }
 
-fn metric_with(agent: &Agent, name: &str, label: &str) -> Result<f64> {
-    agent.metric_sum(name, label)
-}
-
 #[test]
 fn follows_services_and_endpoint_slices_and_drains_through_the_api() -> Result<()> {
     let c = cluster(3, &[])?;
@@ -160,23 +156,13 @@ fn stable_service_survives_relists_dropped_watches_stale_events_and_an_outage() 
     let prober = Prober::start(&c.topo.clients[0].ns, stable(), Duration::from_millis(10));
     let expected = c.agent.frontends()?;
     let relists = |kind: &str| {
-        metric_with(
-            &c.agent,
-            "sluice_relists_total",
-            &format!("kind=\"{kind}\""),
-        )
+        c.agent
+            .metric_sum("sluice_relists_total", &format!("kind=\"{kind}\""))
     };
 
     // 410 Gone: history compacted, the next watch expires -> relist.
     let before = relists("EndpointSlice")?;
-    c.server.compact();
-    c.server.inject_fault(
-        Verb::Watch,
-        Some(ResourceKind::EndpointSlice),
-        1,
-        Fault::ExpiredWatch,
-    );
-    c.server.close_watches();
+    c.server.expire_watches(&[ResourceKind::EndpointSlice]);
     c.agent
         .wait_until("relist after 410", Duration::from_secs(10), |_| {
             Ok(relists("EndpointSlice")? > before)
@@ -215,9 +201,13 @@ fn stable_service_survives_relists_dropped_watches_stale_events_and_an_outage() 
     c.server.close_watches();
     c.agent
         .wait_until("stale event seen", Duration::from_secs(5), |a| {
-            Ok(metric_with(a, "sluice_stale_events_total", "EndpointSlice")? >= 1.0)
+            Ok(a.metric_sum("sluice_stale_events_total", "EndpointSlice")? >= 1.0)
         })?;
-    ensure!(metric_with(&c.agent, "sluice_duplicate_events_total", "EndpointSlice")? >= 1.0);
+    ensure!(
+        c.agent
+            .metric_sum("sluice_duplicate_events_total", "EndpointSlice")?
+            >= 1.0
+    );
     let resumed: Vec<Option<String>> = c
         .server
         .watch_resource_versions(ResourceKind::EndpointSlice);
@@ -259,7 +249,7 @@ fn stable_service_survives_relists_dropped_watches_stale_events_and_an_outage() 
         .wait_until("healthz green again", Duration::from_secs(10), |a| {
             Ok(a.healthz()?.0 == 200)
         })?;
-    ensure!(metric_with(&c.agent, "sluice_api_errors_total", "")? >= 1.0);
+    ensure!(c.agent.metric_sum("sluice_api_errors_total", "")? >= 1.0);
 
     let (ok, failures) = prober.finish()?;
     ensure!(
@@ -544,29 +534,14 @@ fn a_relist_that_finds_nothing_changed_writes_nothing() -> Result<()> {
     ensure!(c.agent.metric("sluice_first_sync_duration_seconds")? > 0.0);
     let writes = c.agent.metric("sluice_map_writes_total")?;
     let relists = |kind: &str| {
-        metric_with(
-            &c.agent,
-            "sluice_relists_total",
-            &format!("kind=\"{kind}\""),
-        )
+        c.agent
+            .metric_sum("sluice_relists_total", &format!("kind=\"{kind}\""))
     };
     let (services0, slices0) = (relists("Service")?, relists("EndpointSlice")?);
     let updates0 = synced(&c.agent)?;
 
-    c.server.compact();
-    c.server.inject_fault(
-        Verb::Watch,
-        Some(ResourceKind::Service),
-        1,
-        Fault::ExpiredWatch,
-    );
-    c.server.inject_fault(
-        Verb::Watch,
-        Some(ResourceKind::EndpointSlice),
-        1,
-        Fault::ExpiredWatch,
-    );
-    c.server.close_watches();
+    c.server
+        .expire_watches(&[ResourceKind::Service, ResourceKind::EndpointSlice]);
     c.agent
         .wait_until("both kinds relisted", Duration::from_secs(20), |_| {
             Ok(relists("Service")? > services0 && relists("EndpointSlice")? > slices0)

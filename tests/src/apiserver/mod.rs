@@ -497,6 +497,17 @@ impl ApiHandle {
         self.changed(n)
     }
 
+    /// Makes clients of `kinds` relist, as after an outage longer than the
+    /// history: compacts it, makes the next watch of each kind answer 410
+    /// Gone, and ends the open watches so that clients resume into it.
+    pub fn expire_watches(&self, kinds: &[ResourceKind]) {
+        self.compact();
+        for kind in kinds {
+            self.inject_fault(Verb::Watch, Some(*kind), 1, Fault::ExpiredWatch);
+        }
+        self.close_watches();
+    }
+
     /// [`ApiHandle::close_watches`] for one kind.
     pub fn close_watches_of(&self, kind: ResourceKind) -> usize {
         let n = self.shared.store().watchers.close(Some(kind), false);

@@ -25,7 +25,7 @@ use super::{
 };
 use crate::{
     agent::{Agent, ManifestDir},
-    apiserver::{ApiServer, Fault, ResourceKind, Verb},
+    apiserver::{ApiServer, ResourceKind},
     lb::Lb,
     topology::Topology,
 };
@@ -395,11 +395,7 @@ fn relist(agent: &Agent, server: &ApiServer) -> Result<Relist> {
     let pid = agent.pid();
     let vm_hwm_before_kb = pid.and_then(|p| status_kb(p, "VmHWM"));
     let start = Instant::now();
-    server.compact();
-    for kind in [ResourceKind::Service, ResourceKind::EndpointSlice] {
-        server.inject_fault(Verb::Watch, Some(kind), 1, Fault::ExpiredWatch);
-    }
-    server.close_watches();
+    server.expire_watches(&[ResourceKind::Service, ResourceKind::EndpointSlice]);
     let budget = Duration::from_secs(120);
     agent.wait_until("both kinds relisted", budget, |_| {
         Ok(relists("Service")? > services0 && relists("EndpointSlice")? > slices0)
