@@ -354,18 +354,16 @@ impl MapWrites for MapWriter {
     fn put_batch(&mut self, entries: &[Entry<'_>]) -> Result<(), (usize, WriteError)> {
         let mut start = 0;
         while start < entries.len() {
-            let run = Run::of(&entries[start]);
-            let len = entries[start..]
-                .iter()
-                .take_while(|e| run.is_some() && Run::of(e) == run)
-                .count()
-                .max(1);
-            let chunk = &entries[start..start + len];
-            match run {
-                Some(run) if len > 1 => self.put_run(run, chunk),
-                _ => self.put(chunk[0]).map_err(|e| (0, e)),
-            }
-            .map_err(|(done, e)| (start + done, e))?;
+            let rest = &entries[start..];
+            // A run of entries of one batchable map, or one other entry.
+            let (len, result) = match Run::of(&rest[0]) {
+                Some(run) => {
+                    let len = rest.iter().take_while(|e| Run::of(e) == Some(run)).count();
+                    (len, self.put_run(run, &rest[..len]))
+                }
+                None => (1, self.put(rest[0]).map_err(|e| (0, e))),
+            };
+            result.map_err(|(done, e)| (start + done, e))?;
             start += len;
         }
         Ok(())
