@@ -156,10 +156,8 @@ impl Desired {
             }
         }
         if dirty.all {
-            // Translated in key order: rebuilt with full B-tree nodes (see
-            // `stores`), 7 MB less at 100,000 services.
-            let services = std::mem::take(&mut self.state.services);
-            self.state.services = services.into_iter().collect();
+            // Translated in key order: 7 MB less at 100,000 services.
+            crate::stores::compact(&mut self.state.services);
         }
         problems_changed |= wanted_node_ports == self.wants_node_ports.is_empty();
         (changed, problems_changed)
