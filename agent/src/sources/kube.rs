@@ -1,6 +1,7 @@
 //! The Kubernetes source: kube-rs watchers on Services (with kube-proxy's
 //! label selector), EndpointSlices, this node's Node and the ServiceCIDRs,
-//! with the default backoff. Lists and relists stream through in pages
+//! with the default backoff. Services and EndpointSlices decode into the
+//! slim types of `slim.rs` (only what the translation reads). Lists and relists stream through in pages
 //! (`Change::ListStart`, `ListPage`, `ListEnd`): the stores apply each page
 //! as it comes (an unchanged object changes nothing) and drop what the list
 //! did not hold at its end, so deletes missed while disconnected are not
@@ -29,6 +30,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     guard::{RvGuard, Verdict},
+    slim::{SlimService, SlimSlice},
     Change, Converted, Envelope, Kind, Update,
 };
 use crate::{health::Health, metrics::Metrics, translate::ObjectKey};
@@ -84,16 +86,16 @@ pub async fn run(
 ) {
     let services = Watch {
         kind: Kind::Service,
-        api: Api::<Service>::all(client.clone()),
+        api: Api::<SlimService>::all(client.clone()),
         config: watcher::Config::default().labels(SERVICE_SELECTOR),
-        convert: super::service,
+        convert: |s| super::service(&s.0),
         wrap: Update::Services,
     };
     let slices = Watch {
         kind: Kind::EndpointSlice,
-        api: Api::<EndpointSlice>::all(client.clone()),
+        api: Api::<SlimSlice>::all(client.clone()),
         config: watcher::Config::default(),
-        convert: super::slice,
+        convert: |s| super::slice(&s.0),
         wrap: Update::Slices,
     };
     let nodes = Watch {

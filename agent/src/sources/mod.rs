@@ -6,6 +6,7 @@
 pub mod dir;
 pub mod guard;
 pub mod kube;
+pub mod slim;
 
 use std::fmt;
 

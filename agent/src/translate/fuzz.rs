@@ -45,7 +45,7 @@ fn address() -> impl Strategy<Value = String> {
     ]
 }
 
-fn word() -> impl Strategy<Value = String> {
+pub(crate) fn word() -> impl Strategy<Value = String> {
     prop_oneof![
         Just("TCP".to_owned()),
         Just("UDP".to_owned()),
@@ -106,7 +106,7 @@ fn meta(name: String, labels: Option<(String, String)>) -> ObjectMeta {
     }
 }
 
-fn service() -> impl Strategy<Value = Service> {
+pub(crate) fn service() -> impl Strategy<Value = Service> {
     (
         prop_oneof![Just("a".to_owned()), Just("b".to_owned()), "[a-z]{1,3}"],
         (
@@ -207,7 +207,7 @@ fn endpoint() -> impl Strategy<Value = Endpoint> {
         )
 }
 
-fn slice() -> impl Strategy<Value = EndpointSlice> {
+pub(crate) fn slice() -> impl Strategy<Value = EndpointSlice> {
     (
         prop_oneof![Just("a".to_owned()), Just("b".to_owned()), "[a-z]{1,3}"],
         "[a-z]{1,4}",

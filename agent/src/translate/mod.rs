@@ -19,7 +19,7 @@ mod topology;
 #[cfg(test)]
 pub(crate) mod builders;
 #[cfg(test)]
-mod fuzz;
+pub(crate) mod fuzz;
 #[cfg(test)]
 mod kube_proxy_cases;
 #[cfg(test)]
@@ -35,9 +35,9 @@ use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::Endpoin
 pub use local_traffic::LocalDetector;
 pub use objects::{
     AddressFamily, Conditions, IpFamilies, IpNet, NodeInfo, ObjectKey, PortInfo, ServiceCidrInfo,
-    ServiceInfo, ServiceType, SliceEndpoint, SliceInfo, SlicePort, DEFAULT_AFFINITY_TIMEOUT,
-    DEFAULT_NAMESPACE, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME,
-    LABEL_TOPOLOGY_ZONE, MAX_AFFINITY_TIMEOUT,
+    ServiceInfo, ServiceType, SliceEndpoint, SliceInfo, SlicePort, ANNOTATION_LB_ALGORITHM,
+    DEFAULT_AFFINITY_TIMEOUT, DEFAULT_NAMESPACE, LABEL_HEADLESS, LABEL_SERVICE_NAME,
+    LABEL_SERVICE_PROXY_NAME, LABEL_TOPOLOGY_ZONE, MAX_AFFINITY_TIMEOUT,
 };
 pub use problems::{Problem, ProblemReason};
 

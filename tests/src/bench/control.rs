@@ -92,29 +92,74 @@ pub struct Relist {
 const CHUNK: usize = 1000;
 const TARGET_SLICE_FILE: &str = "target-slice.json";
 
+/// A uid as the API server writes one (deterministic here).
+fn uid(kind: u8, i: usize) -> String {
+    format!("{kind:02x}{i:06x}-5e1c-4d2a-9b7f-0c3e8a{i:06x}")
+}
+
+/// Service `i` as a cluster's API server returns it: besides the spec
+/// that sluice reads, what every real object carries (uid, timestamps,
+/// kubectl's last-applied annotation, managed fields, defaulted spec
+/// fields, an empty status), so that the agent decodes the bytes a
+/// cluster sends, not a trimmed sample.
 fn service_json(set: &ServiceSet, i: usize) -> serde_json::Value {
     let vip = set.vip(i).to_string();
+    let name = set.name(i);
+    let ports = json!([{"name": "http", "protocol": "TCP", "port": SERVICE_PORT, "targetPort": TARGET_PORT}]);
+    let applied = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"annotations": {}, "labels": {"app": name}, "name": name, "namespace": NAMESPACE},
+        "spec": {"ports": ports, "selector": {"app": name}},
+    });
     json!({
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": set.name(i), "namespace": NAMESPACE},
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "uid": uid(1, i),
+            "creationTimestamp": "2026-11-20T08:00:00Z",
+            "labels": {"app": name},
+            "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration": format!("{applied}\n"),
+            },
+            "managedFields": [{
+                "manager": "kubectl-client-side-apply",
+                "operation": "Update",
+                "apiVersion": "v1",
+                "time": "2026-11-20T08:00:00Z",
+                "fieldsType": "FieldsV1",
+                "fieldsV1": {
+                    "f:metadata": {"f:annotations": {".": {}, "f:kubectl.kubernetes.io/last-applied-configuration": {}}, "f:labels": {".": {}, "f:app": {}}},
+                    "f:spec": {"f:internalTrafficPolicy": {}, "f:ports": {".": {}, "k:{\"port\":80,\"protocol\":\"TCP\"}": {".": {}, "f:name": {}, "f:port": {}, "f:protocol": {}, "f:targetPort": {}}}, "f:selector": {}, "f:sessionAffinity": {}, "f:type": {}},
+                },
+            }],
+        },
         "spec": {
             "type": "ClusterIP",
             "clusterIP": vip,
             "clusterIPs": [vip],
-            "selector": {"app": set.name(i)},
-            "ports": [{"name": "http", "protocol": "TCP", "port": SERVICE_PORT, "targetPort": TARGET_PORT}],
+            "ipFamilies": ["IPv4"],
+            "ipFamilyPolicy": "SingleStack",
+            "internalTrafficPolicy": "Cluster",
+            "sessionAffinity": "None",
+            "selector": {"app": name},
+            "ports": ports,
         },
+        "status": {"loadBalancer": {}},
     })
 }
 
-/// The EndpointSlice of service `i`; endpoint `not_ready` (if any) has
+/// The EndpointSlice of service `i` as kube-controller-manager writes it
+/// (owner, managed fields, trigger-time annotation, and per endpoint the
+/// pod reference, node and zone); endpoint `not_ready` (if any) has
 /// `ready: false`.
 pub(super) fn slice_json(
     set: &ServiceSet,
     i: usize,
     not_ready: Option<usize>,
 ) -> serde_json::Value {
+    let name = set.name(i);
     let endpoints: Vec<serde_json::Value> = set
         .endpoints(i)
         .iter()
@@ -123,6 +168,9 @@ pub(super) fn slice_json(
             json!({
                 "addresses": [ip.to_string()],
                 "conditions": {"ready": Some(j) != not_ready, "serving": true, "terminating": false},
+                "nodeName": format!("node-{}", (i + j) % 50),
+                "zone": format!("zone-{}", (i + j) % 3),
+                "targetRef": {"kind": "Pod", "namespace": NAMESPACE, "name": format!("{name}-7d9f8c6b5-{j:05}"), "uid": uid(3, i * 16 + j)},
             })
         })
         .collect();
@@ -130,9 +178,27 @@ pub(super) fn slice_json(
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": {
-            "name": format!("{}-1", set.name(i)),
+            "name": format!("{name}-1"),
+            "generateName": format!("{name}-"),
             "namespace": NAMESPACE,
-            "labels": {"kubernetes.io/service-name": set.name(i)},
+            "uid": uid(2, i),
+            "generation": 1,
+            "creationTimestamp": "2026-11-20T08:00:00Z",
+            "labels": {
+                "app": name,
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                "kubernetes.io/service-name": name,
+            },
+            "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-20T08:00:00Z"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": name, "uid": uid(1, i), "controller": true, "blockOwnerDeletion": true}],
+            "managedFields": [{
+                "manager": "kube-controller-manager",
+                "operation": "Update",
+                "apiVersion": "discovery.k8s.io/v1",
+                "time": "2026-11-20T08:00:00Z",
+                "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:addressType": {}, "f:endpoints": {}, "f:metadata": {"f:annotations": {".": {}, "f:endpoints.kubernetes.io/last-change-trigger-time": {}}, "f:generateName": {}, "f:labels": {".": {}, "f:app": {}, "f:endpointslice.kubernetes.io/managed-by": {}, "f:kubernetes.io/service-name": {}}, "f:ownerReferences": {".": {}, "k:{\"uid\":\"x\"}": {}}}, "f:ports": {}},
+            }],
         },
         "addressType": "IPv4",
         "ports": [{"name": "http", "protocol": "TCP", "port": TARGET_PORT}],
