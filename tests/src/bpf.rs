@@ -78,18 +78,7 @@ pub struct ForeignTcx {
 
 impl ForeignTcx {
     pub fn attach(ns: &Netns, device: &str, attach_type: u32) -> Result<Self> {
-        // r0 = -1 (TCX_NEXT); exit
-        let insns: [u8; 16] = [
-            0xb7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x95, 0, 0, 0, 0, 0, 0, 0,
-        ];
-        let license = CString::new("GPL")?;
-        let mut attr = [0u8; 128];
-        put(&mut attr, 0, &BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
-        put(&mut attr, 4, &2u32.to_ne_bytes());
-        put(&mut attr, 8, &(insns.as_ptr() as u64).to_ne_bytes());
-        put(&mut attr, 16, &(license.as_ptr() as u64).to_ne_bytes());
-        put(&mut attr, 48, b"foreign_next");
-        let prog = fd(sys_bpf(BPF_PROG_LOAD, &mut attr).context("BPF_PROG_LOAD")?)?;
+        let prog = nop_tc("foreign_next")?;
         let link = link_create(ns, &prog, device, attach_type, 0)?;
         let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", link.as_raw_fd()))?;
         let link_id = info
@@ -108,6 +97,57 @@ impl ForeignTcx {
         Ok(tcx_links(ns, device, attach_type)?
             .iter()
             .any(|(l, _)| *l == self.link_id))
+    }
+}
+
+/// Loads a TC program named `name` that does nothing: `r0 = -1`
+/// (`TCX_NEXT`, the packet goes on as if no program were there); exit.
+pub fn nop_tc(name: &str) -> Result<OwnedFd> {
+    let insns: [u8; 16] = [
+        0xb7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x95, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    let license = CString::new("GPL")?;
+    let mut attr = [0u8; 128];
+    put(&mut attr, 0, &BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
+    put(&mut attr, 4, &2u32.to_ne_bytes());
+    put(&mut attr, 8, &(insns.as_ptr() as u64).to_ne_bytes());
+    put(&mut attr, 16, &(license.as_ptr() as u64).to_ne_bytes());
+    let name = name.as_bytes();
+    put(&mut attr, 48, &name[..name.len().min(15)]);
+    Ok(fd(
+        sys_bpf(BPF_PROG_LOAD, &mut attr).context("BPF_PROG_LOAD")?
+    )?)
+}
+
+/// `nop_tc` attached to both TCX hooks of each device: what a TC hook
+/// costs a packet with nothing in it (the benchmark's `tc-floor`).
+pub struct NopTcEverywhere {
+    _links: Vec<OwnedFd>,
+    prog: OwnedFd,
+}
+
+impl NopTcEverywhere {
+    pub fn attach(ns: &Netns, devices: &[String], name: &str) -> Result<Self> {
+        let prog = nop_tc(name)?;
+        let mut links = Vec::new();
+        for dev in devices {
+            for hook in [BPF_TCX_INGRESS, BPF_TCX_EGRESS] {
+                links.push(link_create(ns, &prog, dev, hook, 0)?);
+            }
+        }
+        Ok(Self {
+            _links: links,
+            prog,
+        })
+    }
+
+    /// The program's id.
+    pub fn prog_id(&self) -> Result<u64> {
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.prog.as_raw_fd()))?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("prog_id:"))
+            .and_then(|v| v.trim().parse().ok())
+            .context("no prog_id in fdinfo")
     }
 }
 

@@ -53,6 +53,8 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
                 "direct",
                 "sluice",
                 "sluice-sock",
+                "sluice-passthrough",
+                "tc-floor",
                 "iptables-legacy",
                 "iptables-nft",
                 "nftables"
@@ -112,6 +114,18 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
                 );
             }
         }
+        // The empty program of tc-floor ran on every hook, for pod traffic
+        // and alone.
+        for traffic in ["non-service", "non-service (test run)"] {
+            assert!(
+                costs.iter().any(|c| c["variant"] == "tc-floor"
+                    && c["program"] == "tc_floor"
+                    && c["traffic"] == traffic
+                    && c["runs"].as_u64().is_some_and(|r| r > 0)
+                    && c["ns_per_run"].as_f64().is_some_and(|ns| ns > 0.0)),
+                "tc-floor {traffic} at {n} services: {costs:?}"
+            );
+        }
         // With socket balancing the client's connections are balanced at
         // connect(): sl_connect4 ran once per service connection.
         assert!(
@@ -150,6 +164,7 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
     let report = std::fs::read_to_string(out.join("report.md"))?;
     assert!(report.contains("| sluice |"));
     assert!(report.contains("| sluice-sock | sl_connect4 |"));
+    assert!(report.contains("non-service traffic within 1% of no sluice"));
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }

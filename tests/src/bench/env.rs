@@ -42,20 +42,27 @@ pub enum Variant {
     /// attached to, so its connections are sent to a backend at
     /// connect() and the TC programs see plain pod-to-pod packets.
     SluiceSock,
-    /// Diagnostic, not in the default set: sluice attached and programmed
-    /// like `sluice`, but the client connects to the pods directly, so the
-    /// programs only look packets up and pass them on.
+    /// sluice attached and programmed like `sluice`, but the client
+    /// connects to the pods directly: what the programs cost traffic that
+    /// is not a service's (the goal: within 1% of `direct`).
     SluicePassthrough,
+    /// A TC program that does nothing (`return TCX_NEXT`) on every hook
+    /// sluice's TC programs use, the client connecting to the pods
+    /// directly: what the hooks cost with nothing in them, the floor under
+    /// `sluice-passthrough`.
+    TcFloor,
     IptablesLegacy,
     IptablesNft,
     Nftables,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 6] = [
+    pub const ALL: [Variant; 8] = [
         Variant::Direct,
         Variant::Sluice,
         Variant::SluiceSock,
+        Variant::SluicePassthrough,
+        Variant::TcFloor,
         Variant::IptablesLegacy,
         Variant::IptablesNft,
         Variant::Nftables,
@@ -67,6 +74,7 @@ impl Variant {
             Variant::Sluice => "sluice",
             Variant::SluiceSock => "sluice-sock",
             Variant::SluicePassthrough => "sluice-passthrough",
+            Variant::TcFloor => "tc-floor",
             Variant::IptablesLegacy => "iptables-legacy",
             Variant::IptablesNft => "iptables-nft",
             Variant::Nftables => "nftables",
@@ -74,10 +82,7 @@ impl Variant {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .chain([Variant::SluicePassthrough])
-            .find(|v| v.name() == s)
+        Self::ALL.into_iter().find(|v| v.name() == s)
     }
 
     /// The `iptables-restore` flavour, for the two iptables variants.
@@ -169,6 +174,8 @@ pub struct Env {
     // Field order is drop order: the datapath and servers go before the
     // namespaces.
     pub lb: Option<Lb>,
+    /// `tc-floor`'s empty programs.
+    pub floor: Option<crate::bpf::NopTcEverywhere>,
     _servers: Vec<Server>,
     pub topo: Topology,
     /// Which kube-proxy layout is loaded, if any.
@@ -191,6 +198,7 @@ impl Env {
         Ok(Self {
             variant,
             lb: None,
+            floor: None,
             _servers: servers,
             topo,
             layout: None,
@@ -209,7 +217,7 @@ impl Env {
     /// (direct) the backend pods themselves, in turn.
     pub fn targets(&self, set: &ServiceSet, i: usize) -> Vec<SocketAddrV4> {
         match self.variant {
-            Variant::Direct | Variant::SluicePassthrough => self
+            Variant::Direct | Variant::SluicePassthrough | Variant::TcFloor => self
                 .topo
                 .backends
                 .iter()
@@ -217,6 +225,14 @@ impl Env {
                 .collect(),
             _ => vec![traffic::addr(set.vip(i), SERVICE_PORT)],
         }
+    }
+
+    /// Attaches `tc-floor`'s empty program where sluice's TC programs go.
+    pub fn attach_floor(&mut self) -> Result<()> {
+        let floor =
+            crate::bpf::NopTcEverywhere::attach(&self.topo.node, &self.topo.devices(), "tc_floor")?;
+        self.floor = Some(floor);
+        Ok(())
     }
 
     /// Loads sluice's programs (fresh maps) and attaches them; for

@@ -788,6 +788,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
             Variant::SluicePassthrough | Variant::SluiceSock => {
                 program_passthrough(env, &set, sizes)
             }
+            Variant::TcFloor => env.attach_floor(),
             Variant::IptablesLegacy | Variant::IptablesNft => {
                 program_iptables(env, &set, cfg, history, &mut control)
             }
@@ -917,10 +918,16 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
             }
         }
     }
-    // Per-program costs of the two sluice variants, after the rounds.
+    // Per-program costs of the two sluice variants and of the empty
+    // program, after the rounds.
     let mut prog_costs = Vec::new();
     for (env, acc) in envs.iter().zip(&accs) {
-        if acc.error.is_some() || !matches!(env.variant, Variant::Sluice | Variant::SluiceSock) {
+        if acc.error.is_some()
+            || !matches!(
+                env.variant,
+                Variant::Sluice | Variant::SluiceSock | Variant::TcFloor
+            )
+        {
             continue;
         }
         check_interrupted()?;

@@ -138,6 +138,17 @@ fn programs_of(root: &Path) -> Result<BTreeMap<u64, String>> {
         .collect())
 }
 
+/// The name `tc-floor`'s empty program has in the tables.
+const FLOOR: &str = "tc_floor";
+
+/// The programs of `env` by id: sluice's, or `tc-floor`'s empty one.
+fn programs(env: &Env) -> Result<BTreeMap<u64, String>> {
+    match &env.floor {
+        Some(floor) => Ok([(floor.prog_id()?, FLOOR.to_owned())].into()),
+        None => programs_of(env.topo.bpf.path()),
+    }
+}
+
 /// (run_time_ns, run_cnt) of each of `ids`.
 fn snapshot(ids: &BTreeMap<u64, String>) -> Result<BTreeMap<u64, (u64, u64)>> {
     let progs = bpftool_json(&["prog", "show"])?;
@@ -248,7 +259,7 @@ fn test_run(id: u64, frame: &Path) -> Result<f64> {
 /// the client pod to a backend pod (not a service address): the
 /// non-service path.
 pub fn isolated(env: &Env) -> Result<Vec<ProgCost>> {
-    let ids = programs_of(env.topo.bpf.path())?;
+    let ids = programs(env)?;
     let frame = super::env::TempFile::write("frame", "")?;
     let client = env.topo.clients[0].ip;
     let backend = env.topo.backends[0].ip;
@@ -258,7 +269,7 @@ pub fn isolated(env: &Env) -> Result<Vec<ProgCost>> {
     )?;
     let mut out = Vec::new();
     for (id, name) in &ids {
-        if name != "sl_ingress" && name != "sl_egress" {
+        if !["sl_ingress", "sl_egress", FLOOR].contains(&name.as_str()) {
             continue;
         }
         out.push(ProgCost {
@@ -277,7 +288,7 @@ pub fn isolated(env: &Env) -> Result<Vec<ProgCost>> {
 /// For `sluice-sock`, the caller has put the process in the variant's
 /// cgroup.
 pub fn measure(env: &Env, set: &ServiceSet) -> Result<Vec<ProgCost>> {
-    let ids = programs_of(env.topo.bpf.path())?;
+    let ids = programs(env)?;
     if ids.is_empty() {
         bail!("no program of this datapath found");
     }
@@ -295,6 +306,10 @@ pub fn measure(env: &Env, set: &ServiceSet) -> Result<Vec<ProgCost>> {
     let _on = StatsOn::enable()?;
     let mut out = Vec::new();
     for (kind, targets) in [("service", &service), ("non-service", &pods)] {
+        if kind == "service" && env.floor.is_some() {
+            // No service there: the empty program sees pod traffic only.
+            continue;
+        }
         let before = snapshot(&ids)?;
         let run = traffic::connects(env.client(), targets, 0, CONNECTS, std::time::Duration::MAX)?;
         // A few connects may time out on a loaded machine; the programs

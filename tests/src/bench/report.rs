@@ -425,6 +425,52 @@ fn goals(r: &Results) -> Vec<Goal> {
             met: Some(c >= 0.98 && q >= 0.99 && b >= 0.99),
         });
     }
+    // Non-service traffic within 1% of no sluice: the client connecting
+    // to the pods with sluice attached and programmed, against direct
+    // (both targets pooled: both are the pods), with what empty programs
+    // on the same hooks cost beside it.
+    let pooled = |v: &VariantResult, d: &VariantResult| {
+        (v.connect_last.rate.median + v.connect_random.rate.median)
+            / (d.connect_last.rate.median + d.connect_random.rate.median)
+    };
+    // Connect p50 (both targets averaged), relative to direct: steadier
+    // than the rates on a shared machine.
+    let p50 = |v: &VariantResult, d: &VariantResult| {
+        (v.connect_last.latency.p50_us + v.connect_random.latency.p50_us)
+            / (d.connect_last.latency.p50_us + d.connect_random.latency.p50_us)
+    };
+    let mut worst_pass: Option<(f64, f64, f64, f64)> = None;
+    let mut worst_floor: Option<(f64, f64)> = None;
+    for s in &r.sizes {
+        let Some(d) = find(s, "direct") else { continue };
+        if let Some(p) = find(s, "sluice-passthrough") {
+            let c = pooled(p, d);
+            let q = p.rr.rate.median / d.rr.rate.median;
+            let b = p.bulk_gbit.median / d.bulk_gbit.median;
+            let l = p50(p, d);
+            let (wc, wq, wb, wl) = worst_pass.unwrap_or((f64::MAX, f64::MAX, f64::MAX, f64::MIN));
+            worst_pass = Some((wc.min(c), wq.min(q), wb.min(b), wl.max(l)));
+        }
+        if let Some(f) = find(s, "tc-floor") {
+            let (wc, wl) = worst_floor.unwrap_or((f64::MAX, f64::MIN));
+            worst_floor = Some((wc.min(pooled(f, d)), wl.max(p50(f, d))));
+        }
+    }
+    if let Some((c, q, b, l)) = worst_pass {
+        let floor = worst_floor.map_or(String::new(), |(f, fl)| {
+            format!(
+                "; empty programs on the same hooks (tc-floor): worst {f:.3}x conn/s, connect p50 {fl:.3}x"
+            )
+        });
+        out.push(Goal {
+            what: "non-service traffic within 1% of no sluice (sluice-passthrough, every N)".into(),
+            target: ">= 0.99x direct conn/s, rr/s and bulk".into(),
+            measured: format!(
+                "worst {c:.3}x conn/s, {q:.3}x rr/s, {b:.3}x bulk, connect p50 {l:.3}x{floor}"
+            ),
+            met: Some(c >= 0.99 && q >= 0.99 && b >= 0.99),
+        });
+    }
     if let Some(s) = size(10_000) {
         for (v, want) in [("iptables-legacy", 2.5), ("iptables-nft", 5.0)] {
             if let (Some(sl), Some(o)) = (rate(s, "sluice"), rate(s, v)) {
@@ -763,11 +809,12 @@ fn events_table(e: &super::events::EventsCost) -> String {
     t
 }
 
-const COLORS: [(&str, &str); 7] = [
+const COLORS: [(&str, &str); 8] = [
     ("direct", "#555555"),
     ("sluice", "#1f77b4"),
     ("sluice-sock", "#17becf"),
     ("sluice-passthrough", "#9467bd"),
+    ("tc-floor", "#8c564b"),
     ("iptables-legacy", "#d62728"),
     ("iptables-nft", "#ff7f0e"),
     ("nftables", "#2ca02c"),
