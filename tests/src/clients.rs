@@ -52,6 +52,18 @@ pub fn tcp_hellos(
 }
 
 /// The unspecified address of `addr`'s family, port `port`.
+/// A local port for a one-datagram UDP client that no earlier one of this
+/// process used: each such exchange is a flow of its own. An ephemeral
+/// port may come back within a test (about 3% over 40 sockets), and its
+/// datagram then follows the earlier flow's conntrack entry instead of
+/// starting one, which tests counting new flows must not see. Below the
+/// ephemeral range (32768 and up), so the kernel never hands these out.
+fn fresh_udp_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    20_000 + NEXT.fetch_add(1, Ordering::Relaxed) % 10_000
+}
+
 fn unspecified(addr: &SocketAddr, port: u16) -> SocketAddr {
     if addr.is_ipv6() {
         SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port))
@@ -156,7 +168,7 @@ impl Stream {
 pub fn udp_hello(ns: &Netns, addr: impl Into<SocketAddr>) -> Result<(String, SocketAddr)> {
     let addr = addr.into();
     ns.run(move || -> io::Result<(String, SocketAddr)> {
-        let socket = UdpSocket::bind(unspecified(&addr, 0))?;
+        let socket = UdpSocket::bind(unspecified(&addr, fresh_udp_port()))?;
         socket.set_read_timeout(Some(TIMEOUT))?;
         // Not connected: a reply from any source is received and reported,
         // so a test can check that it carries the frontend address.
@@ -243,7 +255,7 @@ pub fn udp_hello_ext(
 ) -> Result<(String, SocketAddr)> {
     let addr = addr.into();
     ns.run(move || -> io::Result<(String, SocketAddr)> {
-        let socket = UdpSocket::bind(unspecified(&addr, 0))?;
+        let socket = UdpSocket::bind(unspecified(&addr, fresh_udp_port()))?;
         ext_headers(&socket, which)?;
         socket.set_read_timeout(Some(TIMEOUT))?;
         socket.send_to(&vec![7u8; size], addr)?;
