@@ -380,9 +380,22 @@ impl ApiHandle {
     /// update that changes nothing is a no-op (no new resourceVersion, no
     /// event), as in Kubernetes.
     pub fn apply_json(&self, obj: Value) -> Result<Value> {
+        self.apply_json_timed(obj).map(|(stored, _)| stored)
+    }
+
+    /// [`ApiHandle::apply_json`], and the instant the change was committed
+    /// and its watch events sent (`None` when it changed nothing): where
+    /// a benchmark starts the clock of "a change reaches the datapath",
+    /// after the server's own work on the request.
+    pub fn apply_json_timed(&self, obj: Value) -> Result<(Value, Option<Instant>)> {
         let kind = kind_of(&obj)?;
-        let stored = self.shared.store().apply(kind, obj)?;
-        Ok(self.changed(stored))
+        let (stored, at) = {
+            let mut store = self.shared.store();
+            store.take_last_commit();
+            let stored = store.apply(kind, obj)?;
+            (stored, store.take_last_commit())
+        };
+        Ok((self.changed(stored), at))
     }
 
     /// Applies every object of a (multi-document) YAML string, in order;

@@ -76,6 +76,9 @@ pub(crate) struct Store {
     compacted: u64,
     objects: BTreeMap<Key, Stored>,
     history: VecDeque<Arc<Change>>,
+    /// When the last change was committed (its watch events sent), until
+    /// taken (`take_last_commit`).
+    last_commit: Option<std::time::Instant>,
     next_uid: u64,
     pub watchers: Registry,
 }
@@ -104,6 +107,7 @@ impl Store {
             compacted: 0,
             objects: BTreeMap::new(),
             history: VecDeque::new(),
+            last_commit: None,
             next_uid: 1,
             watchers: Registry::default(),
         }
@@ -266,7 +270,13 @@ impl Store {
             cur,
         });
         self.history.push_back(change.clone());
+        self.last_commit = Some(std::time::Instant::now());
         self.watchers.broadcast(&change);
+    }
+
+    /// When the last change was committed, if one was since the last call.
+    pub fn take_last_commit(&mut self) -> Option<std::time::Instant> {
+        self.last_commit.take()
     }
 
     /// Creates or replaces an object (like `kubectl apply` of the whole

@@ -197,15 +197,16 @@ fn one_rate(
         while started.elapsed() < window {
             *target_not_ready = !*target_not_ready;
             let want = if *target_not_ready { full - 1 } else { full };
-            let t = Instant::now();
-            if let Err(e) = api.apply_json(slice_json(
-                set,
-                target,
-                target_not_ready.then_some(ENDPOINTS - 1),
-            )) {
-                failed = Some(e);
-                break;
-            }
+            // Timed from the server's commit, as `control`'s series.
+            let slice = slice_json(set, target, target_not_ready.then_some(ENDPOINTS - 1));
+            let before = Instant::now();
+            let t = match api.apply_json_timed(slice) {
+                Ok((_, at)) => at.unwrap_or(before),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
             match wait_for(maps, &key(set, target), want, Duration::from_secs(30)) {
                 Ok(_) => samples.push(t.elapsed().as_nanos() as u64),
                 Err(e) => {
