@@ -77,6 +77,14 @@ pub fn egress(ctx: &TcContext, ip: &Ipv4Hdr) -> Result<Verdict, Error> {
     if inner_l4 > inner_off + 60 || inner.vihl & 0x0f < 5 {
         return Ok(Verdict::Next);
     }
+    // The quote must hold the ports within the IP packet (RFC 792: 8
+    // bytes of the datagram), not in the frame's padding after it: a port
+    // rewritten there would change bytes the ICMP checksum does not cover
+    // while the checksum is updated for them. A shorter quote is left
+    // alone, as on the way in.
+    if inner_l4 + 8 > ETH_LEN + u16::from_be_bytes(ip.tot_len) as usize {
+        return Ok(Verdict::Next);
+    }
     // The first 8 bytes of TCP, UDP and SCTP hold the ports alike. (The
     // quoted L4 checksum is left as it is, as for TCP and UDP here.)
     let ports: UdpHdr = ctx.load(inner_l4).map_err(|_| Error::Truncated)?;

@@ -89,6 +89,13 @@ fn try_egress(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     if !matches!(proto, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP) {
         return Ok(Verdict::Next);
     }
+    // The quote must hold the ports within the IPv6 packet, not in the
+    // frame's padding after it (whose bytes the ICMPv6 checksum does not
+    // cover), as on the way in.
+    let payload_len: [u8; 2] = ctx.load(ETH_LEN + 4).map_err(|_| Error::Truncated)?;
+    if inner_l4 + 8 > L4_OFF6 + u16::from_be_bytes(payload_len) as usize {
+        return Ok(Verdict::Next);
+    }
     // The first 4 bytes of TCP, UDP and SCTP are the ports alike.
     let ports: [u8; 4] = ctx.load(inner_l4).map_err(|_| Error::Truncated)?;
     let sport = u16::from_be_bytes([ports[0], ports[1]]);
