@@ -51,19 +51,20 @@ pub fn tcp_hellos(
     })
 }
 
-/// The unspecified address of `addr`'s family, port `port`.
 /// A local port for a one-datagram UDP client that no earlier one of this
 /// process used: each such exchange is a flow of its own. An ephemeral
 /// port may come back within a test (about 3% over 40 sockets), and its
 /// datagram then follows the earlier flow's conntrack entry instead of
 /// starting one, which tests counting new flows must not see. Below the
-/// ephemeral range (32768 and up), so the kernel never hands these out.
+/// default ephemeral range (32768 and up), which the test namespaces keep,
+/// so the kernel does not hand these out meanwhile.
 fn fresh_udp_port() -> u16 {
     use std::sync::atomic::{AtomicU16, Ordering};
     static NEXT: AtomicU16 = AtomicU16::new(0);
     20_000 + NEXT.fetch_add(1, Ordering::Relaxed) % 10_000
 }
 
+/// The unspecified address of `addr`'s family, port `port`.
 fn unspecified(addr: &SocketAddr, port: u16) -> SocketAddr {
     if addr.is_ipv6() {
         SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port))

@@ -17,9 +17,10 @@
 //! nodeName and hints. `slim_decoding_converts_like_the_full_object`
 //! holds the conversion of both forms equal on generated objects.
 //!
-//! Missing required fields (a slice without `addressType`) decode as
-//! empty here and are reported by the conversion, where the full decoder
-//! failed the object (and with it the whole list page it came in).
+//! Missing or null fields (a slice without `addressType`, a null
+//! `metadata`) decode as empty, as with k8s-openapi's decoders, and the
+//! conversion reports what it needs and does not find: one bad object
+//! never fails the list page it came in.
 
 use std::{borrow::Cow, collections::BTreeMap, fmt};
 
@@ -165,8 +166,7 @@ impl<'de> Deserialize<'de> for KeptKey {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct WireService {
-    #[serde(default)]
-    metadata: Meta,
+    metadata: Option<Meta>,
     spec: Option<ServiceSpec>,
     status: Option<ServiceStatus>,
 }
@@ -175,7 +175,7 @@ impl<'de> Deserialize<'de> for SlimService {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let w = WireService::deserialize(d)?;
         Ok(SlimService(Service {
-            metadata: w.metadata.into(),
+            metadata: w.metadata.unwrap_or_default().into(),
             spec: w.spec,
             status: w.status,
         }))
@@ -185,19 +185,15 @@ impl<'de> Deserialize<'de> for SlimService {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct WireSlice {
-    #[serde(default)]
-    metadata: Meta,
-    #[serde(default)]
-    address_type: String,
+    metadata: Option<Meta>,
+    address_type: Option<String>,
     ports: Option<Vec<EndpointPort>>,
-    #[serde(default)]
     endpoints: Option<Vec<WireEndpoint>>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct WireEndpoint {
-    #[serde(default)]
     addresses: Option<Vec<String>>,
     conditions: Option<EndpointConditions>,
     node_name: Option<String>,
@@ -220,8 +216,8 @@ impl<'de> Deserialize<'de> for SlimSlice {
             })
             .collect();
         Ok(SlimSlice(EndpointSlice {
-            metadata: w.metadata.into(),
-            address_type: w.address_type,
+            metadata: w.metadata.unwrap_or_default().into(),
+            address_type: w.address_type.unwrap_or_default(),
             ports: w.ports,
             endpoints,
         }))

@@ -199,9 +199,12 @@ fn one_rate(
             let want = if *target_not_ready { full - 1 } else { full };
             // Timed from the server's commit, as `control`'s series.
             let slice = slice_json(set, target, target_not_ready.then_some(ENDPOINTS - 1));
-            let before = Instant::now();
             let t = match api.apply_json_timed(slice) {
-                Ok((_, at)) => at.unwrap_or(before),
+                Ok((_, Some(at))) => at,
+                Ok((_, None)) => {
+                    failed = Some(anyhow::anyhow!("the target's change changed nothing"));
+                    break;
+                }
                 Err(e) => {
                     failed = Some(e);
                     break;

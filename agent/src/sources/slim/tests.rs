@@ -157,13 +157,22 @@ proptest! {
 /// What the API server sends for an object the conversion rejects must
 /// still decode: a bad object is reported, never a failed list page.
 #[test]
-fn a_slice_without_address_type_decodes_and_is_reported() {
-    let slice: SlimSlice = serde_json::from_str(
+fn objects_with_missing_or_null_fields_decode_and_are_reported() {
+    for json in [
         r#"{"metadata":{"name":"web-1","namespace":"default","resourceVersion":"7",
-            "labels":{"kubernetes.io/service-name":"web"}},"endpoints":null}"#,
-    )
-    .expect("decodes");
-    assert_eq!(slice.0.metadata.resource_version.as_deref(), Some("7"));
-    let problem = SliceInfo::from_slice(&slice.0).expect_err("reported");
-    assert!(problem.detail.contains("addressType"), "{problem:?}");
+            "labels":{"kubernetes.io/service-name":"web"},"annotations":null},"endpoints":null}"#,
+        r#"{"metadata":{"name":"web-1","namespace":"default","resourceVersion":"7",
+            "labels":{"kubernetes.io/service-name":"web"}},"addressType":null,
+            "ports":null,"endpoints":[{"addresses":null,"conditions":null}]}"#,
+    ] {
+        let slice: SlimSlice = serde_json::from_str(json).expect("decodes");
+        assert_eq!(slice.0.metadata.resource_version.as_deref(), Some("7"));
+        let problem = SliceInfo::from_slice(&slice.0).expect_err("reported");
+        assert!(problem.detail.contains("addressType"), "{problem:?}");
+    }
+    // A null metadata decodes too, and the conversion reports the name.
+    let svc: SlimService =
+        serde_json::from_str(r#"{"metadata":null,"spec":null}"#).expect("decodes");
+    let problem = ServiceInfo::from_service(&svc.0).expect_err("reported");
+    assert!(problem.detail.contains("metadata.name"), "{problem:?}");
 }
