@@ -80,11 +80,8 @@ impl ForeignTcx {
     pub fn attach(ns: &Netns, device: &str, attach_type: u32) -> Result<Self> {
         let prog = nop_tc("foreign_next")?;
         let link = link_create(ns, &prog, device, attach_type, 0)?;
-        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", link.as_raw_fd()))?;
-        let link_id = info
-            .lines()
-            .find_map(|l| l.strip_prefix("link_id:"))
-            .and_then(|v| v.trim().parse().ok())
+        let link_id = fdinfo_field(&link, "link_id")?
+            .and_then(|v| u32::try_from(v).ok())
             .context("no link_id in fdinfo")?;
         Ok(Self {
             _link: link,
@@ -98,6 +95,16 @@ impl ForeignTcx {
             .iter()
             .any(|(l, _)| *l == self.link_id))
     }
+}
+
+/// The numeric field `name` of a BPF object's fd in `/proc/self/fdinfo`
+/// (`prog_id`, `link_id`, `run_time_ns`, ...), `None` when absent.
+pub fn fdinfo_field(fd: &impl AsRawFd, name: &str) -> Result<Option<u64>> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
+    Ok(info
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse().ok()))
 }
 
 /// Loads a TC program named `name` that does nothing: `r0 = -1`
@@ -143,11 +150,7 @@ impl NopTcEverywhere {
 
     /// The program's id.
     pub fn prog_id(&self) -> Result<u64> {
-        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.prog.as_raw_fd()))?;
-        info.lines()
-            .find_map(|l| l.strip_prefix("prog_id:"))
-            .and_then(|v| v.trim().parse().ok())
-            .context("no prog_id in fdinfo")
+        fdinfo_field(&self.prog, "prog_id")?.context("no prog_id in fdinfo")
     }
 }
 

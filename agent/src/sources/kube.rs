@@ -1,11 +1,12 @@
 //! The Kubernetes source: kube-rs watchers on Services (with kube-proxy's
 //! label selector), EndpointSlices, this node's Node and the ServiceCIDRs,
 //! with the default backoff. Services and EndpointSlices decode into the
-//! slim types of `slim.rs` (only what the translation reads). Lists and relists stream through in pages
-//! (`Change::ListStart`, `ListPage`, `ListEnd`): the stores apply each page
-//! as it comes (an unchanged object changes nothing) and drop what the list
-//! did not hold at its end, so deletes missed while disconnected are not
-//! lost and a relist never holds a second copy of every object. Every watch event passes the
+//! slim types of `slim.rs` (only what the translation reads). Lists and
+//! relists stream through in pages (`Change::ListStart`, `ListPage`,
+//! `ListEnd`): the stores apply each page as it comes (an unchanged object
+//! changes nothing) and drop what the list did not hold at its end, so
+//! deletes missed while disconnected are not lost and a relist never holds
+//! a second copy of every object. Every watch event passes the
 //! resourceVersion guard: a stale event restarts the watcher with a fresh
 //! list instead of letting it resume from the past (incident 4).
 

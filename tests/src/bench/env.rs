@@ -229,8 +229,11 @@ impl Env {
 
     /// Attaches `tc-floor`'s empty program where sluice's TC programs go.
     pub fn attach_floor(&mut self) -> Result<()> {
-        let floor =
-            crate::bpf::NopTcEverywhere::attach(&self.topo.node, &self.topo.devices(), "tc_floor")?;
+        let floor = crate::bpf::NopTcEverywhere::attach(
+            &self.topo.node,
+            &self.topo.devices(),
+            super::progcost::FLOOR,
+        )?;
         self.floor = Some(floor);
         Ok(())
     }

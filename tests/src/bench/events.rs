@@ -18,7 +18,7 @@
 
 use std::{
     net::{Ipv4Addr, SocketAddr, UdpSocket},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{FromRawFd, OwnedFd},
     time::Duration,
 };
 
@@ -60,14 +60,9 @@ pub struct EventsCost {
 
 /// (`run_time_ns`, `run_cnt`) of the program behind `fd`.
 fn prog_stats(fd: &OwnedFd) -> Result<(u64, u64)> {
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
-    let field = |name: &str| -> u64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim_start_matches(':').trim().parse().ok())
-            .unwrap_or(0)
-    };
-    Ok((field("run_time_ns"), field("run_cnt")))
+    let field =
+        |name: &str| -> Result<u64> { Ok(crate::bpf::fdinfo_field(fd, name)?.unwrap_or(0)) };
+    Ok((field("run_time_ns")?, field("run_cnt")?))
 }
 
 fn prog_fd(id: u32) -> Result<OwnedFd> {

@@ -138,8 +138,9 @@ fn programs_of(root: &Path) -> Result<BTreeMap<u64, String>> {
         .collect())
 }
 
-/// The name `tc-floor`'s empty program has in the tables.
-const FLOOR: &str = "tc_floor";
+/// The name of `tc-floor`'s empty program (`Env::attach_floor`), as the
+/// tables show it.
+pub(super) const FLOOR: &str = "tc_floor";
 
 /// The programs of `env` by id: sluice's, or `tc-floor`'s empty one.
 fn programs(env: &Env) -> Result<BTreeMap<u64, String>> {
