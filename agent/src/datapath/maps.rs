@@ -46,6 +46,15 @@ pub struct Maps {
     pub svcnet_v4: LpmTrie<MapData, [u8; 4], u8>,
     pub svcnet_v6: LpmTrie<MapData, [u8; 16], u8>,
     pub svcnet_summary_v4: Array<MapData, SvcnetSummary4>,
+    /// The loaded programs' filters (`sluice_common::filter`): not pinned,
+    /// so only a writer over freshly loaded programs has them.
+    pub filters: Option<FilterMaps>,
+}
+
+/// One program generation's `sl_fe_filter` and `sl_port_filter`.
+pub struct FilterMaps {
+    pub frontends: Array<MapData, u64>,
+    pub ports: Array<MapData, u64>,
 }
 
 fn convert<T>(name: &'static str, map: Map) -> Result<T, DatapathError>
@@ -83,6 +92,10 @@ impl Maps {
             svcnet_v4: convert(names::SVCNET_V4, take(names::SVCNET_V4)?)?,
             svcnet_v6: convert(names::SVCNET_V6, take(names::SVCNET_V6)?)?,
             svcnet_summary_v4: convert(names::SVCNET_SUMMARY_V4, take(names::SVCNET_SUMMARY_V4)?)?,
+            filters: Some(FilterMaps {
+                frontends: convert(names::FE_FILTER, take(names::FE_FILTER)?)?,
+                ports: convert(names::PORT_FILTER, take(names::PORT_FILTER)?)?,
+            }),
         })
     }
 
@@ -116,6 +129,7 @@ impl Maps {
             svcnet_v4: convert(names::SVCNET_V4, open(names::SVCNET_V4)?)?,
             svcnet_v6: convert(names::SVCNET_V6, open(names::SVCNET_V6)?)?,
             svcnet_summary_v4: convert(names::SVCNET_SUMMARY_V4, open(names::SVCNET_SUMMARY_V4)?)?,
+            filters: None,
         })
     }
 

@@ -25,8 +25,8 @@ pub use layout::abi_lines;
 pub use links::{attached_devices, detach_device, Attached, Hook};
 pub(crate) use loader::{fs_type, BPF_FS_MAGIC};
 pub use loader::{Datapath, MapSizes};
-pub use maps::{read_map_state, Maps, ServiceKey};
-pub use writer::{Entry, EntryKey, MapReads, MapWriter, MapWrites};
+pub use maps::{read_map_state, FilterMaps, Maps, ServiceKey};
+pub use writer::{Entry, EntryKey, Filter, MapReads, MapWriter, MapWrites};
 pub use xdp::{detach_xdp, xdp_devices, XdpMode, PROGRAM as XDP_PROGRAM};
 
 /// The eBPF object built by `cargo xtask build-ebpf`, embedded at build time

@@ -104,6 +104,34 @@ pub trait MapWrites: MapReads {
     fn write_config(&mut self, config: &Config) -> Result<(), WriteError> {
         self.put(Entry::Config(config))
     }
+
+    /// Writes words (index, value) of one of the loaded programs' filters
+    /// (`sluice_common::filter`), in one batch. These maps belong to the
+    /// program generation, not to the pins: not counted in `writes`. On
+    /// failure: how many went in, and the error.
+    fn put_filter(
+        &mut self,
+        filter: Filter,
+        words: &[(u32, u64)],
+    ) -> Result<(), (usize, WriteError)>;
+}
+
+/// Which filter of the loaded programs (`sluice_common::filter`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filter {
+    /// `sl_fe_filter`: frontend addresses.
+    Frontends,
+    /// `sl_port_filter`: backend ports.
+    Ports,
+}
+
+impl Filter {
+    pub fn map_name(self) -> &'static str {
+        match self {
+            Filter::Frontends => names::FE_FILTER,
+            Filter::Ports => names::PORT_FILTER,
+        }
+    }
 }
 
 pub struct MapWriter {
@@ -349,6 +377,45 @@ impl MapWrites for MapWriter {
 
     fn writes(&self) -> u64 {
         self.writes
+    }
+
+    fn put_filter(
+        &mut self,
+        filter: Filter,
+        words: &[(u32, u64)],
+    ) -> Result<(), (usize, WriteError)> {
+        let map = filter.map_name();
+        let Some(filters) = &self.maps.filters else {
+            return Err((
+                0,
+                WriteError::Map {
+                    map,
+                    source: MapError::InvalidName {
+                        name: map.to_owned(),
+                    },
+                },
+            ));
+        };
+        let fd = match filter {
+            Filter::Frontends => filters.frontends.map().fd().as_fd(),
+            Filter::Ports => filters.ports.map().fd().as_fd(),
+        };
+        let mut keys = Vec::with_capacity(words.len() * 4);
+        let mut values = Vec::with_capacity(words.len() * 8);
+        for (index, word) in words {
+            keys.extend_from_slice(&index.to_ne_bytes());
+            values.extend_from_slice(&word.to_ne_bytes());
+        }
+        sys::map_update_batch(fd, &keys, &values, words.len() as u32).map_err(|(done, io_error)| {
+            let source = MapError::SyscallError(SyscallError {
+                call: "bpf_map_update_batch",
+                io_error,
+            });
+            (
+                (done as usize).min(words.len()),
+                WriteError::from_map(map, source),
+            )
+        })
     }
 
     fn put_batch(&mut self, entries: &[Entry<'_>]) -> Result<(), (usize, WriteError)> {

@@ -3,8 +3,9 @@
 //! invariant the datapath relies on (`frontend.rs`): a slot names an
 //! existing backend, a master entry covers only existing slots and flags
 //! only an existing Maglev table, a table names only existing backends;
-//! removals go in the reverse order. A violation panics with the write
-//! that broke it.
+//! removals go in the reverse order; the loaded programs' filters pass
+//! every frontend address and backend port the maps hold (once written).
+//! A violation panics with the write that broke it.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -12,14 +13,16 @@ use std::{
 };
 
 use sluice_common::{
-    service::SVC_F_MAGLEV, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key,
-    Ct6Key, CtEntry, MaglevTable, SockEntry, SockRevKey, Stat, SvcValue, SvcnetSummary4,
+    filter, service::SVC_F_MAGLEV, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config,
+    Ct4Key, Ct6Key, CtEntry, MaglevTable, SockEntry, SockRevKey, Stat, SvcValue, SvcnetSummary4,
 };
 
 use super::{endpoint_of, BackendId, FrontendState, MapState, SourceRange, SvcId};
 use crate::{
     conntrack::SocketEntries,
-    datapath::{DatapathError, Entry, EntryKey, MapReads, MapWrites, ServiceKey, WriteError},
+    datapath::{
+        DatapathError, Entry, EntryKey, Filter, MapReads, MapWrites, ServiceKey, WriteError,
+    },
     model::{Endpoint, FrontendKey},
 };
 
@@ -80,6 +83,13 @@ pub struct FakeMaps {
     /// The write with this index (counting `attempts` from 0) fails once.
     pub fail_at: Option<usize>,
     pub attempts: usize,
+    /// The loaded programs' filters: words written (absent: never).
+    pub fe_filter: BTreeMap<u32, u64>,
+    pub port_filter: BTreeMap<u32, u64>,
+    /// Filter words written.
+    pub filter_writes: usize,
+    /// Every filter write fails (the other writes count `attempts`).
+    pub fail_filters: bool,
 }
 
 fn frontend_of(key: ServiceKey) -> (FrontendKey, u16) {
@@ -94,13 +104,57 @@ impl FakeMaps {
         Self::default()
     }
 
-    /// The same maps, as a restarted agent finds them: nothing recorded.
+    /// The same maps, as a restarted agent finds them: nothing recorded,
+    /// and its programs' filters unwritten.
     pub fn restarted(&self) -> Self {
         Self {
             log: Vec::new(),
             fail_at: None,
             attempts: 0,
+            fe_filter: BTreeMap::new(),
+            port_filter: BTreeMap::new(),
+            filter_writes: 0,
             ..self.clone()
+        }
+    }
+
+    /// Whether the frontend filter passes `addr` (a word never written
+    /// passes everything).
+    pub fn filter_passes_addr(&self, addr: IpAddr) -> bool {
+        let (w, b) = match addr {
+            IpAddr::V4(a) => filter::addr4_slot(u32::from_ne_bytes(a.octets())),
+            IpAddr::V6(a) => filter::addr6_slot(&a.octets()),
+        };
+        filter::passes(self.fe_filter.get(&w).copied().unwrap_or(0), b)
+    }
+
+    /// Whether the port filter passes `port`.
+    pub fn filter_passes_port(&self, port: u16) -> bool {
+        let (w, b) = filter::port_slot(port);
+        filter::passes(self.port_filter.get(&w).copied().unwrap_or(0), b)
+    }
+
+    /// Checks that every frontend and backend still passes its filter.
+    fn check_filters(&self, which: Filter) {
+        match which {
+            Filter::Frontends => {
+                for (fe, _) in self.services.keys() {
+                    assert!(
+                        self.filter_passes_addr(fe.addr),
+                        "frontend filter stops passing {} while {fe} is programmed",
+                        fe.addr
+                    );
+                }
+            }
+            Filter::Ports => {
+                for (id, b) in &self.backends {
+                    assert!(
+                        self.filter_passes_port(b.port),
+                        "port filter stops passing {} while backend {id} is programmed",
+                        b.port
+                    );
+                }
+            }
         }
     }
 
@@ -115,8 +169,20 @@ impl FakeMaps {
 
     fn check_put(&self, entry: &Entry<'_>) {
         match entry {
+            Entry::Backend(id, b) => {
+                assert!(
+                    self.filter_passes_port(b.port),
+                    "backend {id} written before the port filter passes {}",
+                    b.port
+                );
+            }
             Entry::Service(key, value) => {
                 let (fe, slot) = frontend_of(*key);
+                assert!(
+                    self.filter_passes_addr(fe.addr),
+                    "{fe} written before the frontend filter passes {}",
+                    fe.addr
+                );
                 if slot > 0 {
                     assert!(
                         self.backends.contains_key(&BackendId(value.backend_id)),
@@ -347,6 +413,31 @@ impl MapReads for FakeMaps {
 }
 
 impl MapWrites for FakeMaps {
+    fn put_filter(
+        &mut self,
+        which: Filter,
+        words: &[(u32, u64)],
+    ) -> Result<(), (usize, WriteError)> {
+        for (i, (index, word)) in words.iter().enumerate() {
+            if self.fail_filters {
+                return Err((
+                    i,
+                    WriteError::Full {
+                        map: which.map_name(),
+                    },
+                ));
+            }
+            let map = match which {
+                Filter::Frontends => &mut self.fe_filter,
+                Filter::Ports => &mut self.port_filter,
+            };
+            map.insert(*index, *word);
+            self.filter_writes += 1;
+            self.check_filters(which);
+        }
+        Ok(())
+    }
+
     fn put(&mut self, entry: Entry<'_>) -> Result<(), WriteError> {
         if let Some(map) = self.full(&entry) {
             return Err(WriteError::Full { map });

@@ -12,6 +12,7 @@
 mod drain;
 #[cfg(test)]
 pub(crate) mod fake;
+mod filters;
 mod frontend;
 mod ids;
 pub mod maglev;
@@ -39,6 +40,7 @@ use crate::{
     },
     model::{DesiredState, FrontendKey, ServicePortName},
 };
+use filters::Filters;
 use ids::Ids;
 use sluice_common::{
     maps::{self as names, MAX_SLOTS, SVCNET_CIDR, SVCNET_CLUSTER_IP},
@@ -125,6 +127,8 @@ pub struct Reconciler<W = MapWriter> {
     nets_synced: Option<u64>,
     /// Cluster IPs left out of a full `sl_svcnet4/6` (reported once).
     nets_left_out: usize,
+    /// What the loaded programs' filters hold.
+    filters: Filters,
 }
 
 /// Service-map entries per address family (`sl_svc4`, `sl_svc6`).
@@ -265,6 +269,7 @@ impl<W: MapWrites> Reconciler<W> {
             },
             nets_synced: None,
             nets_left_out: 0,
+            filters: Filters::new(),
         };
         for (id, b) in programmed.backends {
             r.set_backend(id, b);
@@ -277,6 +282,13 @@ impl<W: MapWrites> Reconciler<W> {
         r.programmed.local_ifaces = programmed.local_ifaces;
         r.programmed.service_nets = programmed.service_nets;
         r.programmed.svcnet_summary_v4 = programmed.svcnet_summary_v4;
+        // Before the programs are attached: from their first packet the
+        // filters pass every frontend and backend the maps hold. A filter
+        // that could not be written passes everything (and costs only the
+        // lookups it would have saved); the next full reconcile retries.
+        if let Err(e) = r.filters.fill(&mut r.writer, &r.programmed) {
+            warn!(error = %e, "datapath filters not written: every packet takes the service lookups");
+        }
         Ok(r)
     }
 
@@ -565,6 +577,25 @@ impl<W: MapWrites> Reconciler<W> {
             units.push((name, id));
         }
 
+        // The filters pass what the units below may write, in one batch
+        // for all of them (`apply_unit` checks its own again).
+        let addrs = units
+            .iter()
+            .filter_map(|(name, _)| desired.services.get(*name))
+            .flat_map(|svc| svc.frontends.iter());
+        if let Err(e) = self
+            .filters
+            .admit_addrs(&mut self.writer, addrs.clone().map(|f| f.key.addr))
+            .and_then(|()| {
+                self.filters.admit_ports(
+                    &mut self.writer,
+                    addrs.flat_map(|f| f.backends.iter().map(|b| b.endpoint.port)),
+                )
+            })
+        {
+            report.errors.push(e);
+        }
+
         // C: units nobody desires drain, then go.
         for id in leftovers {
             if self.ids.owner(id).is_some() {
@@ -630,6 +661,14 @@ impl<W: MapWrites> Reconciler<W> {
 
         // E: the service address space, once the frontends serve.
         self.sync_service_nets(desired, matches!(scope, Scope::All), &mut report);
+
+        // F: a full reconcile clears the filters' bits of what went (or
+        // writes them whole if `new` could not).
+        if matches!(scope, Scope::All) {
+            if let Err(e) = self.filters.fill(&mut self.writer, &self.programmed) {
+                report.errors.push(e);
+            }
+        }
 
         report.writes = self.writer.writes() - before;
         report
@@ -868,6 +907,19 @@ impl<W: MapWrites> Reconciler<W> {
             .filter(|(bid, b)| self.programmed.backends.get(bid) != Some(b))
             .copied()
             .collect();
+        // The filters pass the unit's frontends and backends before any is
+        // written (a no-op when the reconcile admitted them already).
+        let admitted = self
+            .filters
+            .admit_ports(&mut self.writer, changed.iter().map(|(_, b)| b.port))
+            .and_then(|()| {
+                self.filters
+                    .admit_addrs(&mut self.writer, plan.frontends.iter().map(|(k, _)| k.addr))
+            });
+        if let Err(e) = admitted {
+            report.errors.push(e);
+            return;
+        }
         let entries: Vec<Entry<'_>> = changed
             .iter()
             .map(|(bid, b)| Entry::Backend(*bid, b))
@@ -1047,8 +1099,8 @@ impl<W: MapWrites> Reconciler<W> {
 }
 
 /// The `sl_svcnetsum4` value for IPv4 service nets among `nets`; with
-/// none, the unwritten (all-zero) value, which the programs read as "look
-/// every address up" (in an empty `sl_svcnet4`).
+/// none, a written summary of no prefix (no address can be in an empty
+/// `sl_svcnet4`, so every packet skips its lookup).
 fn svcnet_summary<'a>(nets: impl Iterator<Item = &'a SourceRange>) -> SvcnetSummary4 {
     let mut v4: Vec<([u8; 4], u8)> = nets
         .filter_map(|(ip, len)| match ip {
@@ -1056,9 +1108,6 @@ fn svcnet_summary<'a>(nets: impl Iterator<Item = &'a SourceRange>) -> SvcnetSumm
             std::net::IpAddr::V6(_) => None,
         })
         .collect();
-    if v4.is_empty() {
-        return SvcnetSummary4::default();
-    }
     SvcnetSummary4::of(&mut v4)
 }
 

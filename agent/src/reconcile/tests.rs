@@ -240,7 +240,12 @@ fn a_removed_service_drains_then_leaves_nothing_behind() {
     sync_all(&mut r, &empty, t0 + DRAIN);
     assert!(r.writer().services.is_empty());
     assert!(r.writer().backends.is_empty());
-    assert_eq!(r.programmed(), &super::MapState::default());
+    // Nothing left but the summary of no service net.
+    let nothing = super::MapState {
+        svcnet_summary_v4: sluice_common::SvcnetSummary4::of(&mut []),
+        ..super::MapState::default()
+    };
+    assert_eq!(r.programmed(), &nothing);
 }
 
 fn rich_desired() -> DesiredState {
@@ -521,4 +526,105 @@ fn service_nets_are_compared_only_when_their_version_changes() {
     d.nets_version = 0;
     r.reconcile(&d, Scope::Changed(&none), Instant::now());
     assert_eq!(r.writer().service_nets.len(), 1);
+}
+
+/// `addr` of a test, parsed.
+fn ip(addr: &str) -> std::net::IpAddr {
+    addr.parse().unwrap()
+}
+
+#[test]
+fn the_filters_pass_what_is_programmed_and_a_full_reconcile_clears_what_went() {
+    let mut r = start(FakeMaps::new());
+    // Filled at adoption: every word written, nothing passes yet.
+    assert_eq!(
+        r.writer().fe_filter.len(),
+        sluice_common::filter::FE_FILTER_WORDS as usize
+    );
+    assert!(!r.writer().filter_passes_addr(ip("10.96.0.10")));
+    assert!(!r.writer().filter_passes_port(8080));
+    let t0 = Instant::now();
+    let web = key("10.96.0.10", 80);
+    let v6 = key("fd00::10", 80);
+    let mut svc = service(web, active(&["10.1.0.1"]));
+    svc.frontends.push(Frontend::new(
+        v6,
+        FrontendKind::ClusterIp,
+        active(&["fd00:1::1"]),
+        WhenEmpty::Reject,
+    ));
+    sync_all(&mut r, &desired(vec![("web", svc)]), t0);
+    let maps = r.writer();
+    assert!(maps.filter_passes_addr(ip("10.96.0.10")));
+    assert!(maps.filter_passes_addr(ip("fd00::10")));
+    assert!(maps.filter_passes_port(8080));
+    // Pods' addresses and ports stay out (these happen not to share a bit).
+    assert!(!maps.filter_passes_addr(ip("10.1.0.1")));
+    assert!(!maps.filter_passes_addr(ip("10.1.0.2")));
+    assert!(!maps.filter_passes_port(8081));
+    assert!(!maps.filter_passes_port(40_000));
+    // Gone after the drain: the next full reconcile clears their bits.
+    let empty = DesiredState::default();
+    sync_all(&mut r, &empty, t0);
+    sync_all(&mut r, &empty, t0 + DRAIN);
+    assert!(r.writer().services.is_empty());
+    assert!(!r.writer().filter_passes_addr(ip("10.96.0.10")));
+    assert!(!r.writer().filter_passes_addr(ip("fd00::10")));
+    assert!(!r.writer().filter_passes_port(8080));
+}
+
+#[test]
+fn a_restarted_agent_fills_its_programs_filters_from_the_maps_it_adopts() {
+    let mut r = start(FakeMaps::new());
+    sync_all(&mut r, &rich_desired(), Instant::now());
+    let maps = r.writer().restarted();
+    assert!(maps.fe_filter.is_empty());
+    let r = start(maps);
+    let maps = r.writer();
+    assert!(maps.log.is_empty(), "{:?}", maps.log);
+    for (fe, _) in maps.services.keys() {
+        assert!(maps.filter_passes_addr(fe.addr), "{fe}");
+    }
+    for b in maps.backends.values() {
+        assert!(maps.filter_passes_port(b.port), "{}", b.port);
+    }
+    assert!(!maps.filter_passes_port(1));
+}
+
+#[test]
+fn a_filter_that_cannot_be_written_holds_its_unit_back_until_it_can() {
+    let mut r = start(FakeMaps::new());
+    r.writer_mut().fail_filters = true;
+    let d = desired(vec![(
+        "web",
+        service(key("10.96.0.10", 80), active(&["10.1.0.1"])),
+    )]);
+    let report = r.reconcile(&d, Scope::All, Instant::now());
+    assert!(!report.errors.is_empty());
+    // Nothing of the unit went in: the datapath would not have seen it.
+    assert!(r.writer().services.is_empty());
+    assert!(r.writer().backends.is_empty());
+    assert_programmed_is_exact(&r);
+    r.writer_mut().fail_filters = false;
+    sync_all(&mut r, &d, Instant::now());
+    assert_eq!(r.writer().services.len(), 2);
+}
+
+#[test]
+fn the_fake_catches_a_frontend_written_before_its_filter_passes_it() {
+    let result = std::panic::catch_unwind(|| {
+        let mut maps = FakeMaps::new();
+        let fe = key("10.96.0.10", 80);
+        // A written filter word that lacks the frontend's bit.
+        let (w, _) = sluice_common::filter::addr4_slot(u32::from_ne_bytes([10, 96, 0, 10]));
+        let _ = maps.put_filter(
+            crate::datapath::Filter::Frontends,
+            &[(w, sluice_common::filter::WORD_WRITTEN)],
+        );
+        let _ = maps.put(crate::datapath::Entry::Service(
+            ServiceKey::of(&fe, 0),
+            &sluice_common::SvcValue::default(),
+        ));
+    });
+    assert!(result.is_err());
 }

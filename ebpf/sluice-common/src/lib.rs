@@ -21,6 +21,7 @@ pub mod config;
 pub mod conntrack;
 pub mod crc32c;
 pub mod events;
+pub mod filter;
 pub mod fragment;
 pub mod hash;
 pub mod maglev;

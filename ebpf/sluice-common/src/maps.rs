@@ -85,6 +85,12 @@ pub const EVENTS: &str = "sl_events";
 pub const XDP_DEVS: &str = "sl_xdp_devs";
 /// Capacity of `sl_xdp_devs`.
 pub const XDP_DEVS_MAX: u32 = 64;
+/// Array of `u64` words: the frontend-address filter (`filter.rs`). Not
+/// pinned: the agent fills the map of the programs it loads.
+pub const FE_FILTER: &str = "sl_fe_filter";
+/// Array of `u64` words: the backend-port filter (`filter.rs`). Not
+/// pinned, as `sl_fe_filter`.
+pub const PORT_FILTER: &str = "sl_port_filter";
 /// The IPv6 twin of `sl_svcnet4`: LPM trie of `[u8; 16]` -> `SVCNET_*`.
 pub const SVCNET_V6: &str = "sl_svcnet6";
 /// One-entry array: `SvcnetSummary4`, prefixes covering `sl_svcnet4`.

@@ -13,7 +13,7 @@ use crate::{
     flow::{Flow4, Parsed},
     headers::TCP_SYN,
     icmp,
-    maps::{count, CONNTRACK_V4},
+    maps::{self, count, CONNTRACK_V4},
     nat::{self, Side},
 };
 use sluice_common::Hook;
@@ -33,6 +33,10 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         }
         Parsed::Other => return Ok(Verdict::Next),
     };
+    // Reverse NAT applies only to a packet from a backend's port.
+    if !maps::may_be_backend_port(flow.sport) {
+        return Ok(Verdict::HandOver);
+    }
     let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) else {
         // During an upgrade's handover the old generation may know it.
         return Ok(Verdict::HandOver);

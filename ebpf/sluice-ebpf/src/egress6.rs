@@ -44,6 +44,10 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
         events::flow6(Stat::FragmentUnknown, Hook::Egress, skb, &s.flow, 0, 0);
         return Ok(Verdict::Next);
     }
+    // Reverse NAT applies only to a packet from a backend's port.
+    if !maps::may_be_backend_port(s.flow.sport) {
+        return Ok(Verdict::Next);
+    }
     s.flow.ct_key_into(&mut s.ct_key);
     let Some(entry) = CONNTRACK_V6.get_ptr_mut(&s.ct_key) else {
         return Ok(Verdict::Next);

@@ -75,10 +75,10 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         Parsed::Other => return Ok(Verdict::Next),
     };
     let config = maps::config();
-    if flow.dport >= config.snat_port_min
+    let snat_port = flow.dport >= config.snat_port_min
         && flow.dport <= config.snat_port_max
-        && config.snat_port_min != 0
-    {
+        && config.snat_port_min != 0;
+    if snat_port {
         if let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) {
             // SAFETY: pointer from a successful lookup; copied at once.
             let ct = unsafe { *entry };
@@ -87,12 +87,15 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
             }
         }
     }
+    // No frontend has this address and it is outside the service address
+    // space (a pod's packet to another pod): what `unserved` would answer,
+    // without the hash lookup.
+    if !maps::may_be_frontend_v4(flow.dst) && !maps::may_be_service_net_v4(flow.dst) {
+        return Ok(outside(snat_port));
+    }
     let Some(master) = maps::service(&Svc4Key::new(flow.dst, flow.dport, flow.proto, 0)) else {
         // Maybe the reply of an SNATed flow that only the previous
         // generation knows, during an upgrade's handover.
-        let snat_port = flow.dport >= config.snat_port_min
-            && flow.dport <= config.snat_port_max
-            && config.snat_port_min != 0;
         return unserved(ctx.skb.skb, &flow, snat_port);
     };
     // SAFETY: plain helper call.
@@ -169,11 +172,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
 fn unserved(skb: *mut __sk_buff, flow: &Flow4, snat_port: bool) -> Result<Verdict, Error> {
     let kind = maps::svcnet_v4(u32::from_ne_bytes(flow.dst));
     if kind == 0 {
-        return Ok(if snat_port {
-            Verdict::HandOver
-        } else {
-            Verdict::Next
-        });
+        return Ok(outside(snat_port));
     }
     if CONNTRACK_V4.get_ptr(flow.ct_key()).is_some() {
         return Ok(Verdict::Next);
@@ -196,6 +195,18 @@ fn unserved(skb: *mut __sk_buff, flow: &Flow4, snat_port: bool) -> Result<Verdic
     count(Stat::UnallocatedIp);
     events::ingress4(Stat::UnallocatedIp, skb, flow, 0, 0);
     Ok(Verdict::Drop)
+}
+
+/// The verdict for a packet outside the service address space that no
+/// frontend takes: during an upgrade's handover one to an SNAT port may
+/// be the reply of a flow only the previous generation knows.
+#[inline(always)]
+fn outside(snat_port: bool) -> Verdict {
+    if snat_port {
+        Verdict::HandOver
+    } else {
+        Verdict::Next
+    }
 }
 
 /// The master entry of the internal scope of `flow`'s frontend, if it has

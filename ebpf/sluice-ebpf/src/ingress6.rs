@@ -94,6 +94,11 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
             }
         }
     }
+    // No frontend has this address: what a miss in `sl_svc6` would
+    // answer, without the hash lookup.
+    if !maps::may_be_frontend_v6(&s.flow.dst) {
+        return Ok(unserved(skb, s));
+    }
     s.flow.svc_key_into(&mut s.svc_key, 0, SCOPE_EXTERNAL);
     let Some(master) = maps::service6(&s.svc_key) else {
         return Ok(unserved(skb, s));

@@ -12,7 +12,7 @@ use aya_ebpf::{
 };
 use sluice_common::{
     events::EVENTS_RING_BYTES,
-    maps as names,
+    filter, maps as names,
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX,
         FRAGMENTS_MAX, HANDOVER_MAX, LOCAL_IFS_MAX, LOCAL_MAX, MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX,
@@ -210,6 +210,52 @@ pub fn scratch() -> Option<&'static mut Scratch> {
 #[btf_map(name = "sl_xdp_devs")]
 pub static XDP_DEVS: DevMapHash<{ sluice_common::maps::XDP_DEVS_MAX as usize }> = DevMapHash::new();
 
+/// The frontend-address filter (`sluice_common::filter`). Not pinned:
+/// each program generation has its own, which the agent fills before it
+/// attaches the programs.
+#[btf_map(name = "sl_fe_filter")]
+pub static FE_FILTER: Array<u64, { filter::FE_FILTER_WORDS as usize }> = Array::new();
+
+/// The backend-port filter (`sluice_common::filter`). Not pinned, as
+/// `sl_fe_filter`.
+#[btf_map(name = "sl_port_filter")]
+pub static PORT_FILTER: Array<u64, { filter::PORT_FILTER_WORDS as usize }> = Array::new();
+
+/// Whether a frontend may have IPv4 address `dst` (false: no entry of
+/// `sl_svc4` has it). One word of an array: no hash lookup.
+#[inline(always)]
+pub fn may_be_frontend_v4(dst: [u8; 4]) -> bool {
+    let (word, bit) = filter::addr4_slot(u32::from_ne_bytes(dst));
+    FE_FILTER.get(word).is_none_or(|w| filter::passes(*w, bit))
+}
+
+/// `may_be_frontend_v4` for IPv6 (`sl_svc6`).
+#[inline(always)]
+pub fn may_be_frontend_v6(dst: &[u8; 16]) -> bool {
+    let (word, bit) = filter::addr6_slot(dst);
+    FE_FILTER.get(word).is_none_or(|w| filter::passes(*w, bit))
+}
+
+/// Whether a backend may listen on `port` (false: no conntrack entry can
+/// be the reply entry of a packet from this port, so reverse NAT has
+/// nothing to find).
+#[inline(always)]
+pub fn may_be_backend_port(port: u16) -> bool {
+    let (word, bit) = filter::port_slot(port);
+    PORT_FILTER
+        .get(word)
+        .is_none_or(|w| filter::passes(*w, bit))
+}
+
+/// Whether IPv4 `dst` may be in `sl_svcnet4` (`sl_svcnetsum4`'s answer:
+/// true while it is unwritten).
+#[inline(always)]
+pub fn may_be_service_net_v4(dst: [u8; 4]) -> bool {
+    SVCNET_SUMMARY_V4
+        .get(0)
+        .is_none_or(|s| s.may_hold(u32::from_ne_bytes(dst)))
+}
+
 // The literal names above must be the ABI's names.
 use sluice_common::abi::same;
 const _: () = assert!(same("sl_svc4", names::SERVICES_V4));
@@ -237,6 +283,8 @@ const _: () = assert!(same("sl_svcnet6", names::SVCNET_V6));
 const _: () = assert!(same("sl_events", names::EVENTS));
 const _: () = assert!(same("sl_xdp_devs", names::XDP_DEVS));
 const _: () = assert!(same("sl_svcnetsum4", names::SVCNET_SUMMARY_V4));
+const _: () = assert!(same("sl_fe_filter", names::FE_FILTER));
+const _: () = assert!(same("sl_port_filter", names::PORT_FILTER));
 
 // Every pinned map above is in the declaration table (its layout is
 // checked against it by agent/tests/abi_lock.rs).
