@@ -444,6 +444,16 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         v4: family == Family::V4 || mapped,
         mapped,
     };
+    // No frontend has this address and (IPv4) it is outside the service
+    // address space: what `unserved` would answer, without the lookups.
+    if at.v4 {
+        let v4 = at.v4_addr();
+        if !maps::may_be_frontend_v4(v4) && !maps::may_be_service_net_v4(v4) {
+            return ALLOW;
+        }
+    } else if !maps::may_be_frontend_v6(&at.addr) {
+        return unserved(&at);
+    }
     let Some(mut master) = service(&at, 0, SCOPE_EXTERNAL) else {
         return unserved(&at);
     };
@@ -561,13 +571,17 @@ pub fn reverse(ctx: &SockAddrContext, family: Family) -> i32 {
     }
     let sa = ctx.sock_addr;
     // SAFETY: reading a field of the program's context.
-    let raw_port = unsafe { (*sa).user_port };
+    let port = u16::from_be(unsafe { (*sa).user_port } as u16);
+    // Only a backend's port can be one the socket was sent to.
+    if !maps::may_be_backend_port(port) {
+        return ALLOW;
+    }
     // SAFETY: plain helper call on the program's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let key = SockRevKey {
         cookie,
         backend: read_addr(sa, family),
-        port: u16::from_be(raw_port as u16),
+        port,
         _pad: [0; 6],
     };
     if let Some(rev) = SOCK_REV.get_ptr(key) {
@@ -582,6 +596,14 @@ pub fn reverse(ctx: &SockAddrContext, family: Family) -> i32 {
 /// it as a live flow of its backend).
 #[inline(always)]
 pub fn release(ctx: &SockContext) -> i32 {
+    // A balanced socket is connected to a backend's port (an unconnected
+    // UDP socket, balanced per datagram, to port 0): a socket connected to
+    // another port (one a server accepted, say) has no entry to find.
+    // SAFETY: reading a field of the program's socket.
+    let port = u16::from_be(unsafe { (*ctx.sock).dst_port });
+    if port != 0 && !maps::may_be_backend_port(port) {
+        return ALLOW;
+    }
     // SAFETY: plain helper call on the program's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     if let Some(e) = SOCKETS.get_ptr(cookie) {
