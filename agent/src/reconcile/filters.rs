@@ -9,7 +9,7 @@
 //! writes every word once, from the maps the agent adopted, before the
 //! programs are attached; until a word is written it passes everything.
 
-use std::net::IpAddr;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use sluice_common::filter::{
     addr4_slot, addr6_slot, port_slot, FE_FILTER_WORDS, PORT_FILTER_WORDS, WORD_WRITTEN,
@@ -138,16 +138,13 @@ impl Filters {
 /// The written words of `have` that lack a bit of `slots`, with the bits
 /// added (each word once). A word never written passes already.
 fn admit(have: &[u64], slots: impl Iterator<Item = (u32, u32)>) -> Vec<(u32, u64)> {
-    let mut words: Vec<(u32, u64)> = Vec::new();
+    let mut words: BTreeMap<u32, u64> = BTreeMap::new();
     for (w, b) in slots {
         let current = have[w as usize];
         if current & WORD_WRITTEN == 0 || current & (1 << b) != 0 {
             continue;
         }
-        match words.iter_mut().find(|(i, _)| *i == w) {
-            Some((_, word)) => *word |= 1 << b,
-            None => words.push((w, current | 1 << b)),
-        }
+        *words.entry(w).or_insert(current) |= 1 << b;
     }
-    words
+    words.into_iter().collect()
 }
