@@ -20,13 +20,13 @@ use aya::{
 };
 use sluice_common::{
     conntrack::{timeouts, CT_F_SEEN_REPLY},
-    maps as names, AffinityValue, Backend, Ct4Key, Ct6Key, CtEntry, CtKind, SockEntry, SockRevKey,
+    maps as names, AffinityValue, Ct4Key, Ct6Key, CtEntry, CtKind, SockEntry, SockRevKey,
     IPPROTO_SCTP, IPPROTO_TCP,
 };
 
 use crate::{
     datapath::{DatapathError, Maps},
-    reconcile::BackendId,
+    reconcile::{BackendId, BackendLookup},
 };
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
@@ -92,7 +92,7 @@ pub fn forward_key_of_reply<K: CtKey>(key: &K, entry: &CtEntry) -> K {
 /// API allows (a frontend's own timeout is enforced by the datapath).
 pub fn stale_affinities<K: Copy>(
     entries: &[(K, AffinityValue)],
-    backends: &HashMap<BackendId, Backend>,
+    backends: &impl BackendLookup,
     now_ns: u64,
 ) -> Vec<K> {
     let max_idle = Duration::from_secs(u64::from(crate::translate::MAX_AFFINITY_TIMEOUT));
@@ -102,7 +102,7 @@ pub fn stale_affinities<K: Copy>(
             let idle = Duration::from_nanos(now_ns.saturating_sub(v.last_used_ns));
             idle > max_idle
                 || backends
-                    .get(&BackendId(v.backend_id))
+                    .backend(BackendId(v.backend_id))
                     .is_none_or(|b| b.svc_id != v.svc_id)
         })
         .map(|(k, _)| *k)
@@ -176,7 +176,7 @@ pub fn read_all6(maps: &Maps) -> Result<Vec<(Ct6Key, CtEntry)>, DatapathError> {
 /// Judges every entry against the programmed backends at `now_ns`.
 pub fn scan<K: CtKey>(
     entries: &[(K, CtEntry)],
-    backends: &HashMap<BackendId, Backend>,
+    backends: &impl BackendLookup,
     now_ns: u64,
 ) -> CtScan<K> {
     let mut out = CtScan {
@@ -185,7 +185,7 @@ pub fn scan<K: CtKey>(
     };
     let valid = |e: &CtEntry| {
         backends
-            .get(&BackendId(e.backend_id))
+            .backend(BackendId(e.backend_id))
             .is_some_and(|b| b.svc_id == e.svc_id)
     };
     let fresh = |k: &K, e: &CtEntry| {
@@ -223,7 +223,10 @@ pub fn scan<K: CtKey>(
 
 #[cfg(test)]
 mod tests {
-    use sluice_common::conntrack::{CT_F_RST, CT_F_RX_CLOSING, CT_F_SYN, CT_F_TX_CLOSING};
+    use sluice_common::{
+        conntrack::{CT_F_RST, CT_F_RX_CLOSING, CT_F_SYN, CT_F_TX_CLOSING},
+        Backend,
+    };
 
     use super::*;
 
@@ -474,13 +477,13 @@ pub fn read_sockets(maps: &Maps) -> Result<SocketEntries, DatapathError> {
 pub fn scan_sockets(
     sockets: &[(u64, SockEntry)],
     revs: &[SockRevKey],
-    backends: &HashMap<BackendId, Backend>,
+    backends: &impl BackendLookup,
 ) -> SockScan {
     let mut out = SockScan::default();
     let mut live = std::collections::HashSet::new();
     for (cookie, e) in sockets {
         if backends
-            .get(&BackendId(e.backend_id))
+            .backend(BackendId(e.backend_id))
             .is_some_and(|b| b.svc_id == e.svc_id)
         {
             *out.flows.entry(BackendId(e.backend_id)).or_default() += 1;
@@ -501,7 +504,7 @@ pub fn scan_sockets(
 /// sockets'.
 pub fn live_flows(
     maps: &Maps,
-    backends: &HashMap<BackendId, Backend>,
+    backends: &impl BackendLookup,
 ) -> Result<HashMap<BackendId, u32>, DatapathError> {
     let now = monotonic_ns();
     let mut flows = scan(&read_all(maps)?, backends, now).flows;

@@ -2,10 +2,20 @@
 //!
 //! Ids are what conntrack entries record, so they must survive agent
 //! restarts (adopted from the pinned maps) and must not be reused while an
-//! entry may still name them: both counters only move forward, skipping
-//! ids still in the maps.
+//! entry may still name them. Service-port ids only move forward, skipping
+//! ids still in the maps. Backend ids stay dense, so that the record of
+//! the backends is a flat table (`backends.rs`): a freed id is reused,
+//! lowest first, once a conntrack scan that began after it was freed has
+//! completed (the scan deletes every conntrack, socket and affinity entry
+//! of a backend that is gone, and nothing can name an id once its backend
+//! is out of `sl_backends`). Ids missing from the maps at adoption wait
+//! for the first scan the same way: the previous agent may have freed
+//! them just before it stopped.
 
-use std::collections::HashMap;
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap},
+};
 
 use super::state::MapState;
 use crate::model::{FrontendKey, ServicePortName};
@@ -16,7 +26,15 @@ pub struct Ids {
     by_id: HashMap<SvcId, ServicePortName>,
     next_svc: SvcId,
     next_backend: BackendId,
+    /// Backend ids freed since the last conntrack scan began.
+    freed: Vec<BackendId>,
+    /// Backend ids a completed scan cleared, lowest first.
+    free: BinaryHeap<Reverse<BackendId>>,
 }
+
+/// Below this many ids beyond twice the backends adopted, the gaps among
+/// adopted ids are worth reusing (and cheap to list).
+const GAP_SLACK: u32 = 4096;
 
 impl Ids {
     /// Starts counting after every id in `programmed`.
@@ -28,17 +46,24 @@ impl Ids {
             .chain(programmed.backends.values().map(SvcId::of))
             .max()
             .unwrap_or_default();
-        let max_backend = programmed
-            .backends
-            .keys()
-            .copied()
-            .max()
-            .unwrap_or_default();
+        let max_backend = programmed.backends.keys().max().unwrap_or_default();
+        let dense =
+            u64::from(max_backend.0) <= 2 * programmed.backends.len() as u64 + u64::from(GAP_SLACK);
+        let freed = if dense {
+            (1..max_backend.0)
+                .map(BackendId)
+                .filter(|id| !programmed.backends.contains_key(id))
+                .collect()
+        } else {
+            Vec::new()
+        };
         Self {
             by_name: HashMap::new(),
             by_id: HashMap::new(),
             next_svc: max_svc.next(),
             next_backend: max_backend.next(),
+            freed,
+            free: BinaryHeap::new(),
         }
     }
 
@@ -96,14 +121,43 @@ impl Ids {
         Some(id)
     }
 
-    /// A backend id that `in_use` says is free.
+    /// A backend id that `in_use` says is free: the lowest one a scan
+    /// cleared, else the next never used.
     pub fn backend(&mut self, in_use: impl Fn(BackendId) -> bool) -> BackendId {
+        while let Some(Reverse(id)) = self.free.pop() {
+            if !in_use(id) {
+                return id;
+            }
+        }
         loop {
             let id = self.next_backend;
             self.next_backend = self.next_backend.next();
             if !in_use(id) {
                 return id;
             }
+        }
+    }
+}
+
+impl Ids {
+    /// A backend left `sl_backends`: its id waits for a scan.
+    pub fn release_backend(&mut self, id: BackendId) {
+        self.freed.push(id);
+    }
+
+    /// A conntrack scan begins: the ids it will clear (hand them back with
+    /// `scan_done`).
+    pub fn scan_begins(&mut self) -> Vec<BackendId> {
+        std::mem::take(&mut self.freed)
+    }
+
+    /// The scan that began with `ids` completed (`cleared`: it deleted
+    /// every stale entry it found) or not (they wait for the next one).
+    pub fn scan_done(&mut self, ids: Vec<BackendId>, cleared: bool) {
+        if cleared {
+            self.free.extend(ids.into_iter().map(Reverse));
+        } else {
+            self.freed.extend(ids);
         }
     }
 }

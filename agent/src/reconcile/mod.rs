@@ -9,6 +9,7 @@
 //! its backend. A change to one service costs work proportional to that
 //! service; an unchanged desired state costs no syscall at all.
 
+mod backends;
 mod drain;
 #[cfg(test)]
 pub(crate) mod fake;
@@ -26,6 +27,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub use backends::{BackendLookup, BackendTable};
 pub use drain::{drains, Drain, FlowCounts};
 pub use ids::{BackendId, SvcId};
 pub use plan::{endpoint_of, Refusal, UnitPlan};
@@ -271,8 +273,8 @@ impl<W: MapWrites> Reconciler<W> {
             nets_left_out: 0,
             filters: Filters::new(),
         };
-        for (id, b) in programmed.backends {
-            r.set_backend(id, b);
+        for (id, b) in programmed.backends.iter() {
+            r.set_backend(id, *b);
         }
         for (key, fe) in programmed.frontends {
             r.set_frontend(key, fe);
@@ -381,6 +383,7 @@ impl<W: MapWrites> Reconciler<W> {
     fn drop_backend(&mut self, id: BackendId) {
         if let Some(old) = self.programmed.backends.remove(&id) {
             self.unindex_backend(id, SvcId::of(&old));
+            self.ids.release_backend(id);
         }
         self.drain.forget(id);
     }
@@ -1035,6 +1038,14 @@ impl<W: MapWrites> Reconciler<W> {
     /// removed backend) and records live flows per backend for the drain
     /// manager. `now` must be taken before the scan starts.
     pub fn scan_conntrack(&mut self, now: Instant) -> Result<ScanReport, DatapathError> {
+        let ids = self.ids.scan_begins();
+        let result = self.scan_conntrack_inner(now);
+        let cleared = matches!(&result, Ok(report) if report.errors.is_empty());
+        self.ids.scan_done(ids, cleared);
+        result
+    }
+
+    fn scan_conntrack_inner(&mut self, now: Instant) -> Result<ScanReport, DatapathError> {
         let now_ns = conntrack::monotonic_ns();
         let backends = &self.programmed.backends;
         let scan4 = conntrack::scan(&self.writer.conntrack4()?, backends, now_ns);

@@ -8,9 +8,12 @@ use std::{
     net::IpAddr,
 };
 
-use sluice_common::{service::FRONTEND_KIND_MASK, Backend, FrontendKind, SvcnetSummary4};
+use sluice_common::{service::FRONTEND_KIND_MASK, FrontendKind, SvcnetSummary4};
 
-use super::ids::{BackendId, SvcId};
+use super::{
+    backends::BackendTable,
+    ids::{BackendId, SvcId},
+};
 use crate::model::{Endpoint, FrontendKey};
 
 /// One frontend: its master entry and its slots.
@@ -47,7 +50,7 @@ pub type SourceRange = (IpAddr, u8);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapState {
     pub frontends: HashMap<FrontendKey, FrontendState>,
-    pub backends: HashMap<BackendId, Backend>,
+    pub backends: BackendTable,
     /// Source ranges per service-port id.
     pub source_ranges: HashMap<SvcId, BTreeSet<SourceRange>>,
     /// The cluster's own sources (`sl_local4`, `sl_local6`).

@@ -628,3 +628,114 @@ fn the_fake_catches_a_frontend_written_before_its_filter_passes_it() {
     });
     assert!(result.is_err());
 }
+
+/// The id of the backend whose IPv4 address ends in `last`.
+fn id_ending(r: &Reconciler<FakeMaps>, last: u8) -> super::BackendId {
+    r.writer()
+        .backends
+        .iter()
+        .find(|(_, b)| b.addr[3] == last)
+        .map(|(id, _)| *id)
+        .unwrap()
+}
+
+/// A live forward conntrack entry naming backend `id`.
+fn flow_on(id: super::BackendId, sport: u16) -> (sluice_common::Ct4Key, CtEntry) {
+    let key = sluice_common::Ct4Key {
+        proto: IPPROTO_TCP,
+        sport,
+        ..Default::default()
+    };
+    let entry = CtEntry {
+        last_seen_ns: crate::conntrack::monotonic_ns(),
+        backend_id: id.get(),
+        svc_id: 1,
+        kind: CtKind::Forward as u8,
+        ..CtEntry::default()
+    };
+    (key, entry)
+}
+
+#[test]
+fn a_freed_backend_id_is_reused_only_after_a_scan_that_began_after_it_went() {
+    let mut r = start(FakeMaps::new());
+    let fe = key("10.96.0.10", 80);
+    let with = |addrs: &[&str]| desired(vec![("web", service(fe, active(addrs)))]);
+    let t0 = Instant::now();
+    sync_all(&mut r, &with(&["10.1.0.1", "10.1.0.2"]), t0);
+    let gone = id_ending(&r, 2);
+    // It drains, then goes at the drain timeout.
+    sync_all(&mut r, &with(&["10.1.0.1"]), t0);
+    sync_all(&mut r, &with(&["10.1.0.1"]), t0 + DRAIN);
+    assert!(!r.writer().backends.contains_key(&gone));
+    // An entry may still name it: a new backend gets another id.
+    r.writer_mut().conntrack4.push(flow_on(gone, 1));
+    sync_all(&mut r, &with(&["10.1.0.1", "10.1.0.3"]), t0 + DRAIN);
+    assert_ne!(id_ending(&r, 3), gone);
+    // A scan deletes that entry; the next new backend takes the id, and
+    // the table stays as dense as the backends are.
+    r.scan_conntrack(t0 + DRAIN).unwrap();
+    assert!(r.writer().conntrack4.is_empty());
+    sync_all(
+        &mut r,
+        &with(&["10.1.0.1", "10.1.0.3", "10.1.0.4"]),
+        t0 + DRAIN,
+    );
+    assert_eq!(id_ending(&r, 4), gone);
+    let max = r.writer().backends.keys().max().unwrap().get();
+    assert_eq!(max, 3);
+}
+
+#[test]
+fn a_restarted_agent_reuses_the_ids_missing_from_the_maps_after_its_first_scan() {
+    let mut r = start(FakeMaps::new());
+    let fe = key("10.96.0.10", 80);
+    let with = |addrs: &[&str]| desired(vec![("web", service(fe, active(addrs)))]);
+    let t0 = Instant::now();
+    sync_all(&mut r, &with(&["10.1.0.1", "10.1.0.2", "10.1.0.3"]), t0);
+    let gap = id_ending(&r, 2);
+    sync_all(&mut r, &with(&["10.1.0.1", "10.1.0.3"]), t0);
+    sync_all(&mut r, &with(&["10.1.0.1", "10.1.0.3"]), t0 + DRAIN);
+    // The agent stops before any scan; an entry still names the id.
+    let mut maps = r.writer().restarted();
+    maps.conntrack4.push(flow_on(gap, 2));
+    let mut r = start(maps);
+    sync_all(&mut r, &with(&["10.1.0.1", "10.1.0.3", "10.1.0.5"]), t0);
+    assert_ne!(id_ending(&r, 5), gap);
+    r.scan_conntrack(t0).unwrap();
+    assert!(r.writer().conntrack4.is_empty());
+    sync_all(
+        &mut r,
+        &with(&["10.1.0.1", "10.1.0.3", "10.1.0.5", "10.1.0.6"]),
+        t0,
+    );
+    assert_eq!(id_ending(&r, 6), gap);
+}
+
+#[test]
+fn a_scan_that_could_not_delete_everything_clears_no_id() {
+    let mut r = start(FakeMaps::new());
+    let fe = key("10.96.0.10", 80);
+    let with = |addrs: &[&str]| desired(vec![("web", service(fe, active(addrs)))]);
+    let t0 = Instant::now();
+    sync_all(&mut r, &with(&["10.1.0.1", "10.1.0.2"]), t0);
+    let gone = id_ending(&r, 2);
+    sync_all(&mut r, &with(&["10.1.0.1"]), t0);
+    sync_all(&mut r, &with(&["10.1.0.1"]), t0 + DRAIN);
+    r.writer_mut().conntrack4.push(flow_on(gone, 1));
+    // The scan's delete of that entry fails.
+    let next = r.writer().attempts;
+    r.writer_mut().fail_at = Some(next);
+    let report = r.scan_conntrack(t0 + DRAIN).unwrap();
+    assert_eq!(report.errors.len(), 1);
+    sync_all(&mut r, &with(&["10.1.0.1", "10.1.0.3"]), t0 + DRAIN);
+    assert_ne!(id_ending(&r, 3), gone);
+    // The next scan deletes it and clears the id.
+    r.scan_conntrack(t0 + DRAIN).unwrap();
+    sync_all(
+        &mut r,
+        &with(&["10.1.0.1", "10.1.0.3", "10.1.0.4"]),
+        t0 + DRAIN,
+    );
+    assert_eq!(id_ending(&r, 4), gone);
+}
