@@ -71,7 +71,7 @@ pub(super) fn collect<'a>(
                     port: sp.port,
                 },
                 conditions: e.conditions,
-                local: !node_name.is_empty() && e.node_name.as_deref() == Some(node_name),
+                local: !node_name.is_empty() && e.node_name() == Some(node_name),
                 zone_hints: e.zone_hints(),
                 node_hints: e.node_hints(),
             };

@@ -12,7 +12,12 @@
 //! (the caller should treat it as absent), and otherwise the usable part,
 //! with what was left out recorded in its `problems`.
 
-use std::{collections::BTreeMap, fmt, net::IpAddr, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashSet},
+    fmt,
+    net::IpAddr,
+    sync::{Arc, Mutex},
+};
 
 use k8s_openapi::{
     api::{
@@ -783,15 +788,16 @@ pub struct SlicePort {
 pub struct SliceEndpoint {
     pub addr: IpAddr,
     pub conditions: Conditions,
-    pub node_name: Option<Arc<str>>,
-    /// Topology hints: `None` (one word, no allocation) for the usual
-    /// endpoint without any.
-    pub hints: Option<Box<Hints>>,
+    /// Where it runs: its node and topology hints, one shared copy per
+    /// combination (a cluster has few: 32 bytes an endpoint instead of
+    /// 48); `None` for an endpoint without node or hints.
+    pub place: Option<Arc<Place>>,
 }
 
-/// An endpoint's topology hints, names interned.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Hints {
+/// An endpoint's node and topology hints, interned (`Place::intern`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Place {
+    pub node_name: Option<Arc<str>>,
     /// `hints.forZones[].name`, sorted.
     pub zones: Box<[Arc<str>]>,
     /// `hints.forNodes[].name`, sorted (written for services with
@@ -799,15 +805,40 @@ pub struct Hints {
     pub nodes: Box<[Arc<str>]>,
 }
 
+impl Place {
+    /// The shared copy of `place`, or `None` when it says nothing. Like
+    /// `model::intern`, the pool lives as long as the process: nodes and
+    /// their hint combinations are few.
+    pub fn intern(place: Place) -> Option<Arc<Place>> {
+        static POOL: Mutex<Option<HashSet<Arc<Place>>>> = Mutex::new(None);
+        if place == Place::default() {
+            return None;
+        }
+        let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+        let pool = pool.get_or_insert_with(HashSet::new);
+        if let Some(p) = pool.get(&place) {
+            return Some(p.clone());
+        }
+        let shared = Arc::new(place);
+        pool.insert(shared.clone());
+        Some(shared)
+    }
+}
+
 impl SliceEndpoint {
+    /// `nodeName`, if set.
+    pub fn node_name(&self) -> Option<&str> {
+        self.place.as_deref().and_then(|p| p.node_name.as_deref())
+    }
+
     /// `hints.forZones[].name`, sorted.
     pub fn zone_hints(&self) -> &[Arc<str>] {
-        self.hints.as_deref().map_or(&[], |h| &h.zones)
+        self.place.as_deref().map_or(&[], |p| &p.zones)
     }
 
     /// `hints.forNodes[].name`, sorted.
     pub fn node_hints(&self) -> &[Arc<str>] {
-        self.hints.as_deref().map_or(&[], |h| &h.nodes)
+        self.place.as_deref().map_or(&[], |p| &p.nodes)
     }
 }
 
@@ -973,16 +1004,14 @@ fn endpoint(ep: &K8sEndpoint, family: AddressFamily) -> Result<SliceEndpoint, En
     Ok(SliceEndpoint {
         addr,
         conditions: Conditions::from_k8s(ep.conditions.as_ref()),
-        node_name: ep
-            .node_name
-            .as_deref()
-            .filter(|n| !n.is_empty())
-            .map(crate::model::intern),
-        hints: (!zone_hints.is_empty() || !node_hints.is_empty()).then(|| {
-            Box::new(Hints {
-                zones: zone_hints.into(),
-                nodes: node_hints.into(),
-            })
+        place: Place::intern(Place {
+            node_name: ep
+                .node_name
+                .as_deref()
+                .filter(|n| !n.is_empty())
+                .map(crate::model::intern),
+            zones: zone_hints.into(),
+            nodes: node_hints.into(),
         }),
     })
 }
@@ -1579,7 +1608,7 @@ mod tests {
         assert_eq!(info.ports[0].name, "");
         let strs = |h: &[Arc<str>]| h.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(strs(info.endpoints[0].zone_hints()), ["a", "b"]);
-        assert_eq!(info.endpoints[0].node_name.as_deref(), Some("n1"));
+        assert_eq!(info.endpoints[0].node_name(), Some("n1"));
         assert!(info.endpoints[0].node_hints().is_empty());
 
         let mut e = ep("10.0.0.2");

@@ -1077,22 +1077,15 @@ fn trimmed_objects_are_small() {
                 .map(|p| std::mem::size_of::<PortInfo>() + p.name.capacity())
                 .sum::<usize>()
     };
-    let slice_heap = slice
+    // Each endpoint, and once each place (node and hints) they share.
+    let places: std::collections::HashSet<*const crate::translate::objects::Place> = slice
         .endpoints
         .iter()
-        .map(|e| {
-            std::mem::size_of::<SliceEndpoint>()
-                + e.node_name.as_ref().map_or(0, |n| n.len())
-                + e.hints.as_ref().map_or(0, |h| {
-                    std::mem::size_of::<crate::translate::objects::Hints>()
-                        + h.zones
-                            .iter()
-                            .chain(h.nodes.iter())
-                            .map(|z| 16 + z.len())
-                            .sum::<usize>()
-                })
-        })
-        .sum::<usize>()
+        .filter_map(|e| e.place.as_ref().map(std::sync::Arc::as_ptr))
+        .collect();
+    assert!(std::mem::size_of::<SliceEndpoint>() <= 32);
+    let slice_heap = slice.endpoints.len() * std::mem::size_of::<SliceEndpoint>()
+        + places.len() * std::mem::size_of::<crate::translate::objects::Place>()
         + slice
             .ports
             .iter()
