@@ -70,6 +70,12 @@ impl BackendTable {
         if self.dense_slot(id, &b) {
             let i = id.0 as usize;
             if i >= self.dense.len() {
+                // Grown by a sixteenth, not doubled: at a million backends
+                // one id past the end would otherwise add 24 MB.
+                if i >= self.dense.capacity() {
+                    self.dense
+                        .reserve_exact(i + 1 + (i >> 4) - self.dense.len());
+                }
                 self.dense.resize(i + 1, Backend::default());
             }
             self.dense[i] = b;
