@@ -539,6 +539,27 @@ fn a_relist_that_finds_nothing_changed_writes_nothing() -> Result<()> {
     };
     let (services0, slices0) = (relists("Service")?, relists("EndpointSlice")?);
     let updates0 = synced(&c.agent)?;
+    // The page sizes the agent asked for: 500 for its first list (few
+    // round trips), 100 for a relist (less in flight beside full stores).
+    let limits = || -> Vec<String> {
+        c.server
+            .requests()
+            .into_iter()
+            .filter(|r| r.verb == Verb::List && r.resource == Some(ResourceKind::EndpointSlice))
+            .filter_map(|r| {
+                r.params
+                    .iter()
+                    .find(|(k, _)| k == "limit")
+                    .map(|(_, v)| v.clone())
+            })
+            .collect()
+    };
+    let first = limits();
+    ensure!(
+        !first.is_empty() && first.iter().all(|l| l == "500"),
+        "first list pages: {first:?}"
+    );
+    c.server.clear_requests();
 
     c.server
         .expire_watches(&[ResourceKind::Service, ResourceKind::EndpointSlice]);
@@ -560,5 +581,10 @@ fn a_relist_that_finds_nothing_changed_writes_nothing() -> Result<()> {
     );
     ensure!(c.agent.healthz()?.0 == 200, "still healthy");
     ensure!(c.agent.metric("sluice_programmed_frontends")? >= 1201.0);
+    let relisted = limits();
+    ensure!(
+        relisted.len() >= 12 && relisted.iter().all(|l| l == "100"),
+        "relist pages: {relisted:?}"
+    );
     Ok(())
 }
