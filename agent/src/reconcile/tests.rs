@@ -656,18 +656,34 @@ fn flow_on(id: super::BackendId, sport: u16) -> (sluice_common::Ct4Key, CtEntry)
     (key, entry)
 }
 
+/// `web` at 10.96.0.10:80 with the endpoints `addrs`.
+fn web_with(addrs: &[&str]) -> DesiredState {
+    desired(vec![("web", service(key("10.96.0.10", 80), active(addrs)))])
+}
+
+/// A reconciler that programmed `web` with `before`, then `after`, and
+/// waited out the drain: the backend ending in `.last` is gone. Its id.
+fn gone_after_drain(
+    r: &mut Reconciler<FakeMaps>,
+    before: &[&str],
+    after: &[&str],
+    last: u8,
+    t0: Instant,
+) -> super::BackendId {
+    sync_all(r, &web_with(before), t0);
+    let gone = id_ending(r, last);
+    sync_all(r, &web_with(after), t0);
+    sync_all(r, &web_with(after), t0 + DRAIN);
+    assert!(!r.writer().backends.contains_key(&gone));
+    gone
+}
+
 #[test]
 fn a_freed_backend_id_is_reused_only_after_a_scan_that_began_after_it_went() {
     let mut r = start(FakeMaps::new());
-    let fe = key("10.96.0.10", 80);
-    let with = |addrs: &[&str]| desired(vec![("web", service(fe, active(addrs)))]);
+    let with = web_with;
     let t0 = Instant::now();
-    sync_all(&mut r, &with(&["10.1.0.1", "10.1.0.2"]), t0);
-    let gone = id_ending(&r, 2);
-    // It drains, then goes at the drain timeout.
-    sync_all(&mut r, &with(&["10.1.0.1"]), t0);
-    sync_all(&mut r, &with(&["10.1.0.1"]), t0 + DRAIN);
-    assert!(!r.writer().backends.contains_key(&gone));
+    let gone = gone_after_drain(&mut r, &["10.1.0.1", "10.1.0.2"], &["10.1.0.1"], 2, t0);
     // An entry may still name it: a new backend gets another id.
     r.writer_mut().conntrack4.push(flow_on(gone, 1));
     sync_all(&mut r, &with(&["10.1.0.1", "10.1.0.3"]), t0 + DRAIN);
@@ -689,13 +705,10 @@ fn a_freed_backend_id_is_reused_only_after_a_scan_that_began_after_it_went() {
 #[test]
 fn a_restarted_agent_reuses_the_ids_missing_from_the_maps_after_its_first_scan() {
     let mut r = start(FakeMaps::new());
-    let fe = key("10.96.0.10", 80);
-    let with = |addrs: &[&str]| desired(vec![("web", service(fe, active(addrs)))]);
+    let with = web_with;
     let t0 = Instant::now();
-    sync_all(&mut r, &with(&["10.1.0.1", "10.1.0.2", "10.1.0.3"]), t0);
-    let gap = id_ending(&r, 2);
-    sync_all(&mut r, &with(&["10.1.0.1", "10.1.0.3"]), t0);
-    sync_all(&mut r, &with(&["10.1.0.1", "10.1.0.3"]), t0 + DRAIN);
+    let all = ["10.1.0.1", "10.1.0.2", "10.1.0.3"];
+    let gap = gone_after_drain(&mut r, &all, &["10.1.0.1", "10.1.0.3"], 2, t0);
     // The agent stops before any scan; an entry still names the id.
     let mut maps = r.writer().restarted();
     maps.conntrack4.push(flow_on(gap, 2));
@@ -715,13 +728,9 @@ fn a_restarted_agent_reuses_the_ids_missing_from_the_maps_after_its_first_scan()
 #[test]
 fn a_scan_that_could_not_delete_everything_clears_no_id() {
     let mut r = start(FakeMaps::new());
-    let fe = key("10.96.0.10", 80);
-    let with = |addrs: &[&str]| desired(vec![("web", service(fe, active(addrs)))]);
+    let with = web_with;
     let t0 = Instant::now();
-    sync_all(&mut r, &with(&["10.1.0.1", "10.1.0.2"]), t0);
-    let gone = id_ending(&r, 2);
-    sync_all(&mut r, &with(&["10.1.0.1"]), t0);
-    sync_all(&mut r, &with(&["10.1.0.1"]), t0 + DRAIN);
+    let gone = gone_after_drain(&mut r, &["10.1.0.1", "10.1.0.2"], &["10.1.0.1"], 2, t0);
     r.writer_mut().conntrack4.push(flow_on(gone, 1));
     // The scan's delete of that entry fails.
     let next = r.writer().attempts;
