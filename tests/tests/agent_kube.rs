@@ -567,11 +567,17 @@ fn a_relist_that_finds_nothing_changed_writes_nothing() -> Result<()> {
         .wait_until("both kinds relisted", Duration::from_secs(20), |_| {
             Ok(relists("Service")? > services0 && relists("EndpointSlice")? > slices0)
         })?;
-    // Each relist hands over a start, its pages and an end: all of them
-    // reached the maps' side (synced) before the writes are compared.
+    // Each relist hands over a start, its pages (12 of 100 objects or
+    // more) and an end: all of them reached the maps' side (synced), and
+    // nothing more comes, before the writes are compared.
     c.agent
         .wait_until("relisted objects synced", Duration::from_secs(20), |a| {
-            Ok(synced(a)? >= updates0 + 2.0 * 5.0)
+            if synced(a)? < updates0 + 2.0 * 14.0 {
+                return Ok(false);
+            }
+            let before = synced(a)?;
+            std::thread::sleep(Duration::from_millis(300));
+            Ok(synced(a)? == before)
         })?;
     let after = c.agent.metric("sluice_map_writes_total")?;
     ensure!(

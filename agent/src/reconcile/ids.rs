@@ -145,6 +145,12 @@ impl Ids {
         self.freed.push(id);
     }
 
+    /// Ids handed out for a plan that was refused: never written, so
+    /// nothing names them; free again at once.
+    pub fn unclaim_backends(&mut self, ids: impl IntoIterator<Item = BackendId>) {
+        self.free.extend(ids.into_iter().map(Reverse));
+    }
+
     /// A conntrack scan begins: the ids it will clear (hand them back with
     /// `scan_done`).
     pub fn scan_begins(&mut self) -> Vec<BackendId> {

@@ -636,10 +636,12 @@ impl<W: MapWrites> Reconciler<W> {
                 .max()
                 .unwrap_or(0);
             if slots > MAX_SLOTS as usize {
+                self.ids.unclaim_backends(fresh);
                 self.refuse(name, Refusal::TooManyBackends(slots), &mut report);
                 continue;
             }
             if !self.fits(id, &plan) {
+                self.ids.unclaim_backends(fresh);
                 self.refuse(name, Refusal::MapsFull, &mut report);
                 continue;
             }

@@ -748,3 +748,33 @@ fn a_scan_that_could_not_delete_everything_clears_no_id() {
     );
     assert_eq!(id_ending(&r, 4), gone);
 }
+
+#[test]
+fn a_refused_service_port_gives_back_the_ids_it_was_handed() {
+    let maps = FakeMaps {
+        limits: Limits {
+            services: 3,
+            backends: 2,
+            maglev: 0,
+        },
+        ..FakeMaps::new()
+    };
+    let mut r = Reconciler::new(maps, &sizes(3, 2, 0), Duration::ZERO).unwrap();
+    let a = service(key("10.96.0.10", 80), active(&["10.1.0.1", "10.1.0.2"]));
+    let b = service(key("10.96.0.11", 80), active(&["10.1.0.3"]));
+    let now = Instant::now();
+    let both = desired(vec![("a", a), ("b", b.clone())]);
+    // Refused again and again while `a` holds the room.
+    for _ in 0..20 {
+        r.reconcile(&both, Scope::All, now);
+    }
+    assert_eq!(r.refused().get(&name("b")), Some(&Refusal::MapsFull));
+    // `a` goes; `b` is programmed with the id its refusals kept handing
+    // back, not one past twenty refusals.
+    let only_b = desired(vec![("b", b)]);
+    for _ in 0..3 {
+        sync_all(&mut r, &only_b, now);
+    }
+    assert!(r.refused().is_empty());
+    assert_eq!(id_ending(&r, 3).get(), 3);
+}

@@ -222,7 +222,10 @@ where
             let mut guard = RvGuard::new();
             let mut page: Vec<Converted<T>> = Vec::new();
             let mut listed = 0usize;
-            let mut lists = 0usize;
+            // Whether this stream completed a list: a later `Init` is then
+            // a relist (410 Gone); before, the watcher's retry of a failed
+            // list, which keeps its backoff in this stream.
+            let mut completed = false;
             loop {
                 let event = match stream.next().await {
                     Some(Ok(event)) => {
@@ -249,8 +252,7 @@ where
                 };
                 let (obj, deleted) = match event {
                     Event::Init => {
-                        lists += 1;
-                        if lists > 1 && page_len != RELIST_PAGE as usize {
+                        if completed && page_len != RELIST_PAGE as usize {
                             // The watcher relists (410 Gone): anew, with
                             // a relist's pages (nothing was fetched yet).
                             break;
@@ -279,6 +281,7 @@ where
                     }
                     Event::InitDone => {
                         listed_once = true;
+                        completed = true;
                         info!(%kind, objects = listed, "listed");
                         if !page.is_empty() {
                             let rest = std::mem::take(&mut page);

@@ -596,14 +596,8 @@ pub fn reverse(ctx: &SockAddrContext, family: Family) -> i32 {
 /// it as a live flow of its backend).
 #[inline(always)]
 pub fn release(ctx: &SockContext) -> i32 {
-    // A balanced socket is connected to a backend's port (an unconnected
-    // UDP socket, balanced per datagram, to port 0): a socket connected to
-    // another port (one a server accepted, say) has no entry to find.
-    // SAFETY: reading a field of the program's socket.
-    let port = u16::from_be(unsafe { (*ctx.sock).dst_port });
-    if port != 0 && !maps::may_be_backend_port(port) {
-        return ALLOW;
-    }
+    // (No filter here: a socket balanced once may since have connected
+    // elsewhere, so its peer's port at close says nothing of its entries.)
     // SAFETY: plain helper call on the program's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     if let Some(e) = SOCKETS.get_ptr(cookie) {
