@@ -164,27 +164,36 @@ impl MapWriter {
         for entry in entries {
             pack(entry, &mut keys, &mut values);
         }
-        match sys::map_update_batch(fd, &keys, &values, entries.len() as u32) {
-            Ok(()) => {
-                self.writes += entries.len() as u64;
-                Ok(())
-            }
-            Err((done, io_error)) => {
-                let done = (done as usize).min(entries.len());
-                self.writes += done as u64;
-                let source = MapError::SyscallError(SyscallError {
-                    call: "bpf_map_update_batch",
-                    io_error,
-                });
-                Err((done, WriteError::from_map(map, source)))
-            }
-        }
+        let result = update_batch(map, fd, &keys, &values, entries.len());
+        self.writes += result.as_ref().err().map_or(entries.len(), |(n, _)| *n) as u64;
+        result
     }
 
     /// Read access to the maps.
     pub fn maps(&self) -> &Maps {
         &self.maps
     }
+}
+
+/// One `BPF_MAP_UPDATE_BATCH` of `count` entries into `map` (`fd`); on
+/// failure, how many went in and the error.
+fn update_batch(
+    map: &'static str,
+    fd: std::os::fd::BorrowedFd<'_>,
+    keys: &[u8],
+    values: &[u8],
+    count: usize,
+) -> Result<(), (usize, WriteError)> {
+    sys::map_update_batch(fd, keys, values, count as u32).map_err(|(done, io_error)| {
+        let source = MapError::SyscallError(SyscallError {
+            call: "bpf_map_update_batch",
+            io_error,
+        });
+        (
+            (done as usize).min(count),
+            WriteError::from_map(map, source),
+        )
+    })
 }
 
 /// The maps whose runs of entries go to the kernel in one batch.
@@ -406,16 +415,7 @@ impl MapWrites for MapWriter {
             keys.extend_from_slice(&index.to_ne_bytes());
             values.extend_from_slice(&word.to_ne_bytes());
         }
-        sys::map_update_batch(fd, &keys, &values, words.len() as u32).map_err(|(done, io_error)| {
-            let source = MapError::SyscallError(SyscallError {
-                call: "bpf_map_update_batch",
-                io_error,
-            });
-            (
-                (done as usize).min(words.len()),
-                WriteError::from_map(map, source),
-            )
-        })
+        update_batch(map, fd, &keys, &values, words.len())
     }
 
     fn put_batch(&mut self, entries: &[Entry<'_>]) -> Result<(), (usize, WriteError)> {

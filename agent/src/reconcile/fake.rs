@@ -121,10 +121,7 @@ impl FakeMaps {
     /// Whether the frontend filter passes `addr` (a word never written
     /// passes everything).
     pub fn filter_passes_addr(&self, addr: IpAddr) -> bool {
-        let (w, b) = match addr {
-            IpAddr::V4(a) => filter::addr4_slot(u32::from_ne_bytes(a.octets())),
-            IpAddr::V6(a) => filter::addr6_slot(&a.octets()),
-        };
+        let (w, b) = super::filters::addr_slot(addr);
         filter::passes(self.fe_filter.get(&w).copied().unwrap_or(0), b)
     }
 

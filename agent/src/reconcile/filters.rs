@@ -25,7 +25,7 @@ pub(super) struct Filters {
 }
 
 /// Word and bit of a frontend address.
-fn addr_slot(addr: IpAddr) -> (u32, u32) {
+pub(super) fn addr_slot(addr: IpAddr) -> (u32, u32) {
     match addr {
         IpAddr::V4(a) => addr4_slot(u32::from_ne_bytes(a.octets())),
         IpAddr::V6(a) => addr6_slot(&a.octets()),

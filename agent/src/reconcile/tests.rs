@@ -283,9 +283,9 @@ fn a_restarted_agent_adopts_the_maps_without_writing() {
     assert_eq!(again.writer().backends, held.backends);
 }
 
-#[test]
-fn a_service_is_refused_when_the_maps_are_full_and_programmed_once_room_frees() {
-    // Room for one service of two backends: 3 service entries.
+/// Maps with room for one service of two backends (3 service entries),
+/// backends going as soon as they drain.
+fn room_for_one_service() -> Reconciler<FakeMaps> {
     let maps = FakeMaps {
         limits: Limits {
             services: 3,
@@ -294,7 +294,12 @@ fn a_service_is_refused_when_the_maps_are_full_and_programmed_once_room_frees() 
         },
         ..FakeMaps::new()
     };
-    let mut r = Reconciler::new(maps, &sizes(3, 2, 0), Duration::ZERO).unwrap();
+    Reconciler::new(maps, &sizes(3, 2, 0), Duration::ZERO).unwrap()
+}
+
+#[test]
+fn a_service_is_refused_when_the_maps_are_full_and_programmed_once_room_frees() {
+    let mut r = room_for_one_service();
     let a = service(key("10.96.0.10", 80), active(&["10.1.0.1", "10.1.0.2"]));
     let b = service(key("10.96.0.11", 80), active(&["10.1.0.3"]));
     let now = Instant::now();
@@ -751,15 +756,7 @@ fn a_scan_that_could_not_delete_everything_clears_no_id() {
 
 #[test]
 fn a_refused_service_port_gives_back_the_ids_it_was_handed() {
-    let maps = FakeMaps {
-        limits: Limits {
-            services: 3,
-            backends: 2,
-            maglev: 0,
-        },
-        ..FakeMaps::new()
-    };
-    let mut r = Reconciler::new(maps, &sizes(3, 2, 0), Duration::ZERO).unwrap();
+    let mut r = room_for_one_service();
     let a = service(key("10.96.0.10", 80), active(&["10.1.0.1", "10.1.0.2"]));
     let b = service(key("10.96.0.11", 80), active(&["10.1.0.3"]));
     let now = Instant::now();

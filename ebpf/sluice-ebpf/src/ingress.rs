@@ -90,7 +90,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
     // No frontend has this address and it is outside the service address
     // space (a pod's packet to another pod): what `unserved` would answer,
     // without the hash lookup.
-    if !maps::may_be_frontend_v4(flow.dst) && !maps::may_be_service_net_v4(flow.dst) {
+    if !maps::may_be_served_v4(flow.dst) {
         return Ok(outside(snat_port));
     }
     let Some(master) = maps::service(&Svc4Key::new(flow.dst, flow.dport, flow.proto, 0)) else {

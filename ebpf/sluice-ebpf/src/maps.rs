@@ -221,19 +221,24 @@ pub static FE_FILTER: Array<u64, { filter::FE_FILTER_WORDS as usize }> = Array::
 #[btf_map(name = "sl_port_filter")]
 pub static PORT_FILTER: Array<u64, { filter::PORT_FILTER_WORDS as usize }> = Array::new();
 
+/// Whether filter `map` passes `(word, bit)` (`filter::passes`; a word
+/// out of range passes too).
+#[inline(always)]
+fn filter_passes<const N: usize>(map: &Array<u64, N>, (word, bit): (u32, u32)) -> bool {
+    map.get(word).is_none_or(|w| filter::passes(*w, bit))
+}
+
 /// Whether a frontend may have IPv4 address `dst` (false: no entry of
 /// `sl_svc4` has it). One word of an array: no hash lookup.
 #[inline(always)]
 pub fn may_be_frontend_v4(dst: [u8; 4]) -> bool {
-    let (word, bit) = filter::addr4_slot(u32::from_ne_bytes(dst));
-    FE_FILTER.get(word).is_none_or(|w| filter::passes(*w, bit))
+    filter_passes(&FE_FILTER, filter::addr4_slot(u32::from_ne_bytes(dst)))
 }
 
 /// `may_be_frontend_v4` for IPv6 (`sl_svc6`).
 #[inline(always)]
 pub fn may_be_frontend_v6(dst: &[u8; 16]) -> bool {
-    let (word, bit) = filter::addr6_slot(dst);
-    FE_FILTER.get(word).is_none_or(|w| filter::passes(*w, bit))
+    filter_passes(&FE_FILTER, filter::addr6_slot(dst))
 }
 
 /// Whether a backend may listen on `port` (false: no conntrack entry can
@@ -241,10 +246,7 @@ pub fn may_be_frontend_v6(dst: &[u8; 16]) -> bool {
 /// nothing to find).
 #[inline(always)]
 pub fn may_be_backend_port(port: u16) -> bool {
-    let (word, bit) = filter::port_slot(port);
-    PORT_FILTER
-        .get(word)
-        .is_none_or(|w| filter::passes(*w, bit))
+    filter_passes(&PORT_FILTER, filter::port_slot(port))
 }
 
 /// Whether IPv4 `dst` may be in `sl_svcnet4` (`sl_svcnetsum4`'s answer:
@@ -254,6 +256,14 @@ pub fn may_be_service_net_v4(dst: [u8; 4]) -> bool {
     SVCNET_SUMMARY_V4
         .get(0)
         .is_none_or(|s| s.may_hold(u32::from_ne_bytes(dst)))
+}
+
+/// Whether IPv4 `dst` may concern the services at all: a frontend may
+/// have it, or it may be in the service address space. False: a miss in
+/// `sl_svc4` and 0 from `svcnet_v4`, known without either lookup.
+#[inline(always)]
+pub fn may_be_served_v4(dst: [u8; 4]) -> bool {
+    may_be_frontend_v4(dst) || may_be_service_net_v4(dst)
 }
 
 // The literal names above must be the ABI's names.
@@ -413,10 +423,8 @@ pub fn inside_v6(key: &mut Key<[u8; 16]>, src: &[u8; 16], ifindex: u32) -> bool 
 /// caller's frame.
 #[inline(never)]
 pub fn svcnet_v4(dst: u32) -> u8 {
-    if let Some(summary) = SVCNET_SUMMARY_V4.get(0) {
-        if !summary.may_hold(dst) {
-            return 0;
-        }
+    if !may_be_service_net_v4(dst.to_ne_bytes()) {
+        return 0;
     }
     let key = Key {
         prefix_len: 32,

@@ -447,8 +447,7 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
     // No frontend has this address and (IPv4) it is outside the service
     // address space: what `unserved` would answer, without the lookups.
     if at.v4 {
-        let v4 = at.v4_addr();
-        if !maps::may_be_frontend_v4(v4) && !maps::may_be_service_net_v4(v4) {
+        if !maps::may_be_served_v4(at.v4_addr()) {
             return ALLOW;
         }
     } else if !maps::may_be_frontend_v6(&at.addr) {
