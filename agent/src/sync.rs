@@ -13,6 +13,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
+    ops::Bound::{Excluded, Unbounded},
     sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
@@ -26,7 +27,7 @@ use crate::{
     healthcheck::HealthChecks,
     metrics::{MapLabel, Metrics, ReasonLabel},
     model::{DesiredState, ServicePortName},
-    reconcile::{Reconciler, Refusal, Scope},
+    reconcile::{Reconciler, Refusal, Report, Scope},
     sources::Envelope,
     stores::{Dirty, Stores},
     translate::{
@@ -43,10 +44,19 @@ pub struct SyncConfig {
     pub resync_interval: Duration,
 }
 
-/// The desired state, kept up to date service by service.
+/// What the translation of the services gave, kept up to date service by
+/// service. The service ports' own desired state is not kept: it is
+/// translated from the stores for the reconcile that needs it
+/// (`state.services` holds only that reconcile's services) and dropped
+/// after it, so the agent holds one copy of every service (the stores)
+/// and the record of what is programmed, not a third.
 #[derive(Default)]
 struct Desired {
+    /// The cluster-wide part of the desired state, and the service ports
+    /// of the reconcile at hand.
     state: DesiredState,
+    /// Services translated into `state.services` for the reconcile at hand.
+    translated: BTreeSet<ObjectKey>,
     /// Service ports and problems each service contributed.
     ports_of: HashMap<ObjectKey, Vec<ServicePortName>>,
     problems_of: HashMap<ObjectKey, Vec<Problem>>,
@@ -59,12 +69,19 @@ struct Desired {
     cluster_ip_holders: HashMap<std::net::IpAddr, usize>,
 }
 
+/// Services translated per part of a full reconcile: the desired state
+/// held at once.
+const PART: usize = 1024;
+
+static EMPTY_KEYS: BTreeSet<ObjectKey> = BTreeSet::new();
+
 impl Desired {
-    /// Retranslates `services` (all when `dirty.all`); returns the service
-    /// ports whose desired state changed (none when `full`: a full
-    /// reconcile follows, which looks at every one; at 100,000 services
-    /// the set would hold them all), and whether the problems the services
-    /// contribute changed.
+    /// Takes what changed: the node and the service CIDRs when `full`
+    /// (every service is then translated part by part as the full
+    /// reconcile goes, see `Sync::reconcile_all`), else the changed
+    /// services, translated now. Returns the service ports to reconcile
+    /// (those the changed services had and have) and whether the
+    /// problems the services contribute changed.
     fn update(
         &mut self,
         stores: &Stores,
@@ -72,10 +89,9 @@ impl Desired {
         config: &TranslateConfig,
         full: bool,
     ) -> (BTreeSet<ServicePortName>, bool) {
-        let mut changed = BTreeSet::new();
-        let wanted_node_ports = !self.wants_node_ports.is_empty();
-        let mut problems_changed = dirty.all;
-        if dirty.all || dirty.cidrs {
+        let mut names = BTreeSet::new();
+        let mut problems_changed = false;
+        if dirty.all || dirty.cidrs || full {
             let objects: Vec<_> = stores.service_cidrs().into_iter().collect();
             let cidrs = wanted_service_cidrs(&objects, config);
             if cidrs != self.state.service_cidrs || self.state.nets_version == 0 {
@@ -83,84 +99,117 @@ impl Desired {
                 self.state.nets_version += 1;
             }
         }
-        let keys: Vec<ObjectKey> = if dirty.all {
+        if full {
             self.node = NodeContext::new(stores.node(&config.node_name), config);
             self.state.local_sources = self.node.local_sources.clone();
-            stores
-                .services
-                .keys()
-                .chain(self.ports_of.keys())
-                .cloned()
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect()
-        } else {
-            dirty.services.iter().cloned().collect()
-        };
-        for key in keys {
-            let old: BTreeMap<ServicePortName, _> = self
-                .ports_of
-                .remove(&key)
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|name| self.state.services.remove(&name).map(|svc| (name, svc)))
-                .collect();
-            let old_problems = self.problems_of.remove(&key);
-            // Released after the new translation holds its own: an
-            // unchanged cluster IP never leaves the set.
-            let old_ips = self.cluster_ips_of.remove(&key).unwrap_or_default();
-            self.wants_node_ports.remove(&key);
-            self.health_checks.remove(&key);
-            let mut new_names = Vec::new();
-            if let Some(svc) = stores.services.get(&key) {
-                let t = translate_service(&key, svc, &stores.slices_of(&key), &self.node, config);
-                if t.wants_node_ports {
-                    self.wants_node_ports.insert(key.clone());
-                }
-                for ip in &t.cluster_ips {
-                    *self.cluster_ip_holders.entry(*ip).or_default() += 1;
-                    if self.state.cluster_ips.insert(*ip) {
-                        self.state.nets_version += 1;
-                    }
-                }
-                if !t.cluster_ips.is_empty() {
-                    self.cluster_ips_of
-                        .insert(key.clone(), t.cluster_ips.clone());
-                }
-                if let Some(hc) = t.health_check {
-                    self.health_checks.insert(key.clone(), hc);
-                }
-                if !t.problems.is_empty() {
-                    self.problems_of.insert(key.clone(), t.problems);
-                }
-                new_names.reserve_exact(t.ports.len());
-                for (name, desired) in t.ports {
-                    if !full && old.get(&name) != Some(&desired) {
-                        changed.insert(name.clone());
-                    }
-                    new_names.push(name.clone());
-                    self.state.services.insert(name, desired);
+            return (names, true);
+        }
+        for key in &dirty.services {
+            problems_changed |= self.translate(key, stores, config, &mut names);
+        }
+        (names, problems_changed)
+    }
+
+    /// Translates service `key` again: its service ports go into
+    /// `state.services`, the names it had and has into `names`, and its
+    /// contributions (cluster IPs, problems, health check) replace the
+    /// ones it made before. Translating an unchanged service changes
+    /// nothing but `state.services`. Returns whether its problems changed.
+    fn translate(
+        &mut self,
+        key: &ObjectKey,
+        stores: &Stores,
+        config: &TranslateConfig,
+        names: &mut BTreeSet<ServicePortName>,
+    ) -> bool {
+        let wanted_node_ports = !self.wants_node_ports.is_empty();
+        for name in self.ports_of.remove(key).unwrap_or_default() {
+            self.state.services.remove(&name);
+            names.insert(name);
+        }
+        self.translated.insert(key.clone());
+        let old_problems = self.problems_of.remove(key);
+        // Released after the new translation holds its own: an
+        // unchanged cluster IP never leaves the set.
+        let old_ips = self.cluster_ips_of.remove(key).unwrap_or_default();
+        self.wants_node_ports.remove(key);
+        self.health_checks.remove(key);
+        if let Some(svc) = stores.services.get(key) {
+            let t = translate_service(key, svc, &stores.slices_of(key), &self.node, config);
+            if t.wants_node_ports {
+                self.wants_node_ports.insert(key.clone());
+            }
+            for ip in &t.cluster_ips {
+                *self.cluster_ip_holders.entry(*ip).or_default() += 1;
+                if self.state.cluster_ips.insert(*ip) {
+                    self.state.nets_version += 1;
                 }
             }
-            for ip in old_ips {
-                self.release_cluster_ip(ip);
+            if !t.cluster_ips.is_empty() {
+                self.cluster_ips_of.insert(key.clone(), t.cluster_ips);
             }
-            for name in old.into_keys() {
-                if !full && !self.state.services.contains_key(&name) {
-                    changed.insert(name);
-                }
+            if let Some(hc) = t.health_check {
+                self.health_checks.insert(key.clone(), hc);
             }
-            problems_changed |= old_problems.as_ref() != self.problems_of.get(&key);
+            if !t.problems.is_empty() {
+                self.problems_of.insert(key.clone(), t.problems);
+            }
+            let mut new_names = Vec::with_capacity(t.ports.len());
+            for (name, desired) in t.ports {
+                new_names.push(name.clone());
+                names.insert(name.clone());
+                self.state.services.insert(name, desired);
+            }
             if !new_names.is_empty() {
-                self.ports_of.insert(key, new_names);
+                self.ports_of.insert(key.clone(), new_names);
             }
         }
-        if dirty.all {
-            // Translated in key order: 7 MB less at 100,000 services.
-            crate::stores::compact(&mut self.state.services);
+        for ip in old_ips {
+            self.release_cluster_ip(ip);
         }
-        problems_changed |= wanted_node_ports == self.wants_node_ports.is_empty();
-        (changed, problems_changed)
+        old_problems.as_ref() != self.problems_of.get(key)
+            || wanted_node_ports == self.wants_node_ports.is_empty()
+    }
+
+    /// Makes sure `state.services` holds service port `name`'s desired
+    /// state, if it has one: translates its service unless this
+    /// reconcile's translation already did.
+    fn translate_for(
+        &mut self,
+        name: &ServicePortName,
+        stores: &Stores,
+        config: &TranslateConfig,
+    ) -> bool {
+        let key = ObjectKey {
+            namespace: name.namespace.clone(),
+            name: name.name.clone(),
+        };
+        if self.translated.contains(&key) {
+            return false;
+        }
+        self.translate(&key, stores, config, &mut BTreeSet::new())
+    }
+
+    /// Whether service port `name` is desired (its service has it).
+    fn holds(&self, name: &ServicePortName) -> bool {
+        let key = ObjectKey {
+            namespace: name.namespace.clone(),
+            name: name.name.clone(),
+        };
+        self.ports_of
+            .get(&key)
+            .is_some_and(|names| names.contains(name))
+    }
+
+    /// Drops the service ports translated for a reconcile.
+    fn forget_translations(&mut self) {
+        self.state.services.clear();
+        self.translated.clear();
+    }
+
+    /// Service ports desired.
+    fn service_ports(&self) -> usize {
+        self.ports_of.values().map(Vec::len).sum()
     }
 
     /// One service less holds cluster IP `ip`.
@@ -246,6 +295,8 @@ pub struct Sync<W = MapWriter> {
     /// This node's addresses (NodePort addresses, both families), for the
     /// device task's default `--xdp-devices`.
     node_addrs: Option<watch::Sender<Vec<std::net::IpAddr>>>,
+    /// Services per part of a full reconcile.
+    part: usize,
 }
 
 /// The gauges are refreshed at most this often while changes stream in.
@@ -278,7 +329,16 @@ impl<W: MapWrites> Sync<W> {
             problems_dirty: true,
             gauges_due: None,
             gauges_at: None,
+            part: PART,
         }
+    }
+
+    /// Reconciles everything `services` services at a time (tests: the
+    /// outcome must not depend on it).
+    #[cfg(test)]
+    pub(crate) fn with_part_size(mut self, services: usize) -> Self {
+        self.part = services.max(1);
+        self
     }
 
     /// Takes the pods' devices from `rx` into the desired state.
@@ -371,12 +431,26 @@ impl<W: MapWrites> Sync<W> {
         }
         let dirty = std::mem::take(&mut self.dirty);
         let translated = !dirty.is_empty() || !self.first_sync;
+        // A change of the node retranslates every service: a full
+        // reconcile, part by part.
+        let full = resync_due || dirty.all;
         if translated {
             let (changed, problems_changed) =
                 self.desired
-                    .update(&self.stores, &dirty, &self.config.translate, resync_due);
+                    .update(&self.stores, &dirty, &self.config.translate, full);
             self.pending.extend(changed);
             self.problems_dirty |= problems_changed || dirty.rejected || dirty.cidrs;
+        }
+        let work = full
+            || scan_due
+            || self.ifaces_dirty
+            || !self.pending.is_empty()
+            || !self.unsynced.is_empty();
+        // The problem report walks every stored object: after the map
+        // writes, so that it never delays a change reaching the maps.
+        let ok = !work || tokio::task::block_in_place(|| self.reconcile(full));
+        self.desired.forget_translations();
+        if translated {
             if let Some(tx) = &self.node_addrs {
                 let node = &self.desired.node;
                 let mut addrs: Vec<_> = node
@@ -399,14 +473,6 @@ impl<W: MapWrites> Sync<W> {
                 modified
             });
         }
-        let work = resync_due
-            || scan_due
-            || self.ifaces_dirty
-            || !self.pending.is_empty()
-            || !self.unsynced.is_empty();
-        // The problem report walks every stored object: after the map
-        // writes, so that it never delays a change reaching the maps.
-        let ok = !work || tokio::task::block_in_place(|| self.reconcile(resync_due));
         if translated && self.problems_dirty {
             self.problems_dirty = false;
             self.refresh_problems();
@@ -420,7 +486,7 @@ impl<W: MapWrites> Sync<W> {
                 due.scan = Instant::now() + Duration::from_secs(1);
                 return;
             }
-            if resync_due {
+            if full {
                 due.resync = Instant::now() + self.config.resync_interval;
             }
         }
@@ -467,14 +533,12 @@ impl<W: MapWrites> Sync<W> {
     fn reconcile(&mut self, full: bool) -> bool {
         let started = Instant::now();
         let pending = std::mem::take(&mut self.pending);
-        let scope = if full {
-            Scope::All
+        let report = if full {
+            self.reconcile_all()
         } else {
-            Scope::Changed(&pending)
+            self.reconcile_changed(&pending)
         };
-        let report = self
-            .reconciler
-            .reconcile(&self.desired.state, scope, started);
+        self.desired.forget_translations();
         self.ifaces_dirty = false;
         let elapsed = started.elapsed();
         self.metrics.sync_duration.observe(elapsed.as_secs_f64());
@@ -510,7 +574,7 @@ impl<W: MapWrites> Sync<W> {
             self.first_sync = true;
             self.metrics.first_sync.set(elapsed.as_secs_f64());
             info!(
-                service_ports = self.desired.state.services.len(),
+                service_ports = self.desired.service_ports(),
                 writes = report.writes,
                 took = ?elapsed,
                 "first full sync programmed"
@@ -519,6 +583,109 @@ impl<W: MapWrites> Sync<W> {
             debug!(writes = report.writes, took = ?elapsed, "synced");
         }
         true
+    }
+
+    /// Reconciles the service ports in `pending`, with those the
+    /// reconciler wants besides, translated for it.
+    fn reconcile_changed(&mut self, pending: &BTreeSet<ServicePortName>) -> Report {
+        let now = Instant::now();
+        let wanted = self.reconciler.wanted(now, false);
+        self.translate_for(pending.iter().chain(&wanted));
+        self.reconciler
+            .reconcile(&self.desired.state, Scope::Changed(pending), now)
+    }
+
+    /// Translates the services of `names` that this reconcile has not.
+    fn translate_for<'a>(&mut self, names: impl Iterator<Item = &'a ServicePortName>) {
+        for name in names {
+            self.problems_dirty |=
+                self.desired
+                    .translate_for(name, &self.stores, &self.config.translate);
+        }
+    }
+
+    /// A full reconcile: every service translated and reconciled part by
+    /// part ([`PART`] services at a time, in key order), then a sweep of
+    /// what no service desires any more. The translations of one part
+    /// are dropped before the next.
+    fn reconcile_all(&mut self) -> Report {
+        let mut total = Report::default();
+        // Services gone from the stores that still contributed.
+        let gone: BTreeSet<ObjectKey> = self
+            .desired
+            .ports_of
+            .keys()
+            .chain(self.desired.problems_of.keys())
+            .chain(self.desired.cluster_ips_of.keys())
+            .chain(&self.desired.wants_node_ports)
+            .chain(self.desired.health_checks.keys())
+            .filter(|k| !self.stores.services.contains_key(*k))
+            .cloned()
+            .collect();
+        let backends: usize = self.stores.slices.values().map(|s| s.endpoints.len()).sum();
+        let services = self.stores.services.len();
+        self.reconciler.reserve(services, backends, services);
+        let mut next: Option<ObjectKey> = None;
+        let mut first = true;
+        loop {
+            let keys: Vec<ObjectKey> = match &next {
+                None => self
+                    .stores
+                    .services
+                    .keys()
+                    .take(self.part)
+                    .cloned()
+                    .collect(),
+                Some(after) => self
+                    .stores
+                    .services
+                    .range((Excluded(after), Unbounded))
+                    .take(self.part)
+                    .map(|(k, _)| k.clone())
+                    .collect(),
+            };
+            let last = keys.last().cloned();
+            let mut names = BTreeSet::new();
+            let config = &self.config.translate;
+            let mut problems = false;
+            for key in keys.iter().chain(if first { &gone } else { &EMPTY_KEYS }) {
+                problems |= self
+                    .desired
+                    .translate(key, &self.stores, config, &mut names);
+            }
+            first = false;
+            self.problems_dirty |= problems;
+            if !names.is_empty() {
+                let report = self.reconciler.reconcile(
+                    &self.desired.state,
+                    Scope::Part(&names),
+                    Instant::now(),
+                );
+                total.add(report);
+            }
+            self.desired.forget_translations();
+            match last {
+                Some(k) if keys.len() == self.part => next = Some(k),
+                _ => break,
+            }
+        }
+        // The sweep: service ports held but no longer desired, and those
+        // the reconciler wants again (waiting for room, refused, draining).
+        let now = Instant::now();
+        let wanted = self.reconciler.wanted(now, true);
+        let mut names: BTreeSet<ServicePortName> = self
+            .reconciler
+            .held()
+            .filter(|n| !self.desired.holds(n))
+            .cloned()
+            .collect();
+        self.translate_for(wanted.iter());
+        names.extend(wanted);
+        let report = self
+            .reconciler
+            .reconcile(&self.desired.state, Scope::Sweep(&names), now);
+        total.add(report);
+        total
     }
 
     fn scan_conntrack(&mut self) {

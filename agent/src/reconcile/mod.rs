@@ -60,14 +60,40 @@ pub struct Capacity {
     pub maglev_tables: usize,
 }
 
-/// Which service ports a reconcile looks at.
+/// Which service ports a reconcile looks at, and what the desired state
+/// handed to it holds.
+///
+/// With `All` the desired state is complete. The other scopes take a
+/// partial one, so that the caller never holds every service's
+/// translation at once: it must hold every desired service port of the
+/// scope's set (one it lacks is no longer desired), and for `Changed`
+/// and `Sweep` every one of [`Reconciler::wanted`] that is still desired
+/// (one it lacks is left for a later reconcile).
 #[derive(Clone, Copy, Debug)]
 pub enum Scope<'a> {
     /// Every desired and every programmed service port (start-up, resyncs).
     All,
     /// Only these (changed) service ports, plus those whose draining
-    /// backends may now go.
+    /// backends may now go and those waiting for room.
     Changed(&'a BTreeSet<ServicePortName>),
+    /// One part of a full reconcile done in parts: only these service
+    /// ports. The service address space, the filters' clearing, draining
+    /// backends and units nobody desires wait for the `Sweep`.
+    Part(&'a BTreeSet<ServicePortName>),
+    /// The end of a full reconcile done in `Part`s: these service ports
+    /// (those held but no longer desired, and the wanted ones), then every
+    /// unit nobody desires, the service address space and the filters, as
+    /// `All` does.
+    Sweep(&'a BTreeSet<ServicePortName>),
+}
+
+impl Scope<'_> {
+    /// Whether this reconcile ends a full one: every unit nobody desires
+    /// goes, the service address space is compared whole, the filters are
+    /// rewritten.
+    fn ends_full(&self) -> bool {
+        matches!(self, Scope::All | Scope::Sweep(_))
+    }
 }
 
 /// What one reconcile did.
@@ -85,6 +111,18 @@ pub struct Report {
     /// Cluster IPs left out of a full `sl_svcnet4/6` (not an error: see
     /// `sync_service_nets`).
     pub service_nets_left_out: usize,
+}
+
+impl Report {
+    /// Adds what another reconcile did (the parts of a full one).
+    pub fn add(&mut self, other: Report) {
+        self.writes += other.writes;
+        self.refused.extend(other.refused);
+        self.errors.extend(other.errors);
+        self.backends_removed += other.backends_removed;
+        self.maglev_fallback.extend(other.maglev_fallback);
+        self.service_nets_left_out += other.service_nets_left_out;
+    }
 }
 
 /// What one conntrack scan did.
@@ -442,18 +480,7 @@ impl<W: MapWrites> Reconciler<W> {
                 .max()
                 .unwrap_or(0);
         }
-        let more = |want: usize, have: usize| want.saturating_sub(have);
-        let have = self.programmed.frontends.len();
-        self.programmed.frontends.reserve(more(frontends, have));
-        let have = self.programmed.backends.len();
-        self.programmed.backends.reserve(more(backends, have));
-        let units = desired.services.len();
-        self.backends_of
-            .reserve(more(units, self.backends_of.len()));
-        self.frontends_of
-            .reserve(more(units, self.frontends_of.len()));
-        self.owners.reserve(more(frontends, self.owners.len()));
-        self.owned.reserve(more(units, self.owned.len()));
+        self.reserve(frontends, backends, desired.services.len());
     }
 
     fn unit_backends(&self, svc_id: SvcId) -> Vec<(BackendId, Backend)> {
@@ -489,7 +516,12 @@ impl<W: MapWrites> Reconciler<W> {
         self.sync_local_sources(&desired.local_sources, &mut report);
         self.sync_local_ifaces(&desired.local_ifaces, &mut report);
 
-        let removable = self.drain.removable(now);
+        let part = matches!(scope, Scope::Part(_));
+        let removable = if part {
+            HashSet::new()
+        } else {
+            self.drain.removable(now)
+        };
         // Units whose draining backends may go are revisited, whoever
         // holds them.
         let mut leftovers: BTreeSet<SvcId> = removable
@@ -504,29 +536,33 @@ impl<W: MapWrites> Reconciler<W> {
                 .chain(self.refused.keys())
                 .cloned()
                 .collect(),
-            Scope::Changed(set) => set.clone(),
+            Scope::Changed(set) | Scope::Part(set) | Scope::Sweep(set) => set.clone(),
         };
         // Service ports waiting for room (refused, or balanced without
         // their Maglev tables) are retried in every reconcile, after the
-        // others: what this one frees is theirs at once.
-        let waiting: BTreeSet<ServicePortName> = self
-            .refused
-            .iter()
-            .filter(|(_, why)| matches!(why, Refusal::MapsFull))
-            .map(|(name, _)| name)
-            .chain(&self.maglev_fallback)
-            .filter(|name| !names.contains(*name))
-            .cloned()
-            .collect();
+        // others: what this one frees is theirs at once. Not in a part,
+        // and only those the desired state holds: a partial one holds
+        // what its caller asked `wanted` for.
+        let waiting: BTreeSet<ServicePortName> = if part {
+            BTreeSet::new()
+        } else {
+            self.waiting()
+                .filter(|name| desired.services.contains_key(*name))
+                .cloned()
+                .collect()
+        };
         names.extend(waiting.iter().cloned());
         names.extend(
             leftovers
                 .iter()
                 .filter_map(|id| self.ids.owner(*id))
+                .filter(|name| matches!(scope, Scope::All) || desired.services.contains_key(*name))
                 .cloned(),
         );
         if matches!(scope, Scope::All) {
             self.reserve_for(desired);
+        }
+        if scope.ends_full() {
             leftovers.extend(self.backends_of.keys().copied());
             leftovers.extend(self.frontends_of.keys().copied());
             leftovers.extend(self.programmed.source_ranges.keys().copied());
@@ -665,11 +701,13 @@ impl<W: MapWrites> Reconciler<W> {
         }
 
         // E: the service address space, once the frontends serve.
-        self.sync_service_nets(desired, matches!(scope, Scope::All), &mut report);
+        if !part {
+            self.sync_service_nets(desired, scope.ends_full(), &mut report);
+        }
 
         // F: a full reconcile clears the filters' bits of what went (or
         // writes them whole if `new` could not).
-        if matches!(scope, Scope::All) {
+        if scope.ends_full() {
             if let Err(e) = self.filters.fill(&mut self.writer, &self.programmed) {
                 report.errors.push(e);
             }
@@ -677,6 +715,59 @@ impl<W: MapWrites> Reconciler<W> {
 
         report.writes = self.writer.writes() - before;
         report
+    }
+
+    /// Service ports waiting for room: refused for want of it, or
+    /// balanced without their Maglev tables.
+    fn waiting(&self) -> impl Iterator<Item = &ServicePortName> {
+        self.refused
+            .iter()
+            .filter(|(_, why)| matches!(why, Refusal::MapsFull))
+            .map(|(name, _)| name)
+            .chain(&self.maglev_fallback)
+    }
+
+    /// The service ports a `Changed` or `Sweep` reconcile at `now` looks
+    /// at beyond its set, whose desired state it needs: those waiting for
+    /// room, those whose draining backends may go, and (`full`, for a
+    /// `Sweep`) every refused one.
+    pub fn wanted(&self, now: Instant, full: bool) -> BTreeSet<ServicePortName> {
+        let refused = self.refused.keys().filter(|_| full);
+        let draining = self
+            .drain
+            .removable(now)
+            .into_iter()
+            .filter_map(|id| self.programmed.backends.get(&id).map(SvcId::of))
+            .filter_map(|svc| self.ids.owner(svc));
+        self.waiting()
+            .chain(refused)
+            .chain(draining.collect::<Vec<_>>())
+            .cloned()
+            .collect()
+    }
+
+    /// Every service port the reconciler holds something for: an id
+    /// (programmed, or about to be) or a refusal. A full reconcile in
+    /// parts sweeps those no longer desired.
+    pub fn held(&self) -> impl Iterator<Item = &ServicePortName> {
+        self.ids.names().chain(self.refused.keys())
+    }
+
+    /// Grows the record's tables once to hold about `frontends`
+    /// frontends, `backends` backends and `units` service ports (a full
+    /// reconcile in parts does not see the whole desired state at once).
+    pub fn reserve(&mut self, frontends: usize, backends: usize, units: usize) {
+        let more = |want: usize, have: usize| want.saturating_sub(have);
+        let have = self.programmed.frontends.len();
+        self.programmed.frontends.reserve(more(frontends, have));
+        let have = self.programmed.backends.len();
+        self.programmed.backends.reserve(more(backends, have));
+        self.backends_of
+            .reserve(more(units, self.backends_of.len()));
+        self.frontends_of
+            .reserve(more(units, self.frontends_of.len()));
+        self.owners.reserve(more(frontends, self.owners.len()));
+        self.owned.reserve(more(units, self.owned.len()));
     }
 
     fn refuse(&mut self, name: &ServicePortName, why: Refusal, report: &mut Report) {

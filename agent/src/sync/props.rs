@@ -190,12 +190,16 @@ proptest! {
     fn incremental_events_end_where_a_translation_from_scratch_does(
         initial in vec(event(), 0..4),
         events in vec((event(), any::<bool>()), 1..24),
+        part in 1usize..4,
     ) {
         let mut world = World::default();
         for e in &initial {
             world.apply(e);
         }
-        let (mut sync, mut due) = sync_draining(FakeMaps::new(), Duration::ZERO);
+        // Full reconciles in parts of `part` services; the one from
+        // scratch in one part.
+        let (sync, mut due) = sync_draining(FakeMaps::new(), Duration::ZERO);
+        let mut sync = sync.with_part_size(part);
         wake(&mut sync, &mut due, world.listing());
         let mut queued = Vec::new();
         for (e, wake_now) in &events {
@@ -208,7 +212,23 @@ proptest! {
 
         let (mut scratch, mut scratch_due) = sync_draining(FakeMaps::new(), Duration::ZERO);
         wake(&mut scratch, &mut scratch_due, world.listing());
+        // What the translations contributed (their service ports are
+        // not kept between reconciles: the maps below hold them).
         prop_assert_eq!(&sync.desired.state, &scratch.desired.state);
+        prop_assert!(sync.desired.state.services.is_empty());
+        let ports = |s: &Sync<FakeMaps>| {
+            s.desired
+                .ports_of
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        prop_assert_eq!(ports(&sync), ports(&scratch));
+        prop_assert_eq!(sync.desired.health_checks(), scratch.desired.health_checks());
+        prop_assert_eq!(
+            sync.desired.problems(&sync.stores, &sync.config.translate),
+            scratch.desired.problems(&scratch.stores, &scratch.config.translate)
+        );
 
         settle(&mut sync, &mut due);
         settle(&mut scratch, &mut scratch_due);

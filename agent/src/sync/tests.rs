@@ -40,7 +40,11 @@ fn sync_on(maps: FakeMaps) -> (Sync<FakeMaps>, Due) {
 }
 
 pub(super) fn sync_draining(maps: FakeMaps, drain: Duration) -> (Sync<FakeMaps>, Due) {
-    let reconciler = Reconciler::new(maps, &MapSizes::default(), drain).unwrap();
+    sync_sized(maps, &MapSizes::default(), drain)
+}
+
+fn sync_sized(maps: FakeMaps, sizes: &MapSizes, drain: Duration) -> (Sync<FakeMaps>, Due) {
+    let reconciler = Reconciler::new(maps, sizes, drain).unwrap();
     let (checks, _) = watch::channel(Default::default());
     let sync = Sync::new(
         config(),
@@ -259,4 +263,135 @@ fn while_backends_drain_a_scan_is_due_within_the_drain_interval_and_they_go() {
     );
     assert_eq!(sync.reconciler.writer().backends.len(), 2);
     assert_eq!(sync.reconciler.draining(), 0);
+}
+
+fn apply_service(svc: &Service) -> Update {
+    Update::Services(Change::Apply(sources::service(svc).unwrap()))
+}
+
+fn apply_slice(slice: &EndpointSlice) -> Update {
+    Update::Slices(Change::Apply(sources::slice(slice).unwrap()))
+}
+
+/// Every update of `objects` handed over with a full reconcile due, in
+/// parts of one service: returns the sync task.
+fn full_in_parts_of_one(
+    sizes: &MapSizes,
+    drain: Duration,
+    before: Vec<Update>,
+    changes: Vec<Update>,
+) -> Sync<FakeMaps> {
+    let (sync, mut due) = sync_sized(FakeMaps::new(), sizes, drain);
+    let mut sync = sync.with_part_size(1);
+    wake(&mut sync, &mut due, before);
+    due.resync = Instant::now();
+    wake(&mut sync, &mut due, changes);
+    sync
+}
+
+/// The maps a fresh agent programs from `objects` in one reconcile.
+fn from_scratch(sizes: &MapSizes, objects: Vec<Update>) -> crate::reconcile::fake::Canonical {
+    let (mut sync, mut due) = sync_sized(FakeMaps::new(), sizes, Duration::from_secs(60));
+    wake(&mut sync, &mut due, objects);
+    assert!(sync.reconciler.refused().is_empty());
+    sync.reconciler.writer().canonical()
+}
+
+#[test]
+fn a_full_reconcile_in_parts_programs_what_one_in_one_part_does() {
+    let names: Vec<String> = (0..7).map(|i| format!("s{i}")).collect();
+    let svcs: Vec<Service> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| web(n, &format!("10.96.0.{}", 10 + i)))
+        .collect();
+    let sls: Vec<EndpointSlice> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| web_slice(n, &[&format!("10.1.0.{}", 1 + i), "10.1.1.1"]))
+        .collect();
+    let objects = || vec![services(&svcs), slices(&sls), node(), no_service_cidrs()];
+    for part in [1, 2, 3, 7, 8] {
+        let (sync, mut due) = sync_on(FakeMaps::new());
+        let mut sync = sync.with_part_size(part);
+        wake(&mut sync, &mut due, objects());
+        assert!(sync.health.report().ready);
+        assert!(sync.desired.state.services.is_empty(), "translations kept");
+        assert_eq!(
+            sync.reconciler.writer().canonical(),
+            from_scratch(&MapSizes::default(), objects()),
+            "parts of {part}"
+        );
+        // A resync in parts changes nothing.
+        due.resync = Instant::now();
+        assert!(wake(&mut sync, &mut due, Vec::new()).is_empty());
+    }
+}
+
+#[test]
+fn a_frontend_a_later_service_gives_up_goes_to_an_earlier_one_in_the_same_full_reconcile() {
+    // "z" holds 10.96.0.10; then "z" moves to .11 and the new "a" takes
+    // .10. In parts of one, "a" comes first and finds the frontend still
+    // held: the sweep hands it over once "z" let it go.
+    let before = vec![
+        services(&[web("z", "10.96.0.10")]),
+        slices(&[web_slice("z", &["10.1.0.1"])]),
+        node(),
+        no_service_cidrs(),
+    ];
+    let changes = vec![
+        apply_service(&web("z", "10.96.0.11")),
+        apply_service(&web("a", "10.96.0.10")),
+        apply_slice(&web_slice("a", &["10.1.0.2"])),
+    ];
+    let sizes = MapSizes::default();
+    let sync = full_in_parts_of_one(&sizes, Duration::from_secs(60), before, changes);
+    assert!(
+        sync.reconciler.refused().is_empty(),
+        "{:?}",
+        sync.reconciler.refused()
+    );
+    let after = vec![
+        services(&[web("z", "10.96.0.11"), web("a", "10.96.0.10")]),
+        slices(&[web_slice("z", &["10.1.0.1"]), web_slice("a", &["10.1.0.2"])]),
+        node(),
+        no_service_cidrs(),
+    ];
+    assert_eq!(
+        sync.reconciler.writer().canonical(),
+        from_scratch(&sizes, after)
+    );
+}
+
+#[test]
+fn room_a_later_service_frees_is_an_earlier_ones_in_the_same_full_reconcile() {
+    // Five service entries: "z" holds four (a master, three slots), then
+    // shrinks to two while the new "a" needs three. "a"'s part comes
+    // first and does not fit; "z"'s leaves two backends draining (in
+    // their slots); the sweep lets them go (no drain timeout) and then
+    // retries "a".
+    let sizes = MapSizes {
+        services: 5,
+        ..MapSizes::default()
+    };
+    let before = vec![
+        services(&[web("z", "10.96.0.10")]),
+        slices(&[web_slice("z", &["10.1.0.1", "10.1.0.2", "10.1.0.3"])]),
+        node(),
+        no_service_cidrs(),
+    ];
+    let changes = vec![
+        apply_slice(&web_slice("z", &["10.1.0.1"])),
+        apply_service(&web("a", "10.96.0.11")),
+        apply_slice(&web_slice("a", &["10.1.0.4", "10.1.0.5"])),
+    ];
+    let sync = full_in_parts_of_one(&sizes, Duration::ZERO, before, changes);
+    assert!(
+        sync.reconciler.refused().is_empty(),
+        "{:?}",
+        sync.reconciler.refused()
+    );
+    assert!(sync.health.report().ready);
+    let programmed = sync.reconciler.programmed();
+    assert_eq!(programmed.service_entries(), 5);
 }
