@@ -425,7 +425,7 @@ mod tests {
             service: service.into(),
             family: crate::translate::AddressFamily::V4,
             ports: Vec::new(),
-            endpoints: Vec::new(),
+            endpoints: Default::default(),
             problems: Vec::new(),
         }
     }

@@ -64,7 +64,7 @@ pub(super) fn collect<'a>(
         else {
             continue;
         };
-        for e in &slice.endpoints {
+        for e in slice.endpoints.iter() {
             let cand = Candidate {
                 endpoint: Endpoint {
                     addr: e.addr,
