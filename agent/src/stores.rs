@@ -23,17 +23,21 @@ pub struct Dirty {
     pub rejected: bool,
     /// The ServiceCIDR objects changed (the service address space).
     pub cidrs: bool,
+    /// A service's cluster IPs (or whether it has ports) changed: the
+    /// service address space.
+    pub cluster_ips: bool,
 }
 
 impl Dirty {
     pub fn is_empty(&self) -> bool {
-        !self.all && self.services.is_empty() && !self.rejected && !self.cidrs
+        !self.all && self.services.is_empty() && !self.rejected && !self.cidrs && !self.cluster_ips
     }
 
     pub fn merge(&mut self, other: Dirty) {
         self.all |= other.all;
         self.rejected |= other.rejected;
         self.cidrs |= other.cidrs;
+        self.cluster_ips |= other.cluster_ips;
         if self.all {
             // Everything is retranslated: no list of services (a first
             // list would otherwise collect every key).
@@ -162,7 +166,9 @@ impl Store<ServiceInfo> for Services<'_> {
     fn map(&mut self) -> &mut BTreeMap<ObjectKey, ServiceInfo> {
         self.0
     }
-    fn touched(&mut self, key: &ObjectKey, _: Option<&ServiceInfo>, dirty: &mut Dirty) {
+    fn touched(&mut self, key: &ObjectKey, old: Option<&ServiceInfo>, dirty: &mut Dirty) {
+        let ips = |s: Option<&ServiceInfo>| s.map(|s| (s.has_ports, s.cluster_ips.clone()));
+        dirty.cluster_ips |= ips(old) != ips(self.0.get(key));
         dirty.services.insert(key.clone());
     }
 }

@@ -31,8 +31,8 @@ use crate::{
     sources::Envelope,
     stores::{Dirty, Stores},
     translate::{
-        translate_service, wanted_service_cidrs, HealthCheck, NodeContext, ObjectKey, Problem,
-        ProblemReason, TranslateConfig,
+        service_cluster_ips, translate_service, wanted_service_cidrs, HealthCheck, NodeContext,
+        ObjectKey, Problem, ProblemReason, TranslateConfig,
     },
 };
 
@@ -63,10 +63,6 @@ struct Desired {
     wants_node_ports: BTreeSet<ObjectKey>,
     health_checks: BTreeMap<ObjectKey, HealthCheck>,
     node: NodeContext,
-    /// Cluster IPs each service contributed, and how many services hold
-    /// each (two may claim one in a manifest directory).
-    cluster_ips_of: HashMap<ObjectKey, Vec<std::net::IpAddr>>,
-    cluster_ip_holders: HashMap<std::net::IpAddr, usize>,
 }
 
 /// Services translated per part of a full reconcile: the desired state
@@ -99,6 +95,11 @@ impl Desired {
                 self.state.nets_version += 1;
             }
         }
+        // The cluster IPs are collected from the stores when the
+        // reconciler compares the address space (`with_cluster_ips`).
+        if dirty.cluster_ips || dirty.all {
+            self.state.nets_version += 1;
+        }
         if full {
             self.node = NodeContext::new(stores.node(&config.node_name), config);
             self.state.local_sources = self.node.local_sources.clone();
@@ -129,24 +130,12 @@ impl Desired {
         }
         self.translated.insert(key.clone());
         let old_problems = self.problems_of.remove(key);
-        // Released after the new translation holds its own: an
-        // unchanged cluster IP never leaves the set.
-        let old_ips = self.cluster_ips_of.remove(key).unwrap_or_default();
         self.wants_node_ports.remove(key);
         self.health_checks.remove(key);
         if let Some(svc) = stores.services.get(key) {
             let t = translate_service(key, svc, &stores.slices_of(key), &self.node, config);
             if t.wants_node_ports {
                 self.wants_node_ports.insert(key.clone());
-            }
-            for ip in &t.cluster_ips {
-                *self.cluster_ip_holders.entry(*ip).or_default() += 1;
-                if self.state.cluster_ips.insert(*ip) {
-                    self.state.nets_version += 1;
-                }
-            }
-            if !t.cluster_ips.is_empty() {
-                self.cluster_ips_of.insert(key.clone(), t.cluster_ips);
             }
             if let Some(hc) = t.health_check {
                 self.health_checks.insert(key.clone(), hc);
@@ -163,9 +152,6 @@ impl Desired {
             if !new_names.is_empty() {
                 self.ports_of.insert(key.clone(), new_names);
             }
-        }
-        for ip in old_ips {
-            self.release_cluster_ip(ip);
         }
         old_problems.as_ref() != self.problems_of.get(key)
             || wanted_node_ports == self.wants_node_ports.is_empty()
@@ -201,27 +187,37 @@ impl Desired {
             .is_some_and(|names| names.contains(name))
     }
 
-    /// Drops the service ports translated for a reconcile.
+    /// Collects every service's cluster IPs into `state.cluster_ips` when
+    /// the reconciler will compare the service address space with them:
+    /// `full`, or a version it has not brought the maps to. Two services
+    /// may hold one (a manifest directory): the set holds it once.
+    fn with_cluster_ips<W: MapWrites>(
+        &mut self,
+        stores: &Stores,
+        config: &TranslateConfig,
+        reconciler: &Reconciler<W>,
+        full: bool,
+    ) {
+        if full || reconciler.nets_stale(self.state.nets_version) {
+            self.state.cluster_ips = stores
+                .services
+                .values()
+                .flat_map(|svc| service_cluster_ips(svc, config))
+                .collect();
+        }
+    }
+
+    /// Drops the service ports translated for a reconcile, and the
+    /// cluster IPs collected for it.
     fn forget_translations(&mut self) {
         self.state.services.clear();
+        self.state.cluster_ips = BTreeSet::new();
         self.translated.clear();
     }
 
     /// Service ports desired.
     fn service_ports(&self) -> usize {
         self.ports_of.values().map(Vec::len).sum()
-    }
-
-    /// One service less holds cluster IP `ip`.
-    fn release_cluster_ip(&mut self, ip: std::net::IpAddr) {
-        if let Some(n) = self.cluster_ip_holders.get_mut(&ip) {
-            *n -= 1;
-            if *n == 0 {
-                self.cluster_ip_holders.remove(&ip);
-                self.state.cluster_ips.remove(&ip);
-                self.state.nets_version += 1;
-            }
-        }
     }
 
     /// The health check node ports to serve (the first service wins a port).
@@ -591,6 +587,9 @@ impl<W: MapWrites> Sync<W> {
         let now = Instant::now();
         let wanted = self.reconciler.wanted(now, false);
         self.translate_for(pending.iter().chain(&wanted));
+        let config = &self.config.translate;
+        self.desired
+            .with_cluster_ips(&self.stores, config, &self.reconciler, false);
         self.reconciler
             .reconcile(&self.desired.state, Scope::Changed(pending), now)
     }
@@ -616,7 +615,6 @@ impl<W: MapWrites> Sync<W> {
             .ports_of
             .keys()
             .chain(self.desired.problems_of.keys())
-            .chain(self.desired.cluster_ips_of.keys())
             .chain(&self.desired.wants_node_ports)
             .chain(self.desired.health_checks.keys())
             .filter(|k| !self.stores.services.contains_key(*k))
@@ -681,6 +679,9 @@ impl<W: MapWrites> Sync<W> {
             .collect();
         self.translate_for(wanted.iter());
         names.extend(wanted);
+        let config = &self.config.translate;
+        self.desired
+            .with_cluster_ips(&self.stores, config, &self.reconciler, true);
         let report = self
             .reconciler
             .reconcile(&self.desired.state, Scope::Sweep(&names), now);

@@ -717,6 +717,12 @@ impl<W: MapWrites> Reconciler<W> {
         report
     }
 
+    /// Whether a reconcile would compare the service address space with
+    /// the desired one of `version` (0: unversioned, always).
+    pub fn nets_stale(&self, version: u64) -> bool {
+        version == 0 || self.nets_synced != Some(version)
+    }
+
     /// Service ports waiting for room: refused for want of it, or
     /// balanced without their Maglev tables.
     fn waiting(&self) -> impl Iterator<Item = &ServicePortName> {

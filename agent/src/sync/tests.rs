@@ -395,3 +395,38 @@ fn room_a_later_service_frees_is_an_earlier_ones_in_the_same_full_reconcile() {
     let programmed = sync.reconciler.programmed();
     assert_eq!(programmed.service_entries(), 5);
 }
+
+#[test]
+fn a_service_added_or_deleted_between_resyncs_moves_its_cluster_ip_in_the_address_space() {
+    let (mut sync, mut due) = sync_on(FakeMaps::new());
+    wake(&mut sync, &mut due, two_services());
+    let nets = |sync: &Sync<FakeMaps>| -> BTreeSet<std::net::IpAddr> {
+        let (state, _) = sync.reconciler.writer().state().unwrap();
+        state.service_nets.keys().map(|(addr, _)| *addr).collect()
+    };
+    let ip = |s: &str| -> std::net::IpAddr { s.parse().unwrap() };
+    assert_eq!(nets(&sync), [ip("10.96.0.10"), ip("10.96.0.11")].into());
+    // No resync comes: the change alone moves the address space.
+    let deleted = Update::Services(Change::Delete(
+        sources::service(&web("api", "10.96.0.11")).unwrap().key,
+    ));
+    wake(&mut sync, &mut due, vec![deleted]);
+    assert_eq!(nets(&sync), [ip("10.96.0.10")].into());
+    wake(
+        &mut sync,
+        &mut due,
+        vec![apply_service(&web("db", "10.96.0.12"))],
+    );
+    assert_eq!(nets(&sync), [ip("10.96.0.10"), ip("10.96.0.12")].into());
+    // A new cluster IP of an existing service replaces its old one.
+    wake(
+        &mut sync,
+        &mut due,
+        vec![apply_service(&web("db", "10.96.0.13"))],
+    );
+    assert_eq!(nets(&sync), [ip("10.96.0.10"), ip("10.96.0.13")].into());
+    assert!(
+        sync.desired.state.cluster_ips.is_empty(),
+        "kept between reconciles"
+    );
+}

@@ -225,9 +225,7 @@ pub fn translate_service(
             ));
         }
     }
-    if svc.has_ports {
-        out.cluster_ips = cluster.clone();
-    }
+    out.cluster_ips = service_cluster_ips(svc, config).collect();
     let slice_refs: Vec<&SliceInfo> = own_slices.iter().map(|(_, s)| *s).collect();
     let addrs = Addresses {
         cluster: &cluster,
@@ -363,6 +361,21 @@ pub fn wanted_service_cidrs(objects: &[IpNet], config: &TranslateConfig) -> BTre
 
 /// Splits addresses into those frontends may use and the IPv6 ones that
 /// are skipped (none when IPv6 is on).
+/// The cluster IPs a service contributes to the service address space
+/// (`ServiceTranslation::cluster_ips`): those of its balanced families,
+/// when it has ports. A function of the stored object alone, so that the
+/// sync task collects them from the stores when it needs them instead of
+/// keeping them per service.
+pub fn service_cluster_ips<'a>(
+    svc: &'a ServiceInfo,
+    config: &'a TranslateConfig,
+) -> impl Iterator<Item = IpAddr> + 'a {
+    svc.cluster_ips
+        .iter()
+        .copied()
+        .filter(move |a| svc.has_ports && (config.ipv6 || a.is_ipv4()))
+}
+
 fn split_family(addrs: &[IpAddr], ipv6: bool) -> (Vec<IpAddr>, Vec<IpAddr>) {
     addrs.iter().partition(|a| ipv6 || a.is_ipv4())
 }
