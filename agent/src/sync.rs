@@ -58,11 +58,38 @@ struct Desired {
     /// Services translated into `state.services` for the reconcile at hand.
     translated: BTreeSet<ObjectKey>,
     /// Service ports and problems each service contributed.
-    ports_of: HashMap<ObjectKey, Vec<ServicePortName>>,
+    ports_of: HashMap<ObjectKey, PortNames>,
     problems_of: HashMap<ObjectKey, Vec<Problem>>,
     wants_node_ports: BTreeSet<ObjectKey>,
     health_checks: BTreeMap<ObjectKey, HealthCheck>,
     node: NodeContext,
+}
+
+/// A service's port names: most services have one, held without an
+/// allocation of its own (16 bytes, against a `Vec`'s 24 and its
+/// allocation: 4 MB at 100,000 services).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum PortNames {
+    One(ServicePortName),
+    Many(Box<[ServicePortName]>),
+}
+
+impl PortNames {
+    /// `None` for no names.
+    fn new(mut names: Vec<ServicePortName>) -> Option<Self> {
+        match names.len() {
+            0 => None,
+            1 => names.pop().map(PortNames::One),
+            _ => Some(PortNames::Many(names.into_boxed_slice())),
+        }
+    }
+
+    fn as_slice(&self) -> &[ServicePortName] {
+        match self {
+            PortNames::One(name) => std::slice::from_ref(name),
+            PortNames::Many(names) => names,
+        }
+    }
 }
 
 /// Services translated per part of a full reconcile: the desired state
@@ -124,9 +151,11 @@ impl Desired {
         names: &mut BTreeSet<ServicePortName>,
     ) -> bool {
         let wanted_node_ports = !self.wants_node_ports.is_empty();
-        for name in self.ports_of.remove(key).unwrap_or_default() {
-            self.state.services.remove(&name);
-            names.insert(name);
+        if let Some(old) = self.ports_of.remove(key) {
+            for name in old.as_slice() {
+                self.state.services.remove(name);
+                names.insert(name.clone());
+            }
         }
         self.translated.insert(key.clone());
         let old_problems = self.problems_of.remove(key);
@@ -149,8 +178,8 @@ impl Desired {
                 names.insert(name.clone());
                 self.state.services.insert(name, desired);
             }
-            if !new_names.is_empty() {
-                self.ports_of.insert(key.clone(), new_names);
+            if let Some(new) = PortNames::new(new_names) {
+                self.ports_of.insert(key.clone(), new);
             }
         }
         old_problems.as_ref() != self.problems_of.get(key)
@@ -184,7 +213,7 @@ impl Desired {
         };
         self.ports_of
             .get(&key)
-            .is_some_and(|names| names.contains(name))
+            .is_some_and(|names| names.as_slice().contains(name))
     }
 
     /// Collects every service's cluster IPs into `state.cluster_ips` when
@@ -217,7 +246,7 @@ impl Desired {
 
     /// Service ports desired.
     fn service_ports(&self) -> usize {
-        self.ports_of.values().map(Vec::len).sum()
+        self.ports_of.values().map(|n| n.as_slice().len()).sum()
     }
 
     /// The health check node ports to serve (the first service wins a port).

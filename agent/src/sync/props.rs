@@ -220,7 +220,7 @@ proptest! {
             s.desired
                 .ports_of
                 .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
+                .map(|(k, v)| (k.clone(), v.as_slice().to_vec()))
                 .collect::<BTreeMap<_, _>>()
         };
         prop_assert_eq!(ports(&sync), ports(&scratch));
