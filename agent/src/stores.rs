@@ -1,14 +1,11 @@
 //! The sync task's stores of trimmed objects, the problems of objects it
 //! could not use, and which services an update touched.
 
-use std::{
-    collections::{hash_map::RandomState, BTreeMap, BTreeSet, HashSet},
-    hash::{BuildHasher, BuildHasherDefault, Hasher},
-};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::{
     sources::{Change, Converted, Kind, Update},
-    translate::{NodeInfo, ObjectKey, Problem, ServiceCidrInfo, ServiceInfo, SliceInfo},
+    translate::{ListMark, NodeInfo, ObjectKey, Problem, ServiceCidrInfo, ServiceInfo, SliceInfo},
 };
 
 /// What an update changed, for incremental translation.
@@ -64,61 +61,45 @@ pub struct Stores {
     pub rejected: BTreeMap<(Kind, ObjectKey), Problem>,
     /// Kinds whose complete set has arrived at least once.
     pub synced: BTreeSet<Kind>,
-    /// Per kind with a list in progress: the keys its pages held so far.
+    /// Per kind with a list in progress: its mark and the refused keys
+    /// its pages held so far.
     listing: BTreeMap<Kind, Listing>,
 }
 
-/// A list in progress: the keys it held so far, and whether it fills its
-/// store from empty (the first list: compacted at its end; a relist
+/// A list in progress. At its start every stored object of the kind is
+/// unmarked (`ListMark`, in the object's padding); each one its pages
+/// hold is marked; at its end, the unmarked ones are gone. No set of
+/// listed keys is held (a relist of 100,000 Services and 100,000 slices
+/// side by side held 15 MB of keys, then 2.4 MB as hashes). Objects
+/// refused by conversion are few and not stored: their keys are kept. A
+/// first list (from an empty store) is compacted at its end; a relist
 /// leaves the nodes of unchanged objects as they are and needs no second
-/// copy of the store for a rebuild).
-///
-/// The keys are held as 64-bit hashes under a per-list random key (9
-/// bytes each in the set instead of 33 plus the listed name's own
-/// allocation: a relist of 100,000 Services and 100,000 slices side by
-/// side held 15 MB of keys). A stored object that the list did not hold
-/// stays only if its hash equals a listed one's: about one chance in
-/// 10^9 per relist at 100,000 objects, and the next list or its delete
-/// event still removes it.
+/// copy of the store for a rebuild.
 #[derive(Debug, Default)]
 struct Listing {
-    seen: HashSet<u64, BuildHasherDefault<Prehashed>>,
-    keys: RandomState,
+    rejected: HashSet<ObjectKey>,
     from_empty: bool,
 }
 
-impl Listing {
-    fn hash(&self, key: &ObjectKey) -> u64 {
-        self.keys.hash_one(key)
-    }
-    fn saw(&mut self, key: &ObjectKey) {
-        let h = self.hash(key);
-        self.seen.insert(h);
-    }
-    fn held(&self, key: &ObjectKey) -> bool {
-        self.seen.contains(&self.hash(key))
-    }
+/// Objects the stores keep, with their list mark.
+pub trait Listed {
+    fn mark(&mut self) -> &mut ListMark;
+    fn marked(&self) -> bool;
 }
 
-/// A hasher for values that are hashes already.
-#[derive(Default)]
-struct Prehashed(u64);
-
-impl Hasher for Prehashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is used (the set holds u64s); any other input
-        // still hashes deterministically.
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
+macro_rules! listed {
+    ($($t:ty),*) => {
+        $(impl Listed for $t {
+            fn mark(&mut self) -> &mut ListMark {
+                &mut self.listed
+            }
+            fn marked(&self) -> bool {
+                self.listed.0
+            }
+        })*
+    };
 }
+listed!(ServiceInfo, SliceInfo, NodeInfo, ServiceCidrInfo);
 
 /// The service a slice belongs to.
 fn owner(key: &ObjectKey, slice: &SliceInfo) -> ObjectKey {
@@ -267,22 +248,29 @@ fn apply_one<T: PartialEq + Clone>(
     set_rejected(rejected, kind, &key, problem, dirty);
 }
 
-/// Removes every object of `kind` whose key is not in `listed`, and the
-/// rejections of objects not listed.
+/// Removes every object of `kind` that `listed` says the list did not
+/// hold (by key and stored value), and the rejections of objects whose
+/// key `rejected_listed` says it did not hold.
 fn remove_unlisted<T: PartialEq + Clone>(
     kind: Kind,
     store: &mut impl Store<T>,
     rejected: &mut BTreeMap<(Kind, ObjectKey), Problem>,
-    listed: impl Fn(&ObjectKey) -> bool,
+    listed: impl Fn(&ObjectKey, &T) -> bool,
+    rejected_listed: impl Fn(&ObjectKey) -> bool,
     dirty: &mut Dirty,
 ) {
-    let gone: Vec<ObjectKey> = store.map().keys().filter(|k| !listed(k)).cloned().collect();
+    let gone: Vec<ObjectKey> = store
+        .map()
+        .iter()
+        .filter(|(k, v)| !listed(k, v))
+        .map(|(k, _)| k.clone())
+        .collect();
     for key in gone {
         set(store, &key, None, dirty);
     }
     let stale: Vec<ObjectKey> = rejected
         .keys()
-        .filter(|(k, key)| *k == kind && !listed(key))
+        .filter(|(k, key)| *k == kind && !rejected_listed(key))
         .map(|(_, key)| key.clone())
         .collect();
     for key in stale {
@@ -290,7 +278,7 @@ fn remove_unlisted<T: PartialEq + Clone>(
     }
 }
 
-fn apply_change<T: PartialEq + Clone>(
+fn apply_change<T: PartialEq + Clone + Listed>(
     kind: Kind,
     store: &mut impl Store<T>,
     rejected: &mut BTreeMap<(Kind, ObjectKey), Problem>,
@@ -308,7 +296,14 @@ fn apply_change<T: PartialEq + Clone>(
             // Everything not in the new set is gone.
             let from_empty = store.map().is_empty();
             let listed: HashSet<ObjectKey> = items.iter().map(|c| c.key.clone()).collect();
-            remove_unlisted(kind, store, rejected, |k| listed.contains(k), dirty);
+            remove_unlisted(
+                kind,
+                store,
+                rejected,
+                |k, _| listed.contains(k),
+                |k| listed.contains(k),
+                dirty,
+            );
             for item in items {
                 apply_one(kind, store, rejected, item, dirty);
             }
@@ -318,6 +313,9 @@ fn apply_change<T: PartialEq + Clone>(
         }
         Change::ListStart => {
             let from_empty = store.map().is_empty();
+            for v in store.map().values_mut() {
+                v.mark().0 = false;
+            }
             listing.insert(
                 kind,
                 Listing {
@@ -329,13 +327,26 @@ fn apply_change<T: PartialEq + Clone>(
         Change::ListPage(items) => {
             let listed = listing.entry(kind).or_default();
             for item in items {
-                listed.saw(&item.key);
+                let key = item.key.clone();
+                let refused = item.value.is_err();
                 apply_one(kind, store, rejected, item, dirty);
+                if let Some(v) = store.map().get_mut(&key) {
+                    v.mark().0 = true;
+                } else if refused {
+                    listed.rejected.insert(key);
+                }
             }
         }
         Change::ListEnd => {
             let listed = listing.remove(&kind).unwrap_or_default();
-            remove_unlisted(kind, store, rejected, |k| listed.held(k), dirty);
+            remove_unlisted(
+                kind,
+                store,
+                rejected,
+                |_, v| v.marked(),
+                |k| listed.rejected.contains(k),
+                dirty,
+            );
             if listed.from_empty {
                 store.compact();
             }
@@ -433,6 +444,7 @@ mod tests {
             ports: Vec::new(),
             endpoints: Default::default(),
             problems: Vec::new(),
+            listed: Default::default(),
         }
     }
 
@@ -538,5 +550,54 @@ mod tests {
         assert_eq!(d.services, BTreeSet::from([ObjectKey::new("default", "b")]));
         assert_eq!(st.slices.len(), 2);
         assert!(st.listing.is_empty(), "nothing kept once the list ends");
+    }
+
+    #[test]
+    fn a_relist_drops_what_events_added_and_it_did_not_hold_and_stale_refusals() {
+        let mut st = Stores::default();
+        for u in list(&[("s-1", "a"), ("s-2", "b")]) {
+            st.apply(u);
+        }
+        // After the first list: s-3 by an event; s-4 refused by its
+        // conversion.
+        st.apply(apply_slice("s-3", slice("c")));
+        st.apply(Update::Slices(Change::Apply(Converted {
+            key: ObjectKey::new("default", "s-4"),
+            value: Err(Problem::new(
+                "EndpointSlice default/s-4",
+                crate::translate::ProblemReason::MissingField,
+                "x",
+            )),
+        })));
+        assert_eq!(st.rejected.len(), 1);
+        // A relist holds s-1 and s-3 only: s-2 and the refusal go; the
+        // listed ones stay unchanged, each relist alike.
+        for round in 0..3 {
+            let mut d = Dirty::default();
+            for u in list(&[("s-1", "a"), ("s-3", "c")]) {
+                d.merge(st.apply(u));
+            }
+            assert_eq!(
+                st.slices.keys().map(|k| &*k.name).collect::<Vec<_>>(),
+                ["s-1", "s-3"]
+            );
+            assert!(st.rejected.is_empty());
+            if round > 0 {
+                assert!(d.is_empty(), "an unchanged relist changes nothing");
+            }
+            st.apply(apply_slice("s-5", slice("e")));
+            st.apply(Update::Slices(Change::Delete(ObjectKey::new(
+                "default", "s-5",
+            ))));
+        }
+        // An event's object between two lists goes at the next one if it
+        // does not hold it.
+        st.apply(apply_slice("s-6", slice("f")));
+        let mut d = Dirty::default();
+        for u in list(&[("s-1", "a"), ("s-3", "c")]) {
+            d.merge(st.apply(u));
+        }
+        assert_eq!(d.services, BTreeSet::from([ObjectKey::new("default", "f")]));
+        assert_eq!(st.slices.len(), 2);
     }
 }

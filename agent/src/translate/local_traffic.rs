@@ -99,6 +99,7 @@ mod tests {
             addresses: Vec::new(),
             pod_cidrs: cidrs.iter().map(|c| net(c)).collect(),
             problems: Vec::new(),
+            listed: Default::default(),
         }
     }
 

@@ -34,10 +34,10 @@ use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::Endpoin
 
 pub use local_traffic::LocalDetector;
 pub use objects::{
-    AddressFamily, Conditions, IpFamilies, IpNet, NodeInfo, ObjectKey, PortInfo, ServiceCidrInfo,
-    ServiceInfo, ServiceType, SliceEndpoint, SliceInfo, SlicePort, ANNOTATION_LB_ALGORITHM,
-    DEFAULT_AFFINITY_TIMEOUT, DEFAULT_NAMESPACE, LABEL_HEADLESS, LABEL_SERVICE_NAME,
-    LABEL_SERVICE_PROXY_NAME, LABEL_TOPOLOGY_ZONE, MAX_AFFINITY_TIMEOUT,
+    AddressFamily, Conditions, IpFamilies, IpNet, ListMark, NodeInfo, ObjectKey, PortInfo,
+    ServiceCidrInfo, ServiceInfo, ServiceType, SliceEndpoint, SliceInfo, SlicePort,
+    ANNOTATION_LB_ALGORITHM, DEFAULT_AFFINITY_TIMEOUT, DEFAULT_NAMESPACE, LABEL_HEADLESS,
+    LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, LABEL_TOPOLOGY_ZONE, MAX_AFFINITY_TIMEOUT,
 };
 pub use problems::{Problem, ProblemReason};
 

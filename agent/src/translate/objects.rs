@@ -267,6 +267,26 @@ impl PortInfo {
     }
 }
 
+/// Which list last held a stored object (the sync task's stores flip
+/// their mark at each list's start and drop, at its end, whatever still
+/// has the old one). Not part of the object: equal and hashed alike
+/// whatever it holds, so an unchanged object listed again compares
+/// equal. It fits in the objects' padding.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ListMark(pub bool);
+
+impl PartialEq for ListMark {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ListMark {}
+
+impl std::hash::Hash for ListMark {
+    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
+}
+
 /// What sluice needs of a Service.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceInfo {
@@ -300,6 +320,8 @@ pub struct ServiceInfo {
     pub maglev: bool,
     /// What of the object was left out, and why.
     pub problems: Vec<Problem>,
+    /// The stores' list mark (not part of the object).
+    pub listed: ListMark,
 }
 
 impl ServiceInfo {
@@ -409,6 +431,7 @@ impl ServiceInfo {
         };
 
         Ok(Some(Self {
+            listed: ListMark::default(),
             service_type,
             cluster_ips,
             ip_families,
@@ -973,6 +996,8 @@ pub struct SliceInfo {
     pub endpoints: SliceEndpoints,
     /// What of the object was left out, and why.
     pub problems: Vec<Problem>,
+    /// The stores' list mark (not part of the object).
+    pub listed: ListMark,
 }
 
 impl SliceInfo {
@@ -1083,6 +1108,7 @@ impl SliceInfo {
         endpoints.sort_by_key(|e| e.addr);
 
         Ok(Some(Self {
+            listed: ListMark::default(),
             service: service.clone(),
             family,
             ports,
@@ -1160,6 +1186,8 @@ pub struct NodeInfo {
     pub pod_cidrs: Vec<IpNet>,
     /// What of the object was left out, and why.
     pub problems: Vec<Problem>,
+    /// The stores' list mark (not part of the object).
+    pub listed: ListMark,
 }
 
 impl NodeInfo {
@@ -1207,6 +1235,7 @@ impl NodeInfo {
         pod_cidrs.sort();
         pod_cidrs.dedup();
         Ok(Self {
+            listed: ListMark::default(),
             name,
             zone,
             addresses,
@@ -1224,6 +1253,8 @@ pub struct ServiceCidrInfo {
     pub cidrs: Vec<IpNet>,
     /// What of the object was left out, and why.
     pub problems: Vec<Problem>,
+    /// The stores' list mark (not part of the object).
+    pub listed: ListMark,
 }
 
 impl ServiceCidrInfo {
@@ -1250,6 +1281,7 @@ impl ServiceCidrInfo {
         cidrs.sort();
         cidrs.dedup();
         Ok(Self {
+            listed: ListMark::default(),
             cidrs,
             problems: problems.into_vec(),
         })
