@@ -441,9 +441,9 @@ mod tests {
         SliceInfo {
             service: service.into(),
             family: crate::translate::AddressFamily::V4,
-            ports: Vec::new(),
+            ports: Box::default(),
             endpoints: Default::default(),
-            problems: Vec::new(),
+            problems: Box::default(),
             listed: Default::default(),
         }
     }

@@ -197,7 +197,7 @@ pub fn translate_service(
 ) -> ServiceTranslation {
     let object = format!("Service {key}");
     let mut out = ServiceTranslation {
-        problems: svc.problems.clone(),
+        problems: svc.problems.to_vec(),
         ..ServiceTranslation::default()
     };
 

@@ -292,16 +292,16 @@ impl std::hash::Hash for ListMark {
 pub struct ServiceInfo {
     pub service_type: ServiceType,
     /// `spec.clusterIPs` (or `spec.clusterIP`) of the service's families.
-    pub cluster_ips: Vec<IpAddr>,
+    pub cluster_ips: Box<[IpAddr]>,
     /// The families the service is served in: no frontend of another
     /// family exists (see `IpFamilies`).
     pub ip_families: IpFamilies,
     /// `spec.externalIPs` of the service's families.
-    pub external_ips: Vec<IpAddr>,
+    pub external_ips: Box<[IpAddr]>,
     /// `status.loadBalancer.ingress[].ip` of VIP-mode ingresses, of the
     /// service's families.
-    pub load_balancer_ips: Vec<IpAddr>,
-    pub ports: Vec<PortInfo>,
+    pub load_balancer_ips: Box<[IpAddr]>,
+    pub ports: Box<[PortInfo]>,
     /// `spec.ports` is not empty, usable or not (kube-proxy's cluster-ips
     /// set holds the cluster IP of a service with an SCTP port too).
     pub has_ports: bool,
@@ -313,13 +313,13 @@ pub struct ServiceInfo {
     pub external_traffic_local: bool,
     /// `sessionAffinity: ClientIP` with its timeout in seconds.
     pub session_affinity_timeout: Option<u32>,
-    pub load_balancer_source_ranges: Vec<IpNet>,
+    pub load_balancer_source_ranges: Box<[IpNet]>,
     pub health_check_node_port: Option<u16>,
     pub allocate_load_balancer_node_ports: bool,
     /// `service.sluice.dev/lb-algorithm: maglev`.
     pub maglev: bool,
     /// What of the object was left out, and why.
-    pub problems: Vec<Problem>,
+    pub problems: Box<[Problem]>,
     /// The stores' list mark (not part of the object).
     pub listed: ListMark,
 }
@@ -433,22 +433,22 @@ impl ServiceInfo {
         Ok(Some(Self {
             listed: ListMark::default(),
             service_type,
-            cluster_ips,
+            cluster_ips: cluster_ips.into(),
             ip_families,
-            external_ips,
-            load_balancer_ips,
-            ports,
+            external_ips: external_ips.into(),
+            load_balancer_ips: load_balancer_ips.into(),
+            ports: ports.into(),
             has_ports: spec.ports.as_ref().is_some_and(|p| !p.is_empty()),
             internal_traffic_local,
             external_traffic_local,
             session_affinity_timeout,
-            load_balancer_source_ranges,
+            load_balancer_source_ranges: load_balancer_source_ranges.into(),
             health_check_node_port,
             allocate_load_balancer_node_ports: spec
                 .allocate_load_balancer_node_ports
                 .unwrap_or(true),
             maglev,
-            problems: problems.into_vec(),
+            problems: problems.into_vec().into(),
         }))
     }
 }
@@ -989,13 +989,13 @@ impl SliceEndpoints {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SliceInfo {
     /// The service (same namespace) the slice belongs to.
-    pub service: String,
+    pub service: Box<str>,
     pub family: AddressFamily,
-    pub ports: Vec<SlicePort>,
+    pub ports: Box<[SlicePort]>,
     /// Sorted by address.
     pub endpoints: SliceEndpoints,
     /// What of the object was left out, and why.
-    pub problems: Vec<Problem>,
+    pub problems: Box<[Problem]>,
     /// The stores' list mark (not part of the object).
     pub listed: ListMark,
 }
@@ -1109,11 +1109,11 @@ impl SliceInfo {
 
         Ok(Some(Self {
             listed: ListMark::default(),
-            service: service.clone(),
+            service: service.as_str().into(),
             family,
-            ports,
+            ports: ports.into(),
             endpoints: SliceEndpoints::new(family, endpoints),
-            problems: problems.into_vec(),
+            problems: problems.into_vec().into(),
         }))
     }
 }
@@ -1372,10 +1372,10 @@ mod tests {
         let svc = mk_service("default", "web", "10.96.0.10", &[port("http", "TCP", 80)]);
         let info = ServiceInfo::from_service(&svc).unwrap().unwrap();
         assert_eq!(info.service_type, ServiceType::ClusterIp);
-        assert_eq!(info.cluster_ips, vec![ip("10.96.0.10")]);
+        assert_eq!(*info.cluster_ips, [ip("10.96.0.10")]);
         assert_eq!(
-            info.ports,
-            vec![PortInfo {
+            *info.ports,
+            [PortInfo {
                 name: "http".into(),
                 proto: Proto::Tcp,
                 port: 80,
@@ -1426,7 +1426,7 @@ mod tests {
         // A cluster IP of an unlisted family is reported and left out.
         let info = trim(Some(&["IPv4"]), &["10.96.0.1", "fd00::1"]);
         assert_eq!(info.ip_families, v4);
-        assert_eq!(info.cluster_ips, vec![ip("10.96.0.1")]);
+        assert_eq!(*info.cluster_ips, [ip("10.96.0.1")]);
         assert_eq!(info.problems.len(), 1);
         assert_eq!(info.problems[0].reason, ProblemReason::InvalidAddress);
         // An unknown family is reported; the cluster IPs decide.
@@ -1556,7 +1556,7 @@ mod tests {
         spec_mut(&mut svc).external_ips = Some(vec!["1.2.3.4".into(), "bogus".into()]);
         let info = ServiceInfo::from_service(&svc).unwrap().unwrap();
         assert!(info.cluster_ips.is_empty());
-        assert_eq!(info.external_ips, vec![ip("1.2.3.4")]);
+        assert_eq!(*info.external_ips, [ip("1.2.3.4")]);
         assert_eq!(info.ports.len(), 1);
         assert_eq!(info.ports[0].name, "c");
         let reasons: Vec<_> = info.problems.iter().map(|p| p.reason).collect();
@@ -1622,8 +1622,8 @@ mod tests {
             Some(DEFAULT_AFFINITY_TIMEOUT)
         );
         assert_eq!(
-            info.load_balancer_source_ranges,
-            vec![
+            *info.load_balancer_source_ranges,
+            [
                 IpNet::parse("10.0.0.0/8").unwrap(),
                 IpNet::parse("192.168.0.0/16").unwrap()
             ]
@@ -1635,7 +1635,7 @@ mod tests {
         assert_eq!(info.health_check_node_port, Some(32000));
         assert!(!info.allocate_load_balancer_node_ports);
         assert!(info.external_traffic_local && info.internal_traffic_local);
-        assert_eq!(info.load_balancer_ips, vec![ip("203.0.113.7")]);
+        assert_eq!(*info.load_balancer_ips, [ip("203.0.113.7")]);
         assert_eq!(info.ports[0].node_port, Some(30080));
         assert_eq!(info.problems.len(), 1);
         assert_eq!(info.problems[0].reason, ProblemReason::InvalidAddress);
@@ -1685,7 +1685,7 @@ mod tests {
             vec![ep("10.0.0.2"), ep("10.0.0.1")],
         );
         let info = SliceInfo::from_slice(&s).unwrap().unwrap();
-        assert_eq!(info.service, "web");
+        assert_eq!(&*info.service, "web");
         assert_eq!(info.family, AddressFamily::V4);
         // Sorted by address.
         assert_eq!(info.endpoints.get(0).unwrap().addr, ip("10.0.0.1"));
