@@ -433,5 +433,5 @@ fn a_service_added_or_deleted_between_resyncs_moves_its_cluster_ip_in_the_addres
 
 #[test]
 fn a_services_port_names_take_sixteen_bytes() {
-    assert_eq!(std::mem::size_of::<super::PortNames>(), 16);
+    assert_eq!(std::mem::size_of::<super::desired::PortNames>(), 16);
 }
