@@ -923,32 +923,31 @@ impl SliceEndpoints {
     /// endpoint of the other family is left out (`SliceInfo::from_slice`
     /// reports those before).
     pub fn new(family: AddressFamily, endpoints: Vec<SliceEndpoint>) -> Self {
-        fn stored<A>(e: SliceEndpoint, addr: A) -> Stored<A> {
-            Stored {
-                place: e.place,
-                addr,
-                conditions: e.conditions,
-            }
+        /// The endpoints whose address `addr` takes, stored with it.
+        fn stored<A>(
+            endpoints: Vec<SliceEndpoint>,
+            addr: fn(IpAddr) -> Option<A>,
+        ) -> Box<[Stored<A>]> {
+            endpoints
+                .into_iter()
+                .filter_map(|e| {
+                    Some(Stored {
+                        addr: addr(e.addr)?,
+                        place: e.place,
+                        conditions: e.conditions,
+                    })
+                })
+                .collect()
         }
         match family {
-            AddressFamily::V4 => SliceEndpoints::V4(
-                endpoints
-                    .into_iter()
-                    .filter_map(|e| match e.addr {
-                        IpAddr::V4(a) => Some(stored(e, a)),
-                        IpAddr::V6(_) => None,
-                    })
-                    .collect(),
-            ),
-            AddressFamily::V6 => SliceEndpoints::V6(
-                endpoints
-                    .into_iter()
-                    .filter_map(|e| match e.addr {
-                        IpAddr::V6(a) => Some(stored(e, a)),
-                        IpAddr::V4(_) => None,
-                    })
-                    .collect(),
-            ),
+            AddressFamily::V4 => SliceEndpoints::V4(stored(endpoints, |a| match a {
+                IpAddr::V4(a) => Some(a),
+                IpAddr::V6(_) => None,
+            })),
+            AddressFamily::V6 => SliceEndpoints::V6(stored(endpoints, |a| match a {
+                IpAddr::V6(a) => Some(a),
+                IpAddr::V4(_) => None,
+            })),
         }
     }
 
