@@ -88,6 +88,9 @@ pub struct Sync<W = MapWriter> {
     node_addrs: Option<watch::Sender<Vec<std::net::IpAddr>>>,
     /// Services per part of a full reconcile.
     part: usize,
+    /// The last full reconcile failed (a write error): the next one is
+    /// full too.
+    full_failed: bool,
 }
 
 /// The gauges are refreshed at most this often while changes stream in.
@@ -121,6 +124,7 @@ impl<W: MapWrites> Sync<W> {
             gauges_due: None,
             gauges_at: None,
             part: PART,
+            full_failed: false,
         }
     }
 
@@ -223,8 +227,8 @@ impl<W: MapWrites> Sync<W> {
         let dirty = std::mem::take(&mut self.dirty);
         let translated = !dirty.is_empty() || !self.first_sync;
         // A change of the node retranslates every service: a full
-        // reconcile, part by part.
-        let full = resync_due || dirty.all;
+        // reconcile, part by part; a full one that failed is done again.
+        let full = resync_due || dirty.all || self.full_failed;
         if translated {
             let (changed, problems_changed) =
                 self.desired
@@ -272,6 +276,10 @@ impl<W: MapWrites> Sync<W> {
             self.update_gauges();
         }
         if work {
+            // A failed full reconcile keeps no list of what to retry (its
+            // parts' names are gone with their translations): the retry
+            // is a full one.
+            self.full_failed = full && !ok;
             if !ok {
                 // Retry soon; `/healthz` turns red if this persists.
                 due.scan = Instant::now() + Duration::from_secs(1);

@@ -435,3 +435,58 @@ fn a_service_added_or_deleted_between_resyncs_moves_its_cluster_ip_in_the_addres
 fn a_services_port_names_take_sixteen_bytes() {
     assert_eq!(std::mem::size_of::<super::desired::PortNames>(), 16);
 }
+
+#[test]
+fn a_full_reconcile_a_node_change_started_is_retried_whole_when_a_write_fails() {
+    let node_at = |addr: &str| {
+        let n = mk_node(NODE, None, &[("InternalIP", addr)]);
+        Update::Node(Change::Reset(vec![sources::node(&n).unwrap()]))
+    };
+    let mut np = mk_service(
+        "default",
+        "np",
+        "10.96.0.20",
+        &[node_port("http", "TCP", 80, 30080)],
+    );
+    spec_mut(&mut np).type_ = Some("NodePort".into());
+    let objects = vec![
+        services(&[np.clone()]),
+        slices(&[web_slice("np", &["10.1.0.1"])]),
+        node(),
+        no_service_cidrs(),
+    ];
+    let (mut sync, mut due) = sync_on(FakeMaps::new());
+    wake(&mut sync, &mut due, objects);
+    // The node's address moves (its NodePort frontend with it); the
+    // first write of that full reconcile fails.
+    let attempts = sync.reconciler.writer().attempts;
+    sync.reconciler.writer_mut().fail_at = Some(attempts + 1);
+    wake(&mut sync, &mut due, vec![node_at("192.0.2.2")]);
+    // The retry needs no update and no resync.
+    wake(&mut sync, &mut due, Vec::new());
+    let after = vec![
+        services(&[np]),
+        slices(&[web_slice("np", &["10.1.0.1"])]),
+        node_at("192.0.2.2"),
+        no_service_cidrs(),
+    ];
+    let (mut clean, mut clean_due) = sync_on(FakeMaps::new());
+    wake(&mut clean, &mut clean_due, after);
+    let node_port = |sync: &Sync<FakeMaps>| {
+        sync.reconciler
+            .programmed()
+            .frontends
+            .keys()
+            .filter(|k| k.port == 30080)
+            .map(|k| k.addr)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        node_port(&clean),
+        ["192.0.2.2".parse::<std::net::IpAddr>().unwrap()]
+    );
+    assert_eq!(
+        sync.reconciler.writer().canonical(),
+        clean.reconciler.writer().canonical()
+    );
+}
