@@ -578,6 +578,7 @@ impl<W: MapWrites> Reconciler<W> {
         for name in &names {
             if !desired.services.contains_key(name) {
                 self.refused.remove(name);
+                self.maglev_fallback.remove(name);
                 if let Some(id) = self.ids.release(name) {
                     leftovers.insert(id);
                 }

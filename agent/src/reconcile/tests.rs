@@ -384,6 +384,9 @@ fn without_room_for_tables_maglev_falls_back_to_the_flow_hash() {
     assert!(r.writer().maglev.is_empty());
     assert_eq!(r.writer().services[&(fe, 0)].flags & SVC_F_MAGLEV, 0);
     assert!(r.maglev_fallback().contains(&name("web")));
+    // Deleted, it is no longer counted as falling back.
+    sync_all(&mut r, &desired(vec![]), Instant::now());
+    assert!(r.maglev_fallback().is_empty());
 }
 
 #[test]
