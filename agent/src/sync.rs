@@ -48,8 +48,6 @@ pub struct SyncConfig {
 /// held at once.
 const PART: usize = 1024;
 
-static EMPTY_KEYS: BTreeSet<ObjectKey> = BTreeSet::new();
-
 /// When the sync loop next scans conntrack and next reconciles everything.
 struct Due {
     scan: Instant,
@@ -337,7 +335,6 @@ impl<W: MapWrites> Sync<W> {
         } else {
             self.reconcile_changed(&pending)
         };
-        self.desired.forget_translations();
         self.ifaces_dirty = false;
         let elapsed = started.elapsed();
         self.metrics.sync_duration.observe(elapsed.as_secs_f64());
@@ -426,36 +423,30 @@ impl<W: MapWrites> Sync<W> {
         let backends: usize = self.stores.slices.values().map(|s| s.endpoints.len()).sum();
         let services = self.stores.services.len();
         self.reconciler.reserve(services, backends, services);
-        let mut next: Option<ObjectKey> = None;
-        let mut first = true;
+        // The services gone from the stores go with the first part.
+        let config = &self.config.translate;
+        let mut names = BTreeSet::new();
+        let mut problems = false;
+        for key in &gone {
+            problems |= self
+                .desired
+                .translate(key, &self.stores, config, &mut names);
+        }
+        let mut after: Option<ObjectKey> = None;
         loop {
-            let keys: Vec<ObjectKey> = match &next {
-                None => self
-                    .stores
-                    .services
-                    .keys()
-                    .take(self.part)
-                    .cloned()
-                    .collect(),
-                Some(after) => self
-                    .stores
-                    .services
-                    .range((Excluded(after), Unbounded))
-                    .take(self.part)
-                    .map(|(k, _)| k.clone())
-                    .collect(),
-            };
-            let last = keys.last().cloned();
-            let mut names = BTreeSet::new();
-            let config = &self.config.translate;
-            let mut problems = false;
-            for key in keys.iter().chain(if first { &gone } else { &EMPTY_KEYS }) {
+            let from = after.as_ref().map_or(Unbounded, Excluded);
+            let keys: Vec<ObjectKey> = self
+                .stores
+                .services
+                .range::<ObjectKey, _>((from, Unbounded))
+                .take(self.part)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in &keys {
                 problems |= self
                     .desired
                     .translate(key, &self.stores, config, &mut names);
             }
-            first = false;
-            self.problems_dirty |= problems;
             if !names.is_empty() {
                 let report = self.reconciler.reconcile(
                     &self.desired.state,
@@ -465,11 +456,13 @@ impl<W: MapWrites> Sync<W> {
                 total.add(report);
             }
             self.desired.forget_translations();
-            match last {
-                Some(k) if keys.len() == self.part => next = Some(k),
-                _ => break,
+            names.clear();
+            if keys.len() < self.part {
+                break;
             }
+            after = keys.last().cloned();
         }
+        self.problems_dirty |= problems;
         // The sweep: service ports held but no longer desired, and those
         // the reconciler wants again (waiting for room, refused, draining).
         let now = Instant::now();

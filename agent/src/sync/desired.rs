@@ -106,8 +106,8 @@ impl Desired {
 
     /// Translates service `key` again: its service ports go into
     /// `state.services`, the names it had and has into `names`, and its
-    /// contributions (cluster IPs, problems, health check) replace the
-    /// ones it made before. Translating an unchanged service changes
+    /// contributions (port names, problems, health check, whether it
+    /// wants node ports) replace the ones it made before. Translating an unchanged service changes
     /// nothing but `state.services`. Returns whether its problems changed.
     pub(super) fn translate(
         &mut self,
@@ -161,10 +161,7 @@ impl Desired {
         stores: &Stores,
         config: &TranslateConfig,
     ) -> bool {
-        let key = ObjectKey {
-            namespace: name.namespace.clone(),
-            name: name.name.clone(),
-        };
+        let key = service_of(name);
         if self.translated.contains(&key) {
             return false;
         }
@@ -173,12 +170,8 @@ impl Desired {
 
     /// Whether service port `name` is desired (its service has it).
     pub(super) fn holds(&self, name: &ServicePortName) -> bool {
-        let key = ObjectKey {
-            namespace: name.namespace.clone(),
-            name: name.name.clone(),
-        };
         self.ports_of
-            .get(&key)
+            .get(&service_of(name))
             .is_some_and(|names| names.as_slice().contains(name))
     }
 
@@ -247,5 +240,13 @@ impl Desired {
         );
         all.extend(stores.rejected.values().cloned());
         all
+    }
+}
+
+/// The service a service port belongs to.
+fn service_of(name: &ServicePortName) -> ObjectKey {
+    ObjectKey {
+        namespace: name.namespace.clone(),
+        name: name.name.clone(),
     }
 }

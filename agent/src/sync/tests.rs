@@ -87,7 +87,12 @@ pub(super) fn slices(list: &[EndpointSlice]) -> Update {
 }
 
 pub(super) fn node() -> Update {
-    let n = mk_node(NODE, None, &[("InternalIP", "192.0.2.1")]);
+    node_at("192.0.2.1")
+}
+
+/// This node's Node object with InternalIP `addr`, listed.
+fn node_at(addr: &str) -> Update {
+    let n = mk_node(NODE, None, &[("InternalIP", addr)]);
     Update::Node(Change::Reset(sources::node(&n).into_iter().collect()))
 }
 
@@ -438,10 +443,6 @@ fn a_services_port_names_take_sixteen_bytes() {
 
 #[test]
 fn a_full_reconcile_a_node_change_started_is_retried_whole_when_a_write_fails() {
-    let node_at = |addr: &str| {
-        let n = mk_node(NODE, None, &[("InternalIP", addr)]);
-        Update::Node(Change::Reset(vec![sources::node(&n).unwrap()]))
-    };
     let mut np = mk_service(
         "default",
         "np",
