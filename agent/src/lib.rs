@@ -9,6 +9,7 @@ pub mod datapath;
 pub mod devices;
 pub mod health;
 pub mod healthcheck;
+pub mod heap;
 pub mod inspect;
 pub mod manifests;
 pub mod metrics;

@@ -23,22 +23,8 @@ fn clean(args: &CleanupArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One glibc malloc arena for the whole process, set before any thread
-/// exists. With one per thread (glibc's default), the list decoded on one
-/// thread and applied on another left freed memory stranded in each
-/// arena: at 100,000 services VmHWM was 363-376 MB after the first sync
-/// and a relist added 30 MB; with one arena 333 MB and 15 MB, start to
-/// ready unchanged (docs/performance.md, issue 17).
-fn one_malloc_arena() {
-    // SAFETY: mallopt only sets an allocator parameter; called before the
-    // runtime starts any thread.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
-}
-
 fn main() -> ExitCode {
-    one_malloc_arena();
+    sluice::heap::one_arena();
     match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

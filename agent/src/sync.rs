@@ -14,7 +14,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    ops::Bound::{Excluded, Unbounded},
     sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
@@ -28,6 +27,7 @@ use crate::{
     datapath::{fill_ratios, MapSizes, MapWriter, MapWrites, Occupancy},
     health::Health,
     healthcheck::HealthChecks,
+    heap,
     metrics::{MapLabel, Metrics, ReasonLabel},
     model::ServicePortName,
     reconcile::{Reconciler, Refusal, Report, Scope},
@@ -285,6 +285,8 @@ impl<W: MapWrites> Sync<W> {
             }
             if full {
                 due.resync = Instant::now() + self.config.resync_interval;
+                let took = heap::give_back_free_pages();
+                debug!(?took, "free heap pages given back after a full reconcile");
             }
         }
         // Scan again after the GC interval, or sooner while backends
@@ -406,7 +408,8 @@ impl<W: MapWrites> Sync<W> {
     /// A full reconcile: every service translated and reconciled part by
     /// part ([`PART`] services at a time, in key order), then a sweep of
     /// what no service desires any more. The translations of one part
-    /// are dropped before the next.
+    /// are dropped before the next; the next part is translated on
+    /// another thread while this one's writes go out (`parts.rs`).
     fn reconcile_all(&mut self) -> Report {
         let mut total = Report::default();
         // Services gone from the stores that still contributed.
@@ -432,36 +435,21 @@ impl<W: MapWrites> Sync<W> {
                 .desired
                 .translate(key, &self.stores, config, &mut names);
         }
-        let mut after: Option<ObjectKey> = None;
-        loop {
-            let from = after.as_ref().map_or(Unbounded, Excluded);
-            let keys: Vec<ObjectKey> = self
-                .stores
-                .services
-                .range::<ObjectKey, _>((from, Unbounded))
-                .take(self.part)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for key in &keys {
-                problems |= self
-                    .desired
-                    .translate(key, &self.stores, config, &mut names);
+        let desired = &mut self.desired;
+        let reconciler = &mut self.reconciler;
+        let node = desired.node.clone();
+        parts::for_each_part(&self.stores, &node, config, self.part, |part| {
+            for (key, translation) in part {
+                problems |= desired.take(&key, Some(translation), &mut names);
             }
             if !names.is_empty() {
-                let report = self.reconciler.reconcile(
-                    &self.desired.state,
-                    Scope::Part(&names),
-                    Instant::now(),
-                );
+                let report =
+                    reconciler.reconcile(&desired.state, Scope::Part(&names), Instant::now());
                 total.add(report);
             }
-            self.desired.forget_translations();
+            desired.forget_translations();
             names.clear();
-            if keys.len() < self.part {
-                break;
-            }
-            after = keys.last().cloned();
-        }
+        });
         self.problems_dirty |= problems;
         // The sweep: service ports held but no longer desired, and those
         // the reconciler wants again (waiting for room, refused, draining).
@@ -580,6 +568,7 @@ impl<W: MapWrites> Sync<W> {
 }
 
 mod desired;
+mod parts;
 #[cfg(test)]
 mod props;
 #[cfg(test)]

@@ -1,0 +1,36 @@
+//! The process heap (glibc's allocator): one arena, and freed memory given
+//! back to the kernel after the large transient work of a full reconcile.
+
+use std::time::{Duration, Instant};
+
+/// One glibc malloc arena for the whole process, set before any thread
+/// exists. With one per thread (glibc's default), the list decoded on one
+/// thread and applied on another left freed memory stranded in each
+/// arena: at 100,000 services VmHWM was 363-376 MB after the first sync
+/// and a relist added 30 MB; with one arena 333 MB and 15 MB, start to
+/// ready unchanged (docs/performance.md, issue 17).
+pub fn one_arena() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter; the caller runs it
+    // before the runtime starts any thread.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
+/// Gives the heap's free pages back to the kernel (`malloc_trim`), and
+/// says how long that took. A full reconcile frees its translations, plan
+/// buffers and the reconciler's reserved room when it ends; glibc keeps
+/// such pages resident inside the heap, where only a later allocation
+/// reuses them. Given back, the resident set after a full reconcile is
+/// what the agent holds, and a later transient (a relist's pages) stays
+/// under the first sync's high-water mark instead of adding to it.
+pub fn give_back_free_pages() -> Duration {
+    let started = Instant::now();
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    started.elapsed()
+}
