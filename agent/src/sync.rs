@@ -14,6 +14,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    ops::Bound::{Excluded, Unbounded},
     sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
@@ -408,8 +409,7 @@ impl<W: MapWrites> Sync<W> {
     /// A full reconcile: every service translated and reconciled part by
     /// part ([`PART`] services at a time, in key order), then a sweep of
     /// what no service desires any more. The translations of one part
-    /// are dropped before the next; the next part is translated on
-    /// another thread while this one's writes go out (`parts.rs`).
+    /// are dropped before the next.
     fn reconcile_all(&mut self) -> Report {
         let mut total = Report::default();
         // Services gone from the stores that still contributed.
@@ -435,21 +435,36 @@ impl<W: MapWrites> Sync<W> {
                 .desired
                 .translate(key, &self.stores, config, &mut names);
         }
-        let desired = &mut self.desired;
-        let reconciler = &mut self.reconciler;
-        let node = desired.node.clone();
-        parts::for_each_part(&self.stores, &node, config, self.part, |part| {
-            for (key, translation) in part {
-                problems |= desired.take(&key, Some(translation), &mut names);
+        let mut after: Option<ObjectKey> = None;
+        loop {
+            let from = after.as_ref().map_or(Unbounded, Excluded);
+            let keys: Vec<ObjectKey> = self
+                .stores
+                .services
+                .range::<ObjectKey, _>((from, Unbounded))
+                .take(self.part)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in &keys {
+                problems |= self
+                    .desired
+                    .translate(key, &self.stores, config, &mut names);
             }
             if !names.is_empty() {
-                let report =
-                    reconciler.reconcile(&desired.state, Scope::Part(&names), Instant::now());
+                let report = self.reconciler.reconcile(
+                    &self.desired.state,
+                    Scope::Part(&names),
+                    Instant::now(),
+                );
                 total.add(report);
             }
-            desired.forget_translations();
+            self.desired.forget_translations();
             names.clear();
-        });
+            if keys.len() < self.part {
+                break;
+            }
+            after = keys.last().cloned();
+        }
         self.problems_dirty |= problems;
         // The sweep: service ports held but no longer desired, and those
         // the reconciler wants again (waiting for room, refused, draining).
@@ -568,7 +583,6 @@ impl<W: MapWrites> Sync<W> {
 }
 
 mod desired;
-mod parts;
 #[cfg(test)]
 mod props;
 #[cfg(test)]

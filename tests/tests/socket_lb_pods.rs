@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{ensure, Context, Result};
 use sluice::datapath::Maps;
-use sluice_common::Stat;
+use sluice_common::{Stat, IPPROTO_TCP, IPPROTO_UDP};
 use sluice_tests::{
     agent::{Agent, ManifestDir},
     host::HostClient,
@@ -349,6 +349,34 @@ fn pods_reach_every_kind_of_frontend_through_their_sockets() -> Result<()> {
             ensure!(next == first, "v6={v6}: {next:?} after {first:?}");
         }
         balanced += 4;
+        // A TCP socket held open: its peer is the VIP, read from
+        // `sl_sock`; only the UDP socket has reverse entries.
+        let mut tcp = HostClient::start_in(&topo, &client.ns, "tcp", &vip, 80, None)?;
+        let held = tcp.line()?;
+        ensure!(
+            held.len() == 3 && held[0] == "ok" && held[2] == peer(&vip, 80),
+            "v6={v6}: {held:?}"
+        );
+        balanced += 1;
+        let m = maps()?;
+        let sockets: Vec<(u64, u8)> = m
+            .sockets
+            .iter()
+            .flatten()
+            .map(|(cookie, e)| (cookie, e.proto))
+            .collect();
+        let revs: Vec<u64> = m.sock_rev.keys().flatten().map(|k| k.cookie).collect();
+        let of = |proto: u8| sockets.iter().filter(move |(_, p)| *p == proto);
+        ensure!(
+            of(IPPROTO_TCP).count() >= 1 && of(IPPROTO_UDP).count() >= 1,
+            "v6={v6}: sockets {sockets:?}"
+        );
+        ensure!(
+            of(IPPROTO_TCP).all(|(c, _)| !revs.contains(c))
+                && of(IPPROTO_UDP).all(|(c, _)| revs.contains(c)),
+            "v6={v6}: sockets {sockets:?}, reverse entries of {revs:?}"
+        );
+        drop((tcp, udp));
         // UDP, connected: getpeername and the reply's source.
         let out = HostClient::once_in(&topo, &client.ns, "udpc", &dns, 53)?;
         ensure!(

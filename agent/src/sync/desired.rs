@@ -12,7 +12,7 @@ use crate::{
     stores::{Dirty, Stores},
     translate::{
         service_cluster_ips, translate_service, wanted_service_cidrs, HealthCheck, NodeContext,
-        ObjectKey, Problem, ServiceTranslation, TranslateConfig,
+        ObjectKey, Problem, TranslateConfig,
     },
 };
 
@@ -107,26 +107,13 @@ impl Desired {
     /// Translates service `key` again: its service ports go into
     /// `state.services`, the names it had and has into `names`, and its
     /// contributions (port names, problems, health check, whether it
-    /// wants node ports) replace the ones it made before. Translating an
-    /// unchanged service changes nothing but `state.services`. Returns
-    /// whether its problems changed.
+    /// wants node ports) replace the ones it made before. Translating an unchanged service changes
+    /// nothing but `state.services`. Returns whether its problems changed.
     pub(super) fn translate(
         &mut self,
         key: &ObjectKey,
         stores: &Stores,
         config: &TranslateConfig,
-        names: &mut BTreeSet<ServicePortName>,
-    ) -> bool {
-        let translation = translation(key, stores, &self.node, config);
-        self.take(key, translation, names)
-    }
-
-    /// Takes service `key`'s translation (`None`: the service is gone), as
-    /// `translate` describes.
-    pub(super) fn take(
-        &mut self,
-        key: &ObjectKey,
-        translation: Option<ServiceTranslation>,
         names: &mut BTreeSet<ServicePortName>,
     ) -> bool {
         let wanted_node_ports = !self.wants_node_ports.is_empty();
@@ -140,7 +127,8 @@ impl Desired {
         let old_problems = self.problems_of.remove(key);
         self.wants_node_ports.remove(key);
         self.health_checks.remove(key);
-        if let Some(t) = translation {
+        if let Some(svc) = stores.services.get(key) {
+            let t = translate_service(key, svc, &stores.slices_of(key), &self.node, config);
             if t.wants_node_ports {
                 self.wants_node_ports.insert(key.clone());
             }
@@ -253,24 +241,6 @@ impl Desired {
         all.extend(stores.rejected.values().cloned());
         all
     }
-}
-
-/// Service `key`'s translation from the stores; `None` when it is gone.
-/// Pure: a full reconcile runs it on another thread, a part ahead.
-pub(super) fn translation(
-    key: &ObjectKey,
-    stores: &Stores,
-    node: &NodeContext,
-    config: &TranslateConfig,
-) -> Option<ServiceTranslation> {
-    let svc = stores.services.get(key)?;
-    Some(translate_service(
-        key,
-        svc,
-        &stores.slices_of(key),
-        node,
-        config,
-    ))
 }
 
 /// The service a service port belongs to.

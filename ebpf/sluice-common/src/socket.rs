@@ -7,9 +7,16 @@
 //! address `::ffff:a.b.c.d` included).
 //!
 //! `sl_sock` records each socket's backend, so that the drain manager
-//! counts the node's own flows like any other and `sock_release` can clean
-//! up; `sl_sockrev` maps (socket, backend) back to the frontend, so that
-//! `getpeername()` and UDP `recvmsg()` report the service address.
+//! counts the node's own flows like any other, `sock_release` can clean
+//! up, and a TCP socket's `getpeername()` reports the service address;
+//! `sl_sockrev` maps a UDP socket's (socket, backend) back to the
+//! frontend (an unconnected socket may send to several), so that its
+//! `getpeername()` and `recvmsg()` report the service address. After
+//! 0.1.0 a TCP socket has no `sl_sockrev` entry (one map insert fewer per
+//! connection, one delete fewer at close; same layouts, same ABI). After
+//! a rollback to 0.1.0, whose `getpeername()` reads only `sl_sockrev`, a
+//! TCP socket connected by a later agent reports its backend as peer; its
+//! flow is not affected.
 
 use crate::{assert_size, user_pod};
 

@@ -553,7 +553,11 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         _pad: [0; 2],
     };
     let _ = SOCKETS.insert(cookie, entry, BPF_ANY as u64);
-    let _ = SOCK_REV.insert(rev_key, rev, BPF_ANY as u64);
+    // A TCP socket has one peer, which `reverse` finds in `sl_sock`; a UDP
+    // socket may send to several frontends, one reverse entry each.
+    if proto != IPPROTO_TCP {
+        let _ = SOCK_REV.insert(rev_key, rev, BPF_ANY as u64);
+    }
     count(Stat::SockConnect);
     if who != Caller::Node {
         count(Stat::SockPodConnect);
@@ -577,9 +581,23 @@ pub fn reverse(ctx: &SockAddrContext, family: Family) -> i32 {
     }
     // SAFETY: plain helper call on the program's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let backend = read_addr(sa, family);
+    // SAFETY: reading a field of the program's context.
+    if unsafe { (*sa).protocol } as u8 == IPPROTO_TCP {
+        // Its one peer is in `sl_sock` (0.1.0 wrote a reverse entry too).
+        if let Some(e) = SOCKETS.get_ptr(cookie) {
+            // SAFETY: the pointer comes from a successful lookup; copied at once.
+            let e = unsafe { &*e };
+            if e.backend == backend && e.backend_port == port {
+                let (frontend, port) = (e.frontend, e.frontend_port);
+                write_addr(sa, family, &frontend, port);
+            }
+        }
+        return ALLOW;
+    }
     let key = SockRevKey {
         cookie,
-        backend: read_addr(sa, family),
+        backend,
         port,
         _pad: [0; 6],
     };
@@ -601,13 +619,17 @@ pub fn release(ctx: &SockContext) -> i32 {
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     if let Some(e) = SOCKETS.get_ptr(cookie) {
         // SAFETY: the pointer comes from a successful lookup.
-        let (backend, port) = unsafe { ((*e).backend, (*e).backend_port) };
-        let _ = SOCK_REV.remove(SockRevKey {
-            cookie,
-            backend,
-            port,
-            _pad: [0; 6],
-        });
+        let (backend, port, proto) = unsafe { ((*e).backend, (*e).backend_port, (*e).proto) };
+        // A TCP socket has no reverse entry (one that 0.1.0 wrote goes with
+        // the agent's next scan: its socket is gone from `sl_sock`).
+        if proto != IPPROTO_TCP {
+            let _ = SOCK_REV.remove(SockRevKey {
+                cookie,
+                backend,
+                port,
+                _pad: [0; 6],
+            });
+        }
         let _ = SOCKETS.remove(cookie);
     }
     ALLOW
