@@ -41,6 +41,11 @@ pub struct Churn {
     /// series (source hand-over to maps; the directory source hands over
     /// three updates per change).
     pub agent_update_to_datapath_mean_ms: Option<f64>,
+    /// Agent via API only: the same per change (its histogram's sum read
+    /// after each change, outside the timed window), so that a tail can
+    /// be told apart: the agent's own, or the delivery of the watch event.
+    #[serde(default)]
+    pub agent_internal: Option<Latency>,
 }
 
 /// What the agent run measured.
@@ -489,6 +494,20 @@ fn relist(agent: &Agent, server: &ApiServer) -> Result<Relist> {
     })
 }
 
+/// `sluice_update_to_datapath_seconds`' sum and count, from one scrape.
+fn update_latency(agent: &Agent) -> Result<(f64, f64)> {
+    let text = agent.metrics()?;
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            .with_context(|| format!("metric {name} not found"))
+    };
+    Ok((
+        value("sluice_update_to_datapath_seconds_sum")?,
+        value("sluice_update_to_datapath_seconds_count")?,
+    ))
+}
+
 fn agent_churn(
     agent: &Agent,
     feed: &Feed,
@@ -507,6 +526,10 @@ fn agent_churn(
     let count0 = agent.metric("sluice_update_to_datapath_seconds_count")?;
     let series = Instant::now();
     let mut samples = Vec::new();
+    let mut internal = Vec::new();
+    let mut seen = (sum0, count0);
+    // The directory source hands over three updates per change.
+    let per_change = matches!(feed, Feed::Kube { .. });
     let mut ready = true;
     while samples.len() < cfg.churn_samples
         && (samples.len() < cfg.churn_min || series.elapsed() < cfg.churn_budget)
@@ -536,6 +559,15 @@ fn agent_churn(
             std::thread::sleep(Duration::from_micros(100));
         }
         samples.push(start.elapsed().as_nanos() as u64);
+        if per_change {
+            // The agent's own part of this change: one update handed over
+            // (the API source sends the changed slice alone).
+            let now = update_latency(agent)?;
+            if now.1 == seen.1 + 1.0 {
+                internal.push(((now.0 - seen.0) * 1e9) as u64);
+            }
+            seen = now;
+        }
         // Let the agent finish the batch before the next change.
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -547,6 +579,7 @@ fn agent_churn(
         latency: Some(Latency::from_ns(samples)),
         agent_update_to_datapath_mean_ms: (count1 > count0)
             .then(|| (sum1 - sum0) / (count1 - count0) * 1e3),
+        agent_internal: (!internal.is_empty()).then(|| Latency::from_ns(internal)),
         ..Churn::default()
     })
 }
