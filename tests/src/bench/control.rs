@@ -561,12 +561,15 @@ fn agent_churn(
         samples.push(start.elapsed().as_nanos() as u64);
         if per_change {
             // The agent's own part of this change: one update handed over
-            // (the API source sends the changed slice alone).
-            let now = update_latency(agent)?;
-            if now.1 == seen.1 + 1.0 {
-                internal.push(((now.0 - seen.0) * 1e9) as u64);
+            // (the API source sends the changed slice alone). A failed
+            // scrape loses this figure only (the next delta spans two
+            // updates and is skipped too).
+            if let Ok(now) = update_latency(agent) {
+                if now.1 == seen.1 + 1.0 {
+                    internal.push(((now.0 - seen.0) * 1e9) as u64);
+                }
+                seen = now;
             }
-            seen = now;
         }
         // Let the agent finish the batch before the next change.
         std::thread::sleep(Duration::from_millis(20));
