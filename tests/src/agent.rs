@@ -293,11 +293,7 @@ impl Agent {
     /// The value of one metric sample (first line starting with `name`).
     pub fn metric(&self, name: &str) -> Result<f64> {
         let text = self.metrics()?;
-        text.lines()
-            .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("metric {name} not found in:\n{text}"))
+        metric_in(&text, name).with_context(|| format!("metric {name} not found in:\n{text}"))
     }
 
     /// The sum of the samples of metric `name` whose labels contain
@@ -564,4 +560,13 @@ pub fn release_binary(name: &str) -> Result<PathBuf> {
         );
     }
     Ok(bin)
+}
+
+/// The value of one metric sample in `/metrics` text `text` (the first
+/// line starting with `name`, then its labels or a space).
+pub fn metric_in(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
 }

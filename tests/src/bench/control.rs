@@ -24,7 +24,7 @@ use super::{
     Config, Measure,
 };
 use crate::{
-    agent::{Agent, ManifestDir},
+    agent::{metric_in, Agent, ManifestDir},
     apiserver::{ApiServer, ResourceKind},
     lb::Lb,
     topology::Topology,
@@ -497,11 +497,8 @@ fn relist(agent: &Agent, server: &ApiServer) -> Result<Relist> {
 /// `sluice_update_to_datapath_seconds`' sum and count, from one scrape.
 fn update_latency(agent: &Agent) -> Result<(f64, f64)> {
     let text = agent.metrics()?;
-    let value = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
-            .with_context(|| format!("metric {name} not found"))
-    };
+    let value =
+        |name: &str| metric_in(&text, name).with_context(|| format!("metric {name} not found"));
     Ok((
         value("sluice_update_to_datapath_seconds_sum")?,
         value("sluice_update_to_datapath_seconds_count")?,
@@ -522,8 +519,7 @@ fn agent_churn(
     if master_active(&maps, &key) != Some(full) {
         bail!("the churned service is not programmed with {full} active backends");
     }
-    let sum0 = agent.metric("sluice_update_to_datapath_seconds_sum")?;
-    let count0 = agent.metric("sluice_update_to_datapath_seconds_count")?;
+    let (sum0, count0) = update_latency(agent)?;
     let series = Instant::now();
     let mut samples = Vec::new();
     let mut internal = Vec::new();
@@ -574,10 +570,7 @@ fn agent_churn(
         // Let the agent finish the batch before the next change.
         std::thread::sleep(Duration::from_millis(20));
     }
-    let sum1 = agent
-        .metric("sluice_update_to_datapath_seconds_sum")
-        .context("reading sluice_update_to_datapath_seconds")?;
-    let count1 = agent.metric("sluice_update_to_datapath_seconds_count")?;
+    let (sum1, count1) = update_latency(agent)?;
     Ok(Churn {
         latency: Some(Latency::from_ns(samples)),
         agent_update_to_datapath_mean_ms: (count1 > count0)
