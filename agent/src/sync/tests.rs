@@ -443,15 +443,14 @@ fn a_services_port_names_take_sixteen_bytes() {
 
 #[test]
 fn a_full_reconcile_a_node_change_started_is_retried_whole_when_a_write_fails() {
-    let mut np = mk_service(
+    let np = mk_node_port_service(
         "default",
         "np",
         "10.96.0.20",
         &[node_port("http", "TCP", 80, 30080)],
     );
-    spec_mut(&mut np).type_ = Some("NodePort".into());
     let objects = vec![
-        services(&[np.clone()]),
+        services(std::slice::from_ref(&np)),
         slices(&[web_slice("np", &["10.1.0.1"])]),
         node(),
         no_service_cidrs(),

@@ -52,6 +52,18 @@ pub fn mk_service(ns: &str, name: &str, cluster_ip: &str, ports: &[ServicePort])
     }
 }
 
+/// A NodePort service (`mk_service`, of type NodePort).
+pub fn mk_node_port_service(
+    ns: &str,
+    name: &str,
+    cluster_ip: &str,
+    ports: &[ServicePort],
+) -> Service {
+    let mut svc = mk_service(ns, name, cluster_ip, ports);
+    spec_mut(&mut svc).type_ = Some("NodePort".into());
+    svc
+}
+
 pub fn spec_mut(svc: &mut Service) -> &mut ServiceSpec {
     svc.spec.as_mut().unwrap()
 }

@@ -636,13 +636,12 @@ fn cluster_ip_type_gets_no_node_port() {
 
 #[test]
 fn node_port_type() {
-    let mut svc = mk_service(
+    let svc = mk_node_port_service(
         "default",
         "web",
         "10.96.0.10",
         &[node_port("http", "TCP", 80, 30080)],
     );
-    spec_mut(&mut svc).type_ = Some("NodePort".into());
     let node = mk_node(NODE, None, &[("InternalIP", "192.168.1.10")]);
     let t = run_with(
         &[svc],
@@ -1105,13 +1104,12 @@ fn trimmed_objects_are_small() {
 
 /// A NodePort service on a dual-stack node, IPv6 on.
 fn family_world(families: Option<&[&str]>, cluster_ips: &[&str]) -> Translation {
-    let mut svc = mk_service(
+    let mut svc = mk_node_port_service(
         "default",
         "web",
         cluster_ips[0],
         &[node_port("http", "TCP", 80, 30080)],
     );
-    spec_mut(&mut svc).type_ = Some("NodePort".into());
     spec_mut(&mut svc).cluster_ips = Some(cluster_ips.iter().map(|s| (*s).into()).collect());
     if let Some(f) = families {
         set_ip_families(&mut svc, f);
