@@ -1,5 +1,6 @@
-//! The process heap (glibc's allocator): one arena, and freed memory given
-//! back to the kernel after the large transient work of a full reconcile.
+//! The process heap (glibc's allocator): one arena, large blocks mapped on
+//! their own, and freed memory given back to the kernel after the large
+//! transient work of a full reconcile.
 
 use std::time::{Duration, Instant};
 
@@ -9,12 +10,20 @@ use std::time::{Duration, Instant};
 /// arena: at 100,000 services VmHWM was 363-376 MB after the first sync
 /// and a relist added 30 MB; with one arena 333 MB and 15 MB, start to
 /// ready unchanged (docs/performance.md, issue 17).
+///
+/// Blocks of 1 MiB and more are mapped on their own and unmapped when
+/// freed. glibc's default threshold starts at 128 kB and rises to 32 MB
+/// as mapped blocks are freed, after which the reconciler's hash tables,
+/// outgrown and freed as they double, stayed resident in the heap: with
+/// services programmed while the first list streams in, VmHWM at 100,000
+/// services went from 210 to 247-254 MB; with the threshold fixed, 212 MB.
 pub fn one_arena() {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt only sets an allocator parameter; the caller runs it
     // before the runtime starts any thread.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
 }
 

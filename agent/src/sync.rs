@@ -5,9 +5,12 @@
 //! their service ports reconciled, so an endpoint change costs work
 //! proportional to its service, not to the cluster. No translation
 //! outlives its reconcile (`desired.rs`): a full reconcile goes through
-//! the services a part at a time. Nothing is written before every kind has been listed once (a
-//! restarted agent must not delete what it has not yet seen), and a full
-//! reconcile runs then and every `resync_interval` as a safety net.
+//! the services a part at a time. An agent that adopted programmed maps
+//! writes nothing before every kind has been listed once (a restarted
+//! agent must not delete what it has not yet seen); one that started on
+//! empty maps programs services while the first list streams in
+//! (`first_list.rs`). A full reconcile runs at the first list's end and
+//! every `resync_interval` as a safety net.
 //! Between changes it scans conntrack: every `gc_interval` to collect
 //! expired entries, every `drain_interval` while backends drain, so a
 //! backend leaves the maps soon after its last flow ends.
@@ -23,6 +26,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use desired::Desired;
+use first_list::FirstList;
 
 use crate::{
     datapath::{fill_ratios, MapSizes, MapWriter, MapWrites, Occupancy},
@@ -90,6 +94,9 @@ pub struct Sync<W = MapWriter> {
     /// The last full reconcile failed (a write error): the next one is
     /// full too.
     full_failed: bool,
+    /// Until the first sync, when the agent started on empty maps: what
+    /// the first list touched, programmed as it streams in.
+    first_list: Option<FirstList>,
 }
 
 /// The gauges are refreshed at most this often while changes stream in.
@@ -103,6 +110,7 @@ impl<W: MapWrites> Sync<W> {
         metrics: Arc<Metrics>,
         health_checks: watch::Sender<HealthChecks>,
     ) -> Self {
+        let first_list = reconciler.programs_nothing().then(FirstList::default);
         Self {
             config,
             reconciler,
@@ -124,6 +132,7 @@ impl<W: MapWrites> Sync<W> {
             gauges_at: None,
             part: PART,
             full_failed: false,
+            first_list,
         }
     }
 
@@ -178,11 +187,14 @@ impl<W: MapWrites> Sync<W> {
         let mut due = self.timers();
         self.take_local_ifaces();
         loop {
-            let wait = due
-                .scan
-                .min(due.resync)
-                .min(self.gauges_due.unwrap_or(due.scan))
-                .saturating_duration_since(Instant::now());
+            let wait = if self.listed_waiting() {
+                Duration::ZERO
+            } else {
+                due.scan
+                    .min(due.resync)
+                    .min(self.gauges_due.unwrap_or(due.scan))
+                    .saturating_duration_since(Instant::now())
+            };
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => break,
@@ -215,6 +227,7 @@ impl<W: MapWrites> Sync<W> {
     /// reconcile, scan conntrack when due.
     fn step(&mut self, due: &mut Due) {
         if !self.stores.all_synced() {
+            tokio::task::block_in_place(|| self.program_listed());
             return;
         }
         let now = Instant::now();
@@ -303,8 +316,69 @@ impl<W: MapWrites> Sync<W> {
 
     fn receive(&mut self, (sent, update): Envelope) {
         self.unsynced.push(sent);
+        let kind = update.kind();
         let dirty = self.stores.apply(update);
+        if let Some(first) = &mut self.first_list {
+            first.touched(kind, &dirty);
+        }
         self.dirty.merge(dirty);
+    }
+
+    /// While the first list streams in (an agent started on empty maps):
+    /// programs the services it has brought with at least one of their
+    /// slices, part by part. What fails or waits is done by the full
+    /// reconcile at the list's end.
+    fn program_listed(&mut self) {
+        let Some(first) = &mut self.first_list else {
+            return;
+        };
+        if !first.may_program(&self.stores.synced) {
+            return;
+        }
+        let config = &self.config.translate;
+        if !first.started() {
+            let context = Dirty {
+                all: true,
+                ..Dirty::default()
+            };
+            self.desired.update(&self.stores, &context, config, true);
+            first.start();
+        }
+        let stores = &self.stores;
+        let ready = first.take_ready(self.part, |key| {
+            stores.services.contains_key(key) && stores.slices_by_service.contains_key(key)
+        });
+        if ready.is_empty() {
+            return;
+        }
+        first.programmed += ready.len();
+        let started = Instant::now();
+        let mut names = BTreeSet::new();
+        for key in &ready {
+            self.problems_dirty |= self.desired.translate(key, stores, config, &mut names);
+        }
+        let report =
+            self.reconciler
+                .reconcile(&self.desired.state, Scope::Part(&names), Instant::now());
+        self.desired.forget_translations();
+        self.metrics.map_writes.inc_by(report.writes);
+        self.metrics
+            .map_write_errors
+            .inc_by(report.errors.len() as u64);
+        for e in &report.errors {
+            warn!(error = %e, "map write failed while listing; the list's end retries it");
+        }
+        debug!(services = ready.len(), took = ?started.elapsed(), "programmed while listing");
+    }
+
+    /// Services the first list brought wait to be programmed: the loop
+    /// wakes again at once.
+    fn listed_waiting(&self) -> bool {
+        !self.stores.all_synced()
+            && self
+                .first_list
+                .as_ref()
+                .is_some_and(|first| first.has_batch() && first.may_program(&self.stores.synced))
     }
 
     fn refresh_problems(&mut self) {
@@ -412,6 +486,26 @@ impl<W: MapWrites> Sync<W> {
     /// are dropped before the next.
     fn reconcile_all(&mut self) -> Report {
         let mut total = Report::default();
+        // At the end of a first list programmed as it streamed in, only
+        // the services touched since are translated again.
+        let stores = &self.stores;
+        let only = self.first_list.take().and_then(|first| {
+            let programmed = first.programmed;
+            let only = first.finish(
+                stores
+                    .services
+                    .keys()
+                    .filter(|k| !stores.slices_by_service.contains_key(*k))
+                    .cloned(),
+            );
+            if only.is_some() {
+                info!(
+                    services = programmed,
+                    "services programmed while the first list streamed in"
+                );
+            }
+            only
+        });
         // Services gone from the stores that still contributed.
         let gone: BTreeSet<ObjectKey> = self
             .desired
@@ -423,9 +517,14 @@ impl<W: MapWrites> Sync<W> {
             .filter(|k| !self.stores.services.contains_key(*k))
             .cloned()
             .collect();
-        let backends: usize = self.stores.slices.values().map(|s| s.endpoints.len()).sum();
-        let services = self.stores.services.len();
-        self.reconciler.reserve(services, backends, services);
+        // The record's tables are grown once for every service, unless the
+        // first list's programming has grown them already: growing a
+        // table that holds most of them would hold two copies at once.
+        if only.is_none() {
+            let backends: usize = self.stores.slices.values().map(|s| s.endpoints.len()).sum();
+            let services = self.stores.services.len();
+            self.reconciler.reserve(services, backends, services);
+        }
         // The services gone from the stores go with the first part.
         let config = &self.config.translate;
         let mut names = BTreeSet::new();
@@ -438,13 +537,20 @@ impl<W: MapWrites> Sync<W> {
         let mut after: Option<ObjectKey> = None;
         loop {
             let from = after.as_ref().map_or(Unbounded, Excluded);
-            let keys: Vec<ObjectKey> = self
-                .stores
-                .services
-                .range::<ObjectKey, _>((from, Unbounded))
-                .take(self.part)
-                .map(|(k, _)| k.clone())
-                .collect();
+            let keys: Vec<ObjectKey> = match &only {
+                Some(only) => only
+                    .range::<ObjectKey, _>((from, Unbounded))
+                    .take(self.part)
+                    .cloned()
+                    .collect(),
+                None => self
+                    .stores
+                    .services
+                    .range::<ObjectKey, _>((from, Unbounded))
+                    .take(self.part)
+                    .map(|(k, _)| k.clone())
+                    .collect(),
+            };
             for key in &keys {
                 problems |= self
                     .desired
@@ -583,6 +689,7 @@ impl<W: MapWrites> Sync<W> {
 }
 
 mod desired;
+mod first_list;
 #[cfg(test)]
 mod props;
 #[cfg(test)]

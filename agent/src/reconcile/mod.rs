@@ -760,6 +760,12 @@ impl<W: MapWrites> Reconciler<W> {
         self.ids.names().chain(self.refused.keys())
     }
 
+    /// Whether the maps hold no service (started on empty maps, nothing
+    /// adopted): a partial desired state can then take nothing away.
+    pub fn programs_nothing(&self) -> bool {
+        self.programmed.frontends.is_empty() && self.programmed.backends.is_empty()
+    }
+
     /// Grows the record's tables once to hold about `frontends`
     /// frontends, `backends` backends and `units` service ports (a full
     /// reconcile in parts does not see the whole desired state at once).

@@ -171,6 +171,40 @@ impl World {
     }
 }
 
+impl World {
+    /// A first list as the API source sends it: this node and the
+    /// service CIDRs, then every service and slice in a page of its own,
+    /// in an order `seed` shuffles (the two kinds list side by side), then
+    /// both lists' ends.
+    fn first_list(&self, seed: u64) -> Vec<Update> {
+        let mut pages: Vec<Update> = self
+            .services
+            .values()
+            .map(|s| Update::Services(Change::ListPage(sources::service(s).into_iter().collect())))
+            .chain(
+                self.slices.values().map(|s| {
+                    Update::Slices(Change::ListPage(sources::slice(s).into_iter().collect()))
+                }),
+            )
+            .collect();
+        let mut order: Vec<(u64, usize)> = (0..pages.len())
+            .map(|i| ((i as u64 + 1).wrapping_mul(seed | 1).rotate_left(17), i))
+            .collect();
+        order.sort();
+        let mut shuffled: Vec<Option<Update>> = pages.drain(..).map(Some).collect();
+        let mut out = vec![
+            node_object(self.node),
+            no_service_cidrs(),
+            Update::Services(Change::ListStart),
+            Update::Slices(Change::ListStart),
+        ];
+        out.extend(order.into_iter().filter_map(|(_, i)| shuffled[i].take()));
+        out.push(Update::Services(Change::ListEnd));
+        out.push(Update::Slices(Change::ListEnd));
+        out
+    }
+}
+
 /// Full reconciles until one writes nothing: drained backends go (the
 /// drain timeout is zero).
 fn settle(sync: &mut Sync<FakeMaps>, due: &mut Due) {
@@ -238,5 +272,49 @@ proptest! {
         );
         let (held, _) = crate::datapath::MapReads::state(sync.reconciler.writer()).unwrap();
         prop_assert_eq!(sync.reconciler.programmed(), &held);
+    }
+
+    #[test]
+    fn a_first_list_programmed_as_it_streams_in_ends_where_a_translation_from_scratch_does(
+        objects in vec(event(), 0..12),
+        seed in any::<u64>(),
+        wakes in vec(any::<bool>(), 16),
+        node_moves_at in option::of((0usize..16, 1u8..3)),
+        part in 1usize..4,
+    ) {
+        let mut world = World::default();
+        for e in &objects {
+            world.apply(e);
+        }
+        let mut list = world.first_list(seed);
+        // The node may change while the list streams in.
+        if let Some((at, last)) = node_moves_at {
+            world.node = last;
+            list.insert((2 + at).min(list.len() - 2), node_object(last));
+        }
+        let (sync, mut due) = sync_draining(FakeMaps::new(), Duration::ZERO);
+        let mut sync = sync.with_part_size(part);
+        let mut queued = Vec::new();
+        for (i, update) in list.into_iter().enumerate() {
+            queued.push(update);
+            if wakes.get(i).copied().unwrap_or(true) {
+                wake(&mut sync, &mut due, std::mem::take(&mut queued));
+            }
+        }
+        wake(&mut sync, &mut due, queued);
+        prop_assert!(sync.health.report().ready);
+
+        let (mut scratch, mut scratch_due) = sync_draining(FakeMaps::new(), Duration::ZERO);
+        wake(&mut scratch, &mut scratch_due, world.listing());
+        prop_assert_eq!(&sync.desired.state, &scratch.desired.state);
+        prop_assert_eq!(
+            sync.reconciler.writer().canonical(),
+            scratch.reconciler.writer().canonical()
+        );
+        settle(&mut sync, &mut due);
+        prop_assert_eq!(
+            sync.reconciler.writer().canonical(),
+            scratch.reconciler.writer().canonical()
+        );
     }
 }

@@ -136,7 +136,7 @@ fn frontends(writes: &[Write]) -> BTreeSet<std::net::IpAddr> {
 }
 
 #[test]
-fn nothing_is_written_before_every_kind_is_listed() {
+fn nothing_is_written_before_the_node_and_the_service_cidrs_are_listed() {
     let (mut sync, mut due) = sync_on(FakeMaps::new());
     let mut updates = two_services();
     let last = updates.pop().unwrap();
@@ -488,5 +488,138 @@ fn a_full_reconcile_a_node_change_started_is_retried_whole_when_a_write_fails() 
     assert_eq!(
         sync.reconciler.writer().canonical(),
         clean.reconciler.writer().canonical()
+    );
+}
+
+/// A first list's pages, as the API source sends them.
+fn list_start() -> Vec<Update> {
+    vec![
+        Update::Services(Change::ListStart),
+        Update::Slices(Change::ListStart),
+    ]
+}
+
+fn service_page(list: &[Service]) -> Update {
+    Update::Services(Change::ListPage(
+        list.iter().filter_map(sources::service).collect(),
+    ))
+}
+
+fn slice_page(list: &[EndpointSlice]) -> Update {
+    Update::Slices(Change::ListPage(
+        list.iter().filter_map(sources::slice).collect(),
+    ))
+}
+
+fn list_end() -> Vec<Update> {
+    vec![
+        Update::Services(Change::ListEnd),
+        Update::Slices(Change::ListEnd),
+    ]
+}
+
+#[test]
+fn an_agent_on_empty_maps_programs_services_while_the_first_list_streams_in() {
+    let (mut sync, mut due) = sync_on(FakeMaps::new());
+    let svcs = [web("web", "10.96.0.10"), web("api", "10.96.0.11")];
+    let mut first = vec![node(), no_service_cidrs()];
+    first.extend(list_start());
+    first.push(service_page(&svcs));
+    let writes = wake(&mut sync, &mut due, first);
+    assert!(
+        frontends(&writes).is_empty(),
+        "no slice listed yet: {writes:?}"
+    );
+    let writes = wake(
+        &mut sync,
+        &mut due,
+        vec![slice_page(&[web_slice("web", &["10.1.0.1", "10.1.0.2"])])],
+    );
+    assert_eq!(frontends(&writes), ["10.96.0.10".parse().unwrap()].into());
+    assert_eq!(sync.reconciler.writer().backends.len(), 2);
+    assert!(!sync.health.report().ready, "the list has not ended");
+    let mut rest = vec![slice_page(&[web_slice("api", &["10.1.0.3"])])];
+    rest.extend(list_end());
+    let writes = wake(&mut sync, &mut due, rest);
+    assert_eq!(
+        frontends(&writes),
+        ["10.96.0.11".parse().unwrap()].into(),
+        "the list's end programs what was left, not web again: {writes:?}"
+    );
+    assert!(sync.health.report().ready);
+    assert_eq!(
+        sync.reconciler.writer().canonical(),
+        from_scratch(&MapSizes::default(), two_services())
+    );
+}
+
+#[test]
+fn an_agent_on_adopted_maps_writes_nothing_before_every_kind_is_listed() {
+    let (mut sync, mut due) = sync_on(FakeMaps::new());
+    wake(&mut sync, &mut due, two_services());
+    let (mut again, mut due) = sync_on(sync.reconciler.writer().restarted());
+    // While the agent was away web gained an endpoint; api's slice is
+    // not listed yet, and must not lose its backend meanwhile.
+    let svcs = [web("web", "10.96.0.10"), web("api", "10.96.0.11")];
+    let web_now = web_slice("web", &["10.1.0.1", "10.1.0.2", "10.1.0.4"]);
+    let mut first = vec![node(), no_service_cidrs()];
+    first.extend(list_start());
+    first.push(service_page(&svcs));
+    first.push(slice_page(std::slice::from_ref(&web_now)));
+    assert!(wake(&mut again, &mut due, first).is_empty());
+    let api_slice = web_slice("api", &["10.1.0.3"]);
+    let mut rest = vec![slice_page(std::slice::from_ref(&api_slice))];
+    rest.extend(list_end());
+    let writes = wake(&mut again, &mut due, rest);
+    assert_eq!(frontends(&writes), ["10.96.0.10".parse().unwrap()].into());
+    assert!(again.health.report().ready);
+    let now = vec![
+        services(&svcs),
+        slices(&[web_now, api_slice]),
+        node(),
+        no_service_cidrs(),
+    ];
+    assert_eq!(
+        again.reconciler.writer().canonical(),
+        from_scratch(&MapSizes::default(), now)
+    );
+}
+
+#[test]
+fn a_node_change_while_the_first_list_streams_in_is_taken_by_every_service() {
+    let np = |name: &str, ip: &str, node_port_: i32| {
+        mk_node_port_service(
+            "default",
+            name,
+            ip,
+            &[node_port("http", "TCP", 80, node_port_)],
+        )
+    };
+    let svcs = [np("a", "10.96.0.20", 30080), np("b", "10.96.0.21", 30081)];
+    let sls = [web_slice("a", &["10.1.0.1"]), web_slice("b", &["10.1.0.2"])];
+    let (mut sync, mut due) = sync_on(FakeMaps::new());
+    let mut first = vec![node(), no_service_cidrs()];
+    first.extend(list_start());
+    first.push(service_page(&svcs));
+    first.push(slice_page(&sls[..1]));
+    let writes = wake(&mut sync, &mut due, first);
+    assert!(
+        frontends(&writes).contains(&"192.0.2.1".parse().unwrap()),
+        "a's node port on the node's first address: {writes:?}"
+    );
+    // The node's address moves before the list ends.
+    let mut rest = vec![node_at("192.0.2.2"), slice_page(&sls[1..])];
+    rest.extend(list_end());
+    wake(&mut sync, &mut due, rest);
+    assert!(sync.health.report().ready);
+    let after = vec![
+        services(&svcs),
+        slices(&sls),
+        node_at("192.0.2.2"),
+        no_service_cidrs(),
+    ];
+    assert_eq!(
+        sync.reconciler.writer().canonical(),
+        from_scratch(&MapSizes::default(), after)
     );
 }
