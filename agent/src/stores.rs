@@ -1,7 +1,10 @@
 //! The sync task's stores of trimmed objects, the problems of objects it
 //! could not use, and which services an update touched.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    sync::Arc,
+};
 
 use crate::{
     sources::{Change, Converted, Kind, Update},
@@ -53,10 +56,9 @@ pub struct Stores {
     pub nodes: BTreeMap<ObjectKey, NodeInfo>,
     /// ServiceCIDR objects by name.
     pub service_cidrs: BTreeMap<ObjectKey, ServiceCidrInfo>,
-    /// Slices of each service (by the service's key), in name order (a
-    /// sorted Vec: most services have one slice, and a one-element
-    /// BTreeSet costs a whole node).
-    pub slices_by_service: BTreeMap<ObjectKey, Vec<ObjectKey>>,
+    /// The names of each service's slices (by the service's key; a slice
+    /// is in its service's namespace), in name order.
+    pub slices_by_service: BTreeMap<ObjectKey, SliceNames>,
     /// Objects that could not be used at all, by kind and key.
     pub rejected: BTreeMap<(Kind, ObjectKey), Problem>,
     /// Kinds whose complete set has arrived at least once.
@@ -101,6 +103,48 @@ macro_rules! listed {
 }
 listed!(ServiceInfo, SliceInfo, NodeInfo, ServiceCidrInfo);
 
+/// The names of one service's slices, in order: most services have one,
+/// held in place (24 bytes, against a `Vec`'s 24 and an allocation of
+/// 48 for one key: 4.8 MB at 100,000 services).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SliceNames {
+    One(Arc<str>),
+    Many(Box<[Arc<str>]>),
+}
+
+impl SliceNames {
+    pub fn as_slice(&self) -> &[Arc<str>] {
+        match self {
+            SliceNames::One(name) => std::slice::from_ref(name),
+            SliceNames::Many(names) => names,
+        }
+    }
+
+    /// Adds `name` in order (nothing if it is there).
+    fn insert(&mut self, name: &Arc<str>) {
+        if let Err(at) = self.as_slice().binary_search(name) {
+            let mut names = self.as_slice().to_vec();
+            names.insert(at, name.clone());
+            *self = SliceNames::Many(names.into_boxed_slice());
+        }
+    }
+
+    /// Removes `name`; true when no name is left (the entry goes).
+    fn remove(&mut self, name: &Arc<str>) -> bool {
+        let Ok(at) = self.as_slice().binary_search(name) else {
+            return false;
+        };
+        let mut names = self.as_slice().to_vec();
+        names.remove(at);
+        match names.len() {
+            0 => return true,
+            1 => *self = SliceNames::One(names.remove(0)),
+            _ => *self = SliceNames::Many(names.into_boxed_slice()),
+        }
+        false
+    }
+}
+
 /// The service a slice belongs to.
 fn owner(key: &ObjectKey, slice: &SliceInfo) -> ObjectKey {
     ObjectKey::new(key.namespace.clone(), slice.service.clone())
@@ -129,7 +173,7 @@ pub(crate) fn compact<K: Ord, V>(map: &mut BTreeMap<K, V>) {
 struct Services<'a>(&'a mut BTreeMap<ObjectKey, ServiceInfo>);
 struct Slices<'a> {
     map: &'a mut BTreeMap<ObjectKey, SliceInfo>,
-    index: &'a mut BTreeMap<ObjectKey, Vec<ObjectKey>>,
+    index: &'a mut BTreeMap<ObjectKey, SliceNames>,
 }
 struct Nodes<'a>(&'a mut BTreeMap<ObjectKey, NodeInfo>);
 struct ServiceCidrs<'a>(&'a mut BTreeMap<ObjectKey, ServiceCidrInfo>);
@@ -169,23 +213,23 @@ impl Store<SliceInfo> for Slices<'_> {
         dirty.rejected |= has_problems(old) || has_problems(new);
         if let Some(old) = old {
             let svc = owner(key, old);
-            if let Some(set) = self.index.get_mut(&svc) {
-                if let Ok(at) = set.binary_search(key) {
-                    set.remove(at);
-                }
-                if set.is_empty() {
-                    self.index.remove(&svc);
-                }
+            if self
+                .index
+                .get_mut(&svc)
+                .is_some_and(|names| names.remove(&key.name))
+            {
+                self.index.remove(&svc);
             }
             dirty.services.insert(svc);
         }
         if let Some(new) = new {
             let svc = owner(key, new);
-            let set = self.index.entry(svc.clone()).or_default();
-            if let Err(at) = set.binary_search(key) {
-                // Most services have one slice: no room for four.
-                set.reserve_exact(1);
-                set.insert(at, key.clone());
+            match self.index.get_mut(&svc) {
+                Some(names) => names.insert(&key.name),
+                None => {
+                    self.index
+                        .insert(svc.clone(), SliceNames::One(key.name.clone()));
+                }
             }
             dirty.services.insert(svc);
         }
@@ -423,11 +467,19 @@ impl Stores {
 
     /// A service's slices, in slice-name order.
     pub fn slices_of(&self, service: &ObjectKey) -> Vec<(&ObjectKey, &SliceInfo)> {
-        self.slices_by_service
-            .get(service)
-            .into_iter()
-            .flatten()
-            .filter_map(|k| self.slices.get_key_value(k))
+        let Some(names) = self.slices_by_service.get(service) else {
+            return Vec::new();
+        };
+        names
+            .as_slice()
+            .iter()
+            .filter_map(|name| {
+                let key = ObjectKey {
+                    namespace: service.namespace.clone(),
+                    name: name.clone(),
+                };
+                self.slices.get_key_value(&key)
+            })
             .collect()
     }
 }
@@ -453,6 +505,20 @@ mod tests {
             key: ObjectKey::new("default", key),
             value: Ok(Some(s)),
         }))
+    }
+
+    #[test]
+    fn one_slice_name_is_held_in_place() {
+        assert_eq!(std::mem::size_of::<SliceNames>(), 24);
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let mut names = SliceNames::One(b.clone());
+        names.insert(&a);
+        names.insert(&a);
+        assert_eq!(names.as_slice(), &[a.clone(), b.clone()]);
+        assert!(!names.remove(&a));
+        assert_eq!(names, SliceNames::One(b.clone()));
+        assert!(!names.remove(&a), "absent: nothing removed");
+        assert!(names.remove(&b), "the last name goes");
     }
 
     #[test]
