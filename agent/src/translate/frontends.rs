@@ -85,7 +85,7 @@ pub(super) fn frontends(
         // with its own ranges: as in kube-proxy, a family without ranges
         // is not filtered.
         let source_ranges: Vec<(IpAddr, u8)> = if kind == FrontendKind::LoadBalancer {
-            svc.load_balancer_source_ranges
+            svc.load_balancer_source_ranges()
                 .iter()
                 .filter(|n| AddressFamily::of(n.addr) == family)
                 .map(|n| (n.addr, n.prefix_len))
@@ -100,7 +100,7 @@ pub(super) fn frontends(
             && !addrs.node.iter().any(|a| {
                 AddressFamily::of(*a) == family
                     && svc
-                        .load_balancer_source_ranges
+                        .load_balancer_source_ranges()
                         .iter()
                         .any(|n| n.contains(*a))
             });

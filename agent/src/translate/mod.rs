@@ -35,7 +35,7 @@ use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::Endpoin
 pub use local_traffic::LocalDetector;
 pub use objects::{
     AddressFamily, Conditions, IpFamilies, IpNet, ListMark, NodeInfo, ObjectKey, PortInfo,
-    ServiceCidrInfo, ServiceInfo, ServiceType, SliceEndpoint, SliceInfo, SlicePort,
+    ServiceCidrInfo, ServiceExtras, ServiceInfo, ServiceType, SliceEndpoint, SliceInfo, SlicePort,
     ANNOTATION_LB_ALGORITHM, DEFAULT_AFFINITY_TIMEOUT, DEFAULT_NAMESPACE, LABEL_HEADLESS,
     LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, LABEL_TOPOLOGY_ZONE, MAX_AFFINITY_TIMEOUT,
 };
@@ -197,14 +197,14 @@ pub fn translate_service(
 ) -> ServiceTranslation {
     let object = format!("Service {key}");
     let mut out = ServiceTranslation {
-        problems: svc.problems.to_vec(),
+        problems: svc.problems().to_vec(),
         ..ServiceTranslation::default()
     };
 
     let (cluster, mut skipped) = split_family(&svc.cluster_ips, config.ipv6);
-    let (external, v6) = split_family(&svc.external_ips, config.ipv6);
+    let (external, v6) = split_family(svc.external_ips(), config.ipv6);
     skipped.extend(v6);
-    let (load_balancer, v6) = split_family(&svc.load_balancer_ips, config.ipv6);
+    let (load_balancer, v6) = split_family(svc.load_balancer_ips(), config.ipv6);
     skipped.extend(v6);
     if !skipped.is_empty() {
         out.problems.push(Problem::new(
