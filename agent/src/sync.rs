@@ -361,14 +361,20 @@ impl<W: MapWrites> Sync<W> {
             self.reconciler
                 .reconcile(&self.desired.state, Scope::Part(&names), Instant::now());
         self.desired.forget_translations();
+        self.count_writes(&report, "while listing; the list's end retries it");
+        debug!(services = ready.len(), took = ?started.elapsed(), "programmed while listing");
+    }
+
+    /// Counts a reconcile's writes and failed writes, and logs each
+    /// failure (`when` says in which reconcile).
+    fn count_writes(&self, report: &Report, when: &'static str) {
         self.metrics.map_writes.inc_by(report.writes);
         self.metrics
             .map_write_errors
             .inc_by(report.errors.len() as u64);
         for e in &report.errors {
-            warn!(error = %e, "map write failed while listing; the list's end retries it");
+            warn!(error = %e, when, "map write failed");
         }
-        debug!(services = ready.len(), took = ?started.elapsed(), "programmed while listing");
     }
 
     /// Services the first list brought wait to be programmed: the loop
@@ -415,13 +421,7 @@ impl<W: MapWrites> Sync<W> {
         self.ifaces_dirty = false;
         let elapsed = started.elapsed();
         self.metrics.sync_duration.observe(elapsed.as_secs_f64());
-        self.metrics.map_writes.inc_by(report.writes);
-        self.metrics
-            .map_write_errors
-            .inc_by(report.errors.len() as u64);
-        for e in &report.errors {
-            warn!(error = %e, "map write failed");
-        }
+        self.count_writes(&report, "sync");
         if !report.errors.is_empty() {
             self.schedule_gauges();
             // Try these again.
