@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::{
     datapath::MapWrites,
+    few::Few,
     healthcheck::HealthChecks,
     model::{DesiredState, ServicePortName},
     reconcile::Reconciler,
@@ -40,29 +41,7 @@ pub(super) struct Desired {
 /// A service's port names: most services have one, held without an
 /// allocation of its own (16 bytes, against a `Vec`'s 24 and its
 /// allocation: 4 MB at 100,000 services).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum PortNames {
-    One(ServicePortName),
-    Many(Box<[ServicePortName]>),
-}
-
-impl PortNames {
-    /// `None` for no names.
-    pub(super) fn new(mut names: Vec<ServicePortName>) -> Option<Self> {
-        match names.len() {
-            0 => None,
-            1 => names.pop().map(PortNames::One),
-            _ => Some(PortNames::Many(names.into_boxed_slice())),
-        }
-    }
-
-    pub(super) fn as_slice(&self) -> &[ServicePortName] {
-        match self {
-            PortNames::One(name) => std::slice::from_ref(name),
-            PortNames::Many(names) => names,
-        }
-    }
-}
+pub(super) type PortNames = Few<ServicePortName>;
 
 impl Desired {
     /// Takes what changed: the node and the service CIDRs when `full`
