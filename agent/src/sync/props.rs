@@ -10,7 +10,10 @@ use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use proptest::{collection::vec, option, prelude::*};
 
 use super::{
-    tests::{no_service_cidrs, services, slices, sync_draining, wake, NODE},
+    tests::{
+        list_end, list_start, no_service_cidrs, service_page, services, slice_page, slices,
+        sync_draining, wake, NODE,
+    },
     Due, Sync,
 };
 use crate::{
@@ -169,38 +172,31 @@ impl World {
             no_service_cidrs(),
         ]
     }
-}
 
-impl World {
     /// A first list as the API source sends it: this node and the
     /// service CIDRs, then every service and slice in a page of its own,
     /// in an order `seed` shuffles (the two kinds list side by side), then
     /// both lists' ends.
     fn first_list(&self, seed: u64) -> Vec<Update> {
-        let mut pages: Vec<Update> = self
+        let pages: Vec<Update> = self
             .services
             .values()
-            .map(|s| Update::Services(Change::ListPage(sources::service(s).into_iter().collect())))
+            .map(|s| service_page(std::slice::from_ref(s)))
             .chain(
-                self.slices.values().map(|s| {
-                    Update::Slices(Change::ListPage(sources::slice(s).into_iter().collect()))
-                }),
+                self.slices
+                    .values()
+                    .map(|s| slice_page(std::slice::from_ref(s))),
             )
             .collect();
         let mut order: Vec<(u64, usize)> = (0..pages.len())
             .map(|i| ((i as u64 + 1).wrapping_mul(seed | 1).rotate_left(17), i))
             .collect();
         order.sort();
-        let mut shuffled: Vec<Option<Update>> = pages.drain(..).map(Some).collect();
-        let mut out = vec![
-            node_object(self.node),
-            no_service_cidrs(),
-            Update::Services(Change::ListStart),
-            Update::Slices(Change::ListStart),
-        ];
+        let mut shuffled: Vec<Option<Update>> = pages.into_iter().map(Some).collect();
+        let mut out = vec![node_object(self.node), no_service_cidrs()];
+        out.extend(list_start());
         out.extend(order.into_iter().filter_map(|(_, i)| shuffled[i].take()));
-        out.push(Update::Services(Change::ListEnd));
-        out.push(Update::Slices(Change::ListEnd));
+        out.extend(list_end());
         out
     }
 }

@@ -492,26 +492,26 @@ fn a_full_reconcile_a_node_change_started_is_retried_whole_when_a_write_fails() 
 }
 
 /// A first list's pages, as the API source sends them.
-fn list_start() -> Vec<Update> {
+pub(super) fn list_start() -> Vec<Update> {
     vec![
         Update::Services(Change::ListStart),
         Update::Slices(Change::ListStart),
     ]
 }
 
-fn service_page(list: &[Service]) -> Update {
+pub(super) fn service_page(list: &[Service]) -> Update {
     Update::Services(Change::ListPage(
         list.iter().filter_map(sources::service).collect(),
     ))
 }
 
-fn slice_page(list: &[EndpointSlice]) -> Update {
+pub(super) fn slice_page(list: &[EndpointSlice]) -> Update {
     Update::Slices(Change::ListPage(
         list.iter().filter_map(sources::slice).collect(),
     ))
 }
 
-fn list_end() -> Vec<Update> {
+pub(super) fn list_end() -> Vec<Update> {
     vec![
         Update::Services(Change::ListEnd),
         Update::Slices(Change::ListEnd),
