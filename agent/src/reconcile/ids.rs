@@ -12,18 +12,12 @@
 //! for the first scan the same way: the previous agent may have freed
 //! them just before it stopped.
 
-use std::{
-    cmp::Reverse,
-    collections::{BinaryHeap, HashMap},
-};
+use std::{cmp::Reverse, collections::BinaryHeap};
 
 use super::state::MapState;
-use crate::model::{FrontendKey, ServicePortName};
 
 #[derive(Debug, Default)]
 pub struct Ids {
-    by_name: HashMap<ServicePortName, SvcId>,
-    by_id: HashMap<SvcId, ServicePortName>,
     next_svc: SvcId,
     next_backend: BackendId,
     /// Backend ids freed since the last conntrack scan began.
@@ -58,8 +52,6 @@ impl Ids {
             Vec::new()
         };
         Self {
-            by_name: HashMap::new(),
-            by_id: HashMap::new(),
             next_svc: max_svc.next(),
             next_backend: max_backend.next(),
             freed,
@@ -67,58 +59,16 @@ impl Ids {
         }
     }
 
-    pub fn get(&self, name: &ServicePortName) -> Option<SvcId> {
-        self.by_name.get(name).copied()
-    }
-
-    /// The live service port that holds `id`, if any.
-    pub fn owner(&self, id: SvcId) -> Option<&ServicePortName> {
-        self.by_id.get(&id)
-    }
-
-    pub fn names(&self) -> impl Iterator<Item = &ServicePortName> {
-        self.by_name.keys()
-    }
-
-    /// The id of a service port: the one it has, else the id one of its
-    /// frontends carries in the maps and no other service port holds (after
-    /// a restart), else a fresh one (`in_use` tells which ids the maps hold).
-    pub fn service(
-        &mut self,
-        name: &ServicePortName,
-        frontends: &[FrontendKey],
-        programmed: &MapState,
-        in_use: impl Fn(SvcId) -> bool,
-    ) -> SvcId {
-        if let Some(id) = self.get(name) {
-            return id;
+    /// The next service-port id that `in_use` does not name (ids only
+    /// move forward).
+    pub fn next_service(&mut self, in_use: impl Fn(SvcId) -> bool) -> SvcId {
+        loop {
+            let id = self.next_svc;
+            self.next_svc = self.next_svc.next();
+            if !in_use(id) {
+                return id;
+            }
         }
-        let adopted = frontends
-            .iter()
-            .filter_map(|f| programmed.frontends.get(f))
-            .map(|f| f.svc_id)
-            .find(|id| *id != SvcId::default() && !self.by_id.contains_key(id));
-        let id = match adopted {
-            Some(id) => id,
-            None => loop {
-                let id = self.next_svc;
-                self.next_svc = self.next_svc.next();
-                if !in_use(id) && !self.by_id.contains_key(&id) {
-                    break id;
-                }
-            },
-        };
-        self.by_name.insert(name.clone(), id);
-        self.by_id.insert(id, name.clone());
-        id
-    }
-
-    /// Forgets a service port that is no longer desired; its id (if its
-    /// entries remain) becomes a leftover to drain.
-    pub fn release(&mut self, name: &ServicePortName) -> Option<SvcId> {
-        let id = self.by_name.remove(name)?;
-        self.by_id.remove(&id);
-        Some(id)
     }
 
     /// A backend id that `in_use` says is free: the lowest one a scan
@@ -188,7 +138,7 @@ impl SvcId {
         Self(backend.svc_id)
     }
 
-    fn next(self) -> Self {
+    pub(super) fn next(self) -> Self {
         Self(self.0.wrapping_add(1).max(1))
     }
 }

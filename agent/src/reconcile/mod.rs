@@ -21,6 +21,7 @@ mod plan;
 mod state;
 #[cfg(test)]
 mod tests;
+mod units;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -48,6 +49,7 @@ use sluice_common::{
     maps::{self as names, MAX_SLOTS, SVCNET_CIDR, SVCNET_CLUSTER_IP},
     Backend, Config, SvcnetSummary4, ABI_VERSION,
 };
+use units::Units;
 
 /// Entries the maps can hold.
 #[derive(Clone, Copy, Debug)]
@@ -140,12 +142,10 @@ pub struct ScanReport {
 pub struct Reconciler<W = MapWriter> {
     writer: W,
     programmed: MapState,
-    /// Backend ids per service-port id, and frontends per service-port id
-    /// (`SvcId(0)` for frontends whose master entry is missing).
-    backends_of: HashMap<SvcId, BTreeSet<BackendId>>,
-    /// (A sorted `Vec` each: a unit has a few frontends, and a B-tree
-    /// node holds room for eleven, 270 bytes for one at 100,000 units.)
-    frontends_of: HashMap<SvcId, Vec<FrontendKey>>,
+    /// Per service-port id: its live holder, the frontends it claimed, and
+    /// the frontends and backends the maps hold under the id (`SvcId(0)`
+    /// for frontends whose master entry is missing).
+    units: Units,
     /// Service-map entries in `programmed`, per family.
     service_entries: FamilyCount,
     /// Maglev tables in `programmed`, per family.
@@ -153,9 +153,9 @@ pub struct Reconciler<W = MapWriter> {
     /// Service ports that asked for Maglev but got the flow hash, for want
     /// of room in the table maps.
     maglev_fallback: BTreeSet<ServicePortName>,
-    /// Which desired service port holds each frontend, and the reverse.
+    /// Which desired service port holds each frontend (the reverse is
+    /// each unit's claimed frontends).
     owners: HashMap<FrontendKey, ServicePortName>,
-    owned: HashMap<ServicePortName, Vec<FrontendKey>>,
     refused: BTreeMap<ServicePortName, Refusal>,
     foreign: Vec<ServiceKey>,
     ids: Ids,
@@ -291,13 +291,11 @@ impl<W: MapWrites> Reconciler<W> {
         let mut r = Self {
             writer,
             programmed: MapState::default(),
-            backends_of: HashMap::new(),
-            frontends_of: HashMap::new(),
+            units: Units::default(),
             service_entries: FamilyCount::default(),
             maglev_tables: FamilyCount::default(),
             maglev_fallback: BTreeSet::new(),
             owners: HashMap::new(),
-            owned: HashMap::new(),
             refused: BTreeMap::new(),
             foreign,
             ids,
@@ -311,9 +309,18 @@ impl<W: MapWrites> Reconciler<W> {
             nets_left_out: 0,
             filters: Filters::new(),
         };
-        for (id, b) in programmed.backends.iter() {
-            r.set_backend(id, *b);
+        // Each unit's backends indexed at once (one slice per unit).
+        let mut held: Vec<(SvcId, BackendId)> = programmed
+            .backends
+            .iter()
+            .map(|(id, b)| (SvcId::of(b), id))
+            .collect();
+        held.sort_unstable();
+        for unit in held.chunk_by(|a, b| a.0 == b.0) {
+            r.units
+                .add_backends(unit[0].0, unit.iter().map(|(_, b)| *b));
         }
+        r.programmed.backends = programmed.backends;
         for (key, fe) in programmed.frontends {
             r.set_frontend(key, fe);
         }
@@ -406,33 +413,30 @@ impl<W: MapWrites> Reconciler<W> {
 
     // -- the record of what is programmed, and its indexes --
 
-    fn set_backend(&mut self, id: BackendId, b: Backend) {
-        if let Some(old) = self.programmed.backends.insert(id, b) {
-            if old.svc_id != b.svc_id {
-                self.unindex_backend(id, SvcId::of(&old));
+    /// Records written backends (a unit's batch: indexed at once).
+    fn set_backends(&mut self, written: &[(BackendId, Backend)]) {
+        for (id, b) in written {
+            if let Some(old) = self.programmed.backends.insert(*id, *b) {
+                if old.svc_id != b.svc_id {
+                    self.units.remove_backend(SvcId::of(&old), *id);
+                }
             }
         }
-        self.backends_of
-            .entry(SvcId::of(&b))
-            .or_default()
-            .insert(id);
+        let mut by_unit: Vec<(SvcId, BackendId)> =
+            written.iter().map(|(id, b)| (SvcId::of(b), *id)).collect();
+        by_unit.sort_unstable();
+        for unit in by_unit.chunk_by(|a, b| a.0 == b.0) {
+            self.units
+                .add_backends(unit[0].0, unit.iter().map(|(_, b)| *b));
+        }
     }
 
     fn drop_backend(&mut self, id: BackendId) {
         if let Some(old) = self.programmed.backends.remove(&id) {
-            self.unindex_backend(id, SvcId::of(&old));
+            self.units.remove_backend(SvcId::of(&old), id);
             self.ids.release_backend(id);
         }
         self.drain.forget(id);
-    }
-
-    fn unindex_backend(&mut self, id: BackendId, svc_id: SvcId) {
-        if let Some(set) = self.backends_of.get_mut(&svc_id) {
-            set.remove(&id);
-            if set.is_empty() {
-                self.backends_of.remove(&svc_id);
-            }
-        }
     }
 
     fn take_frontend(&mut self, key: &FrontendKey) -> Option<FrontendState> {
@@ -441,14 +445,7 @@ impl<W: MapWrites> Reconciler<W> {
         if !old.maglev.is_empty() {
             self.maglev_tables.sub(key, 1);
         }
-        if let Some(set) = self.frontends_of.get_mut(&old.svc_id) {
-            if let Ok(i) = set.binary_search(key) {
-                set.remove(i);
-            }
-            if set.is_empty() {
-                self.frontends_of.remove(&old.svc_id);
-            }
-        }
+        self.units.remove_frontend(old.svc_id, key);
         Some(old)
     }
 
@@ -458,11 +455,7 @@ impl<W: MapWrites> Reconciler<W> {
         if !fe.maglev.is_empty() {
             self.maglev_tables.add(&key, 1);
         }
-        let set = self.frontends_of.entry(fe.svc_id).or_default();
-        if let Err(i) = set.binary_search(&key) {
-            set.reserve_exact(1);
-            set.insert(i, key);
-        }
+        self.units.add_frontend(fe.svc_id, key);
         self.programmed.frontends.insert(key, fe);
     }
 
@@ -484,17 +477,16 @@ impl<W: MapWrites> Reconciler<W> {
     }
 
     fn unit_backends(&self, svc_id: SvcId) -> Vec<(BackendId, Backend)> {
-        self.backends_of
-            .get(&svc_id)
-            .into_iter()
-            .flatten()
+        self.units
+            .backends(svc_id)
+            .iter()
             .filter_map(|id| self.programmed.backends.get(id).map(|b| (*id, *b)))
             .collect()
     }
 
     /// The unit's frontends, in key order.
     fn unit_frontends(&self, svc_id: SvcId) -> Vec<FrontendKey> {
-        self.frontends_of.get(&svc_id).cloned().unwrap_or_default()
+        self.units.frontends(svc_id).to_vec()
     }
 
     fn entries_of(&self, key: &FrontendKey) -> usize {
@@ -532,7 +524,7 @@ impl<W: MapWrites> Reconciler<W> {
             Scope::All => desired
                 .services
                 .keys()
-                .chain(self.ids.names())
+                .chain(self.units.names())
                 .chain(self.refused.keys())
                 .cloned()
                 .collect(),
@@ -555,7 +547,7 @@ impl<W: MapWrites> Reconciler<W> {
         names.extend(
             leftovers
                 .iter()
-                .filter_map(|id| self.ids.owner(*id))
+                .filter_map(|id| self.units.holder(*id))
                 .filter(|name| matches!(scope, Scope::All) || desired.services.contains_key(*name))
                 .cloned(),
         );
@@ -563,15 +555,14 @@ impl<W: MapWrites> Reconciler<W> {
             self.reserve_for(desired);
         }
         if scope.ends_full() {
-            leftovers.extend(self.backends_of.keys().copied());
-            leftovers.extend(self.frontends_of.keys().copied());
+            leftovers.extend(self.units.with_entries());
             leftovers.extend(self.programmed.source_ranges.keys().copied());
         }
 
         // A: the reprocessed service ports let go of their frontends; the
         // ones no longer desired let go of their ids too.
         for name in &names {
-            for key in self.owned.remove(name).unwrap_or_default() {
+            for key in self.units.take_claimed(name) {
                 self.owners.remove(&key);
             }
         }
@@ -579,7 +570,7 @@ impl<W: MapWrites> Reconciler<W> {
             if !desired.services.contains_key(name) {
                 self.refused.remove(name);
                 self.maglev_fallback.remove(name);
-                if let Some(id) = self.ids.release(name) {
+                if let Some(id) = self.units.release(name) {
                     leftovers.insert(id);
                 }
             }
@@ -606,14 +597,13 @@ impl<W: MapWrites> Reconciler<W> {
                 );
                 continue;
             }
-            let (backends_of, frontends_of) = (&self.backends_of, &self.frontends_of);
-            let id = self.ids.service(name, &keys, &self.programmed, |id| {
-                backends_of.contains_key(&id) || frontends_of.contains_key(&id)
-            });
+            let id = self
+                .units
+                .service(name, &keys, &self.programmed, &mut self.ids);
             for k in &keys {
                 self.owners.insert(*k, name.clone());
             }
-            self.owned.insert(name.clone(), keys);
+            self.units.set_claimed(id, keys);
             units.push((name, id));
         }
 
@@ -638,7 +628,7 @@ impl<W: MapWrites> Reconciler<W> {
 
         // C: units nobody desires drain, then go.
         for id in leftovers {
-            if self.ids.owner(id).is_some() {
+            if self.units.holder(id).is_some() {
                 continue;
             }
             let frontends: Vec<(FrontendKey, u16)> = self
@@ -745,7 +735,7 @@ impl<W: MapWrites> Reconciler<W> {
             .removable(now)
             .into_iter()
             .filter_map(|id| self.programmed.backends.get(&id).map(SvcId::of))
-            .filter_map(|svc| self.ids.owner(svc));
+            .filter_map(|svc| self.units.holder(svc));
         self.waiting()
             .chain(refused)
             .chain(draining.collect::<Vec<_>>())
@@ -757,7 +747,7 @@ impl<W: MapWrites> Reconciler<W> {
     /// (programmed, or about to be) or a refusal. A full reconcile in
     /// parts sweeps those no longer desired.
     pub fn held(&self) -> impl Iterator<Item = &ServicePortName> {
-        self.ids.names().chain(self.refused.keys())
+        self.units.names().chain(self.refused.keys())
     }
 
     /// Whether the maps hold no service (started on empty maps, nothing
@@ -775,12 +765,8 @@ impl<W: MapWrites> Reconciler<W> {
         self.programmed.frontends.reserve(more(frontends, have));
         let have = self.programmed.backends.len();
         self.programmed.backends.reserve(more(backends, have));
-        self.backends_of
-            .reserve(more(units, self.backends_of.len()));
-        self.frontends_of
-            .reserve(more(units, self.frontends_of.len()));
+        self.units.reserve(units);
         self.owners.reserve(more(frontends, self.owners.len()));
-        self.owned.reserve(more(units, self.owned.len()));
     }
 
     fn refuse(&mut self, name: &ServicePortName, why: Refusal, report: &mut Report) {
@@ -867,7 +853,7 @@ impl<W: MapWrites> Reconciler<W> {
         let after = |now: usize, freed: usize, wanted: usize| now - freed.min(now) + wanted;
         let v4 = after(self.service_entries.v4, freed.v4, wanted.v4);
         let v6 = after(self.service_entries.v6, freed.v6, wanted.v6);
-        let current_backends = self.backends_of.get(&id).map_or(0, BTreeSet::len);
+        let current_backends = self.units.backends(id).len();
         let backends = self.programmed.backends.len() - current_backends + plan.backends.len();
         v4 <= self.capacity.service_entries
             && v6 <= self.capacity.service_entries
@@ -1041,9 +1027,7 @@ impl<W: MapWrites> Reconciler<W> {
                 Ok(()) => (batch.len(), None),
                 Err((n, e)) => (n, Some(e)),
             };
-            for (bid, b) in &rest[..written] {
-                self.set_backend(*bid, *b);
-            }
+            self.set_backends(&rest[..written]);
             let skip = written + usize::from(failed.is_some());
             report.errors.extend(failed);
             rest = &rest[skip.min(rest.len())..];
@@ -1092,7 +1076,7 @@ impl<W: MapWrites> Reconciler<W> {
             .filter_map(|k| self.programmed.frontends.get(k))
             .flat_map(|f| f.slots.iter().copied())
             .collect();
-        for bid in self.backends_of.get(&id).cloned().unwrap_or_default() {
+        for bid in self.units.backends(id).to_vec() {
             if wanted.contains(&bid) || referenced.contains(&bid) {
                 continue;
             }

@@ -1,0 +1,287 @@
+//! The reconciler's record of each service-port id ("unit"), in one place.
+//!
+//! Per id: the live service port that holds it (none for a leftover whose
+//! entries drain), the frontends that service port claimed in its last
+//! reconcile, and the frontends and backends the maps hold under the id.
+//! Six maps said this before (ids by name and by id, frontends claimed per
+//! name, frontends and backends per id): one record per id and the index
+//! by name hold it in about half their memory at 100,000 service ports
+//! (docs/performance.md, issue 17). A record with nothing left goes.
+
+use std::collections::HashMap;
+
+use super::{
+    ids::{BackendId, Ids, SvcId},
+    state::MapState,
+};
+use crate::{
+    few::Few,
+    model::{FrontendKey, ServicePortName},
+};
+
+#[derive(Debug, Default)]
+struct Unit {
+    /// The live service port holding the id.
+    holder: Option<ServicePortName>,
+    /// The frontends it claimed (in the order its desired state lists them).
+    claimed: Option<Few<FrontendKey>>,
+    /// Frontends whose master entry carries the id, in key order.
+    frontends: Option<Few<FrontendKey>>,
+    /// Backends whose entry carries the id, in id order (one boxed slice:
+    /// a unit's backends are written as one batch).
+    backends: Box<[BackendId]>,
+}
+
+impl Unit {
+    fn is_empty(&self) -> bool {
+        self.holder.is_none()
+            && self.claimed.is_none()
+            && self.frontends.is_none()
+            && self.backends.is_empty()
+    }
+}
+
+/// Every unit the reconciler knows, by id, and the live ones by name.
+#[derive(Debug, Default)]
+pub struct Units {
+    by_id: HashMap<SvcId, Unit>,
+    by_name: HashMap<ServicePortName, SvcId>,
+}
+
+impl Units {
+    /// The id a live service port holds.
+    pub fn get(&self, name: &ServicePortName) -> Option<SvcId> {
+        self.by_name.get(name).copied()
+    }
+
+    /// The live service port that holds `id`, if any.
+    pub fn holder(&self, id: SvcId) -> Option<&ServicePortName> {
+        self.by_id.get(&id).and_then(|u| u.holder.as_ref())
+    }
+
+    /// Every live service port.
+    pub fn names(&self) -> impl Iterator<Item = &ServicePortName> {
+        self.by_name.keys()
+    }
+
+    /// Every id the maps hold a frontend or a backend under.
+    pub fn with_entries(&self) -> impl Iterator<Item = SvcId> + '_ {
+        self.by_id
+            .iter()
+            .filter(|(_, u)| u.frontends.is_some() || !u.backends.is_empty())
+            .map(|(id, _)| *id)
+    }
+
+    /// The id of a service port: the one it has, else the id one of its
+    /// frontends carries in the maps and no other service port holds (after
+    /// a restart), else a fresh one from `ids` that no record uses.
+    pub fn service(
+        &mut self,
+        name: &ServicePortName,
+        frontends: &[FrontendKey],
+        programmed: &MapState,
+        ids: &mut Ids,
+    ) -> SvcId {
+        if let Some(id) = self.get(name) {
+            return id;
+        }
+        let adopted = frontends
+            .iter()
+            .filter_map(|f| programmed.frontends.get(f))
+            .map(|f| f.svc_id)
+            .find(|id| *id != SvcId::default() && self.holder(*id).is_none());
+        let id = adopted.unwrap_or_else(|| ids.next_service(|id| self.by_id.contains_key(&id)));
+        self.by_name.insert(name.clone(), id);
+        self.by_id.entry(id).or_default().holder = Some(name.clone());
+        id
+    }
+
+    /// Forgets a service port that is no longer desired; its id (if its
+    /// entries remain) becomes a leftover to drain.
+    pub fn release(&mut self, name: &ServicePortName) -> Option<SvcId> {
+        let id = self.by_name.remove(name)?;
+        self.edit(id, |u| {
+            u.holder = None;
+            u.claimed = None;
+        });
+        Some(id)
+    }
+
+    /// Records the frontends the holder of `id` claims.
+    pub fn set_claimed(&mut self, id: SvcId, frontends: Vec<FrontendKey>) {
+        let claimed = Few::new(frontends);
+        self.edit(id, |u| u.claimed = claimed);
+    }
+
+    /// Takes back the frontends a live service port claimed.
+    pub fn take_claimed(&mut self, name: &ServicePortName) -> Vec<FrontendKey> {
+        let Some(id) = self.get(name) else {
+            return Vec::new();
+        };
+        let mut claimed = None;
+        self.edit(id, |u| claimed = u.claimed.take());
+        claimed.map_or_else(Vec::new, |c| c.as_slice().to_vec())
+    }
+
+    /// The frontends the maps hold under `id`, in key order.
+    pub fn frontends(&self, id: SvcId) -> &[FrontendKey] {
+        self.by_id
+            .get(&id)
+            .and_then(|u| u.frontends.as_ref())
+            .map_or(&[], Few::as_slice)
+    }
+
+    pub fn add_frontend(&mut self, id: SvcId, key: FrontendKey) {
+        let unit = self.by_id.entry(id).or_default();
+        match &mut unit.frontends {
+            Some(few) => few.insert_sorted(&key),
+            none => *none = Some(Few::One(key)),
+        }
+    }
+
+    pub fn remove_frontend(&mut self, id: SvcId, key: &FrontendKey) {
+        self.edit(id, |u| {
+            if u.frontends.as_mut().is_some_and(|f| f.remove_sorted(key)) {
+                u.frontends = None;
+            }
+        });
+    }
+
+    /// The backends the maps hold under `id`, in id order.
+    pub fn backends(&self, id: SvcId) -> &[BackendId] {
+        self.by_id.get(&id).map_or(&[], |u| &u.backends)
+    }
+
+    /// Adds backends held under `id` (those already there are kept once).
+    pub fn add_backends(&mut self, id: SvcId, added: impl IntoIterator<Item = BackendId>) {
+        let unit = self.by_id.entry(id).or_default();
+        let mut all: Vec<BackendId> = unit.backends.iter().copied().chain(added).collect();
+        all.sort_unstable();
+        all.dedup();
+        if all.len() != unit.backends.len() {
+            unit.backends = all.into_boxed_slice();
+        }
+    }
+
+    pub fn remove_backend(&mut self, id: SvcId, backend: BackendId) {
+        self.edit(id, |u| {
+            if let Ok(at) = u.backends.binary_search(&backend) {
+                let mut rest = std::mem::take(&mut u.backends).into_vec();
+                rest.remove(at);
+                u.backends = rest.into_boxed_slice();
+            }
+        });
+    }
+
+    /// Room for about `units` records without rehashing.
+    pub fn reserve(&mut self, units: usize) {
+        self.by_id.reserve(units.saturating_sub(self.by_id.len()));
+        self.by_name
+            .reserve(units.saturating_sub(self.by_name.len()));
+    }
+
+    /// Changes the record of `id` (if any) and drops it when nothing is left.
+    fn edit(&mut self, id: SvcId, change: impl FnOnce(&mut Unit)) {
+        if let Some(unit) = self.by_id.get_mut(&id) {
+            change(unit);
+            if unit.is_empty() {
+                self.by_id.remove(&id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Proto;
+
+    fn name(n: &str) -> ServicePortName {
+        ServicePortName::new("default", n, "http", Proto::Tcp)
+    }
+
+    fn fe(last: u8) -> FrontendKey {
+        FrontendKey::new([10, 96, 0, last].into(), 80, Proto::Tcp)
+    }
+
+    #[test]
+    fn a_record_lives_while_anything_holds_it() {
+        let mut units = Units::default();
+        let mut ids = Ids::default();
+        let web = name("web");
+        let id = units.service(&web, &[fe(1)], &MapState::default(), &mut ids);
+        assert_eq!(
+            units.service(&web, &[fe(1)], &MapState::default(), &mut ids),
+            id
+        );
+        units.set_claimed(id, vec![fe(1)]);
+        units.add_frontend(id, fe(1));
+        units.add_backends(id, [BackendId(7), BackendId(3)]);
+        units.add_backends(id, [BackendId(3), BackendId(5)]);
+        assert_eq!(
+            units.backends(id),
+            &[BackendId(3), BackendId(5), BackendId(7)]
+        );
+        assert_eq!(units.holder(id), Some(&web));
+        assert_eq!(units.take_claimed(&web), vec![fe(1)]);
+        assert!(units.take_claimed(&web).is_empty(), "taken once");
+
+        // Released, the id stays a leftover while the maps hold its entries.
+        assert_eq!(units.release(&web), Some(id));
+        assert_eq!(units.holder(id), None);
+        assert_eq!(units.get(&web), None);
+        assert_eq!(units.with_entries().collect::<Vec<_>>(), vec![id]);
+        units.remove_frontend(id, &fe(1));
+        assert!(units.frontends(id).is_empty());
+        assert_eq!(units.with_entries().collect::<Vec<_>>(), vec![id]);
+        for b in [3, 7] {
+            units.remove_backend(id, BackendId(b));
+        }
+        assert_eq!(units.backends(id), &[BackendId(5)], "the backends hold it");
+        units.remove_backend(id, BackendId(5));
+        assert_eq!(units.with_entries().count(), 0);
+        assert!(units.by_id.is_empty(), "nothing left: the record goes");
+    }
+
+    #[test]
+    fn a_fresh_id_is_one_no_record_uses_and_an_adopted_one_is_kept() {
+        let mut units = Units::default();
+        let mut ids = Ids::default();
+        // A leftover holds entries under the id the counter would give next.
+        let next = ids.next_service(|_| false);
+        units.add_backends(next.next(), [BackendId(1)]);
+        let a = units.service(&name("a"), &[], &MapState::default(), &mut ids);
+        assert_ne!(a, next.next(), "an id with entries is not handed out");
+
+        // After a restart, a frontend's master entry names its unit's id.
+        let mut programmed = MapState::default();
+        programmed.frontends.insert(
+            fe(2),
+            super::super::FrontendState {
+                svc_id: SvcId(42),
+                ..Default::default()
+            },
+        );
+        let b = units.service(&name("b"), &[fe(2)], &programmed, &mut ids);
+        assert_eq!(b, SvcId(42));
+        // Held now: another service port claiming that frontend gets its own.
+        let c = units.service(&name("c"), &[fe(2)], &programmed, &mut ids);
+        assert_ne!(c, SvcId(42));
+    }
+
+    #[test]
+    fn frontends_stay_in_key_order() {
+        let mut units = Units::default();
+        let id = SvcId(9);
+        units.add_frontend(id, fe(3));
+        units.add_frontend(id, fe(1));
+        units.add_frontend(id, fe(3));
+        assert_eq!(units.frontends(id), &[fe(1), fe(3)]);
+        units.remove_frontend(id, &fe(2));
+        units.remove_frontend(id, &fe(3));
+        assert_eq!(units.frontends(id), &[fe(1)]);
+        units.remove_frontend(id, &fe(1));
+        assert!(units.frontends(id).is_empty());
+        assert!(units.by_id.is_empty());
+    }
+}
