@@ -117,7 +117,7 @@ fn frontends(maps: &Maps) -> Result<Vec<FrontendRow>> {
                         slot: i + 1,
                         id: id.get(),
                         address: b
-                            .map_or_else(|| "(missing)".into(), |b| endpoint_of(b).to_string()),
+                            .map_or_else(|| "(missing)".into(), |b| endpoint_of(&b).to_string()),
                         state: b.map_or("missing", |b| BackendState::from_u8(b.state).as_str()),
                         flows: flows.get(id).copied().unwrap_or(0),
                     }
@@ -329,7 +329,7 @@ pub fn ct_list(args: &CtListArgs) -> Result<()> {
         let nat = SocketAddr::new(key.addr_of(&e.nat_addr), e.nat_port);
         let peer = SocketAddr::new(key.addr_of(&e.peer_addr), e.peer_port);
         let backend = state.backends.get(&BackendId(e.backend_id)).map(|b| {
-            let ep = endpoint_of(b);
+            let ep = endpoint_of(&b);
             SocketAddr::new(ep.addr, ep.port)
         });
         // What the datapath rewrites on the packets of this entry.

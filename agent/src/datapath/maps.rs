@@ -353,7 +353,7 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
                         port: 0,
                     },
                     |b| Endpoint {
-                        addr: backend_ip(b),
+                        addr: backend_ip(&b),
                         port: b.port,
                     },
                 );

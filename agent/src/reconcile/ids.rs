@@ -37,7 +37,7 @@ impl Ids {
             .frontends
             .values()
             .map(|f| f.svc_id)
-            .chain(programmed.backends.values().map(SvcId::of))
+            .chain(programmed.backends.values().map(|b| SvcId::of(&b)))
             .max()
             .unwrap_or_default();
         let max_backend = programmed.backends.keys().max().unwrap_or_default();

@@ -313,7 +313,7 @@ impl<W: MapWrites> Reconciler<W> {
         let mut held: Vec<(SvcId, BackendId)> = programmed
             .backends
             .iter()
-            .map(|(id, b)| (SvcId::of(b), id))
+            .map(|(id, b)| (SvcId::of(&b), id))
             .collect();
         held.sort_unstable();
         for unit in held.chunk_by(|a, b| a.0 == b.0) {
@@ -480,7 +480,7 @@ impl<W: MapWrites> Reconciler<W> {
         self.units
             .backends(svc_id)
             .iter()
-            .filter_map(|id| self.programmed.backends.get(id).map(|b| (*id, *b)))
+            .filter_map(|id| self.programmed.backends.get(id).map(|b| (*id, b)))
             .collect()
     }
 
@@ -518,7 +518,7 @@ impl<W: MapWrites> Reconciler<W> {
         // holds them.
         let mut leftovers: BTreeSet<SvcId> = removable
             .iter()
-            .filter_map(|id| self.programmed.backends.get(id).map(SvcId::of))
+            .filter_map(|id| self.programmed.backends.get(id).map(|b| SvcId::of(&b)))
             .collect();
         let mut names: BTreeSet<ServicePortName> = match scope {
             Scope::All => desired
@@ -734,7 +734,7 @@ impl<W: MapWrites> Reconciler<W> {
             .drain
             .removable(now)
             .into_iter()
-            .filter_map(|id| self.programmed.backends.get(&id).map(SvcId::of))
+            .filter_map(|id| self.programmed.backends.get(&id).map(|b| SvcId::of(&b)))
             .filter_map(|svc| self.units.holder(svc));
         self.waiting()
             .chain(refused)
@@ -999,7 +999,7 @@ impl<W: MapWrites> Reconciler<W> {
         let changed: Vec<(BackendId, Backend)> = plan
             .backends
             .iter()
-            .filter(|(bid, b)| self.programmed.backends.get(bid) != Some(b))
+            .filter(|(bid, b)| self.programmed.backends.get(bid) != Some(*b))
             .copied()
             .collect();
         // The filters pass the unit's frontends and backends before any is
