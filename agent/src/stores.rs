@@ -8,6 +8,7 @@ use std::{
 
 use crate::{
     few::Few,
+    heap::compact,
     sources::{Change, Converted, Kind, Update},
     translate::{ListMark, NodeInfo, ObjectKey, Problem, ServiceCidrInfo, ServiceInfo, SliceInfo},
 };
@@ -120,18 +121,11 @@ trait Store<T> {
     /// Records that `key` went from `old` to what the map now holds.
     fn touched(&mut self, key: &ObjectKey, old: Option<&T>, dirty: &mut Dirty);
 
-    /// Rebuilds the store's maps with full B-tree nodes (see [`compact`]).
+    /// Rebuilds the store's maps with full B-tree nodes (see
+    /// [`compact`]).
     fn compact(&mut self) {
         compact(self.map());
     }
-}
-
-/// Rebuilds `map` with full B-tree nodes. A list (or a translation of
-/// everything) fills a map in key order, which leaves every node about
-/// half empty: at 100,000 services the services' and slices' maps held
-/// 28 MB of nothing.
-pub(crate) fn compact<K: Ord, V>(map: &mut BTreeMap<K, V>) {
-    *map = std::mem::take(map).into_iter().collect();
 }
 
 struct Services<'a>(&'a mut BTreeMap<ObjectKey, ServiceInfo>);

@@ -245,6 +245,10 @@ fn random_seed() -> u32 {
     }
 }
 
+/// Service nets added in one reconcile above which their record is
+/// rebuilt with full nodes.
+const COMPACT_AFTER: usize = 4096;
+
 /// The bits of `Config::flags` that belong to socket-level balancing.
 const CFG_SOCK_MASK: u32 = 0x0000_ff00;
 
@@ -890,7 +894,7 @@ impl<W: MapWrites> Reconciler<W> {
             .copied()
             .collect();
         self.sync_svcnet_summary(svcnet_summary(both.iter()), report);
-        let mut left_out = 0;
+        let (mut left_out, mut added) = (0, 0);
         for (net, kind) in &want {
             if self.programmed.service_nets.get(net) == Some(kind) {
                 continue;
@@ -898,6 +902,7 @@ impl<W: MapWrites> Reconciler<W> {
             match self.writer.put(Entry::ServiceNet(*net, *kind)) {
                 Ok(()) => {
                     self.programmed.service_nets.insert(*net, *kind);
+                    added += 1;
                 }
                 Err(WriteError::Full { .. }) if *kind == SVCNET_CLUSTER_IP => left_out += 1,
                 Err(e) => report.errors.push(e),
@@ -917,6 +922,11 @@ impl<W: MapWrites> Reconciler<W> {
                 }
                 Err(e) => report.errors.push(e),
             }
+        }
+        // Added in key order, the record's nodes are half empty (a first
+        // sync adds every cluster IP).
+        if added > COMPACT_AFTER {
+            crate::heap::compact(&mut self.programmed.service_nets);
         }
         // Then it narrows to what the LPM holds (a cluster IP left out
         // of a full map needs no cover).
