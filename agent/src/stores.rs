@@ -110,7 +110,7 @@ listed!(ServiceInfo, SliceInfo, NodeInfo, ServiceCidrInfo);
 /// 48 for one key: 4.8 MB at 100,000 services).
 pub type SliceNames = Few<Arc<str>>;
 
-/// The service a slice belongs to.
+/// The service a slice belongs to (its name shared, not copied).
 fn owner(key: &ObjectKey, slice: &SliceInfo) -> ObjectKey {
     ObjectKey::new(key.namespace.clone(), slice.service.clone())
 }

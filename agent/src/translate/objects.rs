@@ -1024,8 +1024,10 @@ impl SliceEndpoints {
 /// What sluice needs of an EndpointSlice.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SliceInfo {
-    /// The service (same namespace) the slice belongs to.
-    pub service: Box<str>,
+    /// The service (same namespace) the slice belongs to; shared with the
+    /// key of the stores' slice index (a `Box<str>` was one more
+    /// allocation per slice, and one per key made from it).
+    pub service: Arc<str>,
     pub family: AddressFamily,
     pub ports: Box<[SlicePort]>,
     /// Sorted by address.
