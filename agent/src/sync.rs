@@ -511,11 +511,10 @@ impl<W: MapWrites> Sync<W> {
             .desired
             .ports_of
             .keys()
-            .chain(self.desired.problems_of.keys())
-            .chain(&self.desired.wants_node_ports)
-            .chain(self.desired.health_checks.keys())
-            .filter(|k| !self.stores.services.contains_key(*k))
-            .cloned()
+            .chain(self.desired.problems_of.keys().cloned())
+            .chain(self.desired.wants_node_ports.iter().cloned())
+            .chain(self.desired.health_checks.keys().cloned())
+            .filter(|k| !self.stores.services.contains_key(k))
             .collect();
         // The record's tables are grown once for every service, unless the
         // first list's programming has grown them already: growing a
@@ -690,6 +689,7 @@ impl<W: MapWrites> Sync<W> {
 
 mod desired;
 mod first_list;
+mod ports;
 #[cfg(test)]
 mod props;
 #[cfg(test)]

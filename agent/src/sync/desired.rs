@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::ports::PortsByService;
 use crate::{
     datapath::MapWrites,
     few::Few,
@@ -31,7 +32,7 @@ pub(super) struct Desired {
     /// Services translated into `state.services` for the reconcile at hand.
     pub(super) translated: BTreeSet<ObjectKey>,
     /// Service ports and problems each service contributed.
-    pub(super) ports_of: HashMap<ObjectKey, PortNames>,
+    pub(super) ports_of: PortsByService,
     pub(super) problems_of: HashMap<ObjectKey, Vec<Problem>>,
     pub(super) wants_node_ports: BTreeSet<ObjectKey>,
     pub(super) health_checks: BTreeMap<ObjectKey, HealthCheck>,
@@ -124,7 +125,7 @@ impl Desired {
                 self.state.services.insert(name, desired);
             }
             if let Some(new) = PortNames::new(new_names) {
-                self.ports_of.insert(key.clone(), new);
+                self.ports_of.insert(new);
             }
         }
         old_problems.as_ref() != self.problems_of.get(key)
