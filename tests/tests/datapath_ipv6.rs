@@ -329,7 +329,7 @@ fn dual_stack_service_is_reached_over_both_families() -> Result<()> {
     for (key, fe) in &state.frontends {
         for id in &fe.slots {
             let b = state.backends.get(id).context("slot names a backend")?;
-            let ep = sluice::reconcile::endpoint_of(b);
+            let ep = sluice::reconcile::endpoint_of(&b);
             assert_eq!(ep.addr.is_ipv6(), key.addr.is_ipv6(), "{key}: {ep}");
         }
     }
