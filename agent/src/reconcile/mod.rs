@@ -314,16 +314,13 @@ impl<W: MapWrites> Reconciler<W> {
             filters: Filters::new(),
         };
         // Each unit's backends indexed at once (one slice per unit).
-        let mut held: Vec<(SvcId, BackendId)> = programmed
-            .backends
-            .iter()
-            .map(|(id, b)| (SvcId::of(&b), id))
-            .collect();
-        held.sort_unstable();
-        for unit in held.chunk_by(|a, b| a.0 == b.0) {
-            r.units
-                .add_backends(unit[0].0, unit.iter().map(|(_, b)| *b));
-        }
+        r.units.index_backends(
+            programmed
+                .backends
+                .iter()
+                .map(|(id, b)| (SvcId::of(&b), id))
+                .collect(),
+        );
         r.programmed.backends = programmed.backends;
         for (key, fe) in programmed.frontends {
             r.set_frontend(key, fe);
@@ -426,13 +423,8 @@ impl<W: MapWrites> Reconciler<W> {
                 }
             }
         }
-        let mut by_unit: Vec<(SvcId, BackendId)> =
-            written.iter().map(|(id, b)| (SvcId::of(b), *id)).collect();
-        by_unit.sort_unstable();
-        for unit in by_unit.chunk_by(|a, b| a.0 == b.0) {
-            self.units
-                .add_backends(unit[0].0, unit.iter().map(|(_, b)| *b));
-        }
+        self.units
+            .index_backends(written.iter().map(|(id, b)| (SvcId::of(b), *id)).collect());
     }
 
     fn drop_backend(&mut self, id: BackendId) {

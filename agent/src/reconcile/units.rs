@@ -152,6 +152,15 @@ impl Units {
         self.by_id.get(&id).map_or(&[], |u| &u.backends)
     }
 
+    /// Adds backends, each under the unit its pair names (sorted into
+    /// one batch per unit).
+    pub fn index_backends(&mut self, mut held: Vec<(SvcId, BackendId)>) {
+        held.sort_unstable();
+        for unit in held.chunk_by(|a, b| a.0 == b.0) {
+            self.add_backends(unit[0].0, unit.iter().map(|(_, b)| *b));
+        }
+    }
+
     /// Adds backends held under `id` (those already there are kept once).
     pub fn add_backends(&mut self, id: SvcId, added: impl IntoIterator<Item = BackendId>) {
         let unit = self.by_id.entry(id).or_default();
