@@ -507,15 +507,17 @@ impl<W: MapWrites> Sync<W> {
             only
         });
         // Services gone from the stores that still contributed.
-        let gone: BTreeSet<ObjectKey> = self
+        let stored = |k: &ObjectKey| self.stores.services.contains_key(k);
+        let mut gone: BTreeSet<ObjectKey> = self
             .desired
-            .ports_of
+            .problems_of
             .keys()
-            .chain(self.desired.problems_of.keys().cloned())
-            .chain(self.desired.wants_node_ports.iter().cloned())
-            .chain(self.desired.health_checks.keys().cloned())
-            .filter(|k| !self.stores.services.contains_key(k))
+            .chain(&self.desired.wants_node_ports)
+            .chain(self.desired.health_checks.keys())
+            .filter(|k| !stored(k))
+            .cloned()
             .collect();
+        gone.extend(self.desired.ports_of.keys().filter(|k| !stored(k)));
         // The record's tables are grown once for every service, unless the
         // first list's programming has grown them already: growing a
         // table that holds most of them would hold two copies at once.
