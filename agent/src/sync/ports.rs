@@ -64,15 +64,21 @@ impl PortsByService {
         }
     }
 
-    /// The services that contributed.
-    pub(super) fn keys(&self) -> impl Iterator<Item = ObjectKey> + '_ {
+    /// Each service that contributed, with its names.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (ObjectKey, &PortNames)> {
         self.table.iter().map(|names| {
             let first = &names.as_slice()[0];
-            ObjectKey {
+            let key = ObjectKey {
                 namespace: first.namespace.clone(),
                 name: first.name.clone(),
-            }
+            };
+            (key, names)
         })
+    }
+
+    /// The services that contributed.
+    pub(super) fn keys(&self) -> impl Iterator<Item = ObjectKey> + '_ {
+        self.iter().map(|(key, _)| key)
     }
 
     pub(super) fn values(&self) -> impl Iterator<Item = &PortNames> {

@@ -249,9 +249,9 @@ proptest! {
         let ports = |s: &Sync<FakeMaps>| {
             s.desired
                 .ports_of
-                .values()
-                .map(|v| v.as_slice().to_vec())
-                .collect::<std::collections::BTreeSet<_>>()
+                .iter()
+                .map(|(k, v)| (k, v.as_slice().to_vec()))
+                .collect::<BTreeMap<_, _>>()
         };
         prop_assert_eq!(ports(&sync), ports(&scratch));
         prop_assert_eq!(sync.desired.health_checks(), scratch.desired.health_checks());
