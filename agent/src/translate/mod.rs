@@ -13,6 +13,7 @@ mod forbidden;
 mod frontends;
 mod local_traffic;
 mod objects;
+mod places;
 mod problems;
 mod topology;
 

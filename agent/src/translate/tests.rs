@@ -1099,8 +1099,9 @@ fn trimmed_objects_are_small() {
         .iter()
         .filter_map(|e| e.place.map(|p| p as *const _))
         .collect();
-    // An IPv4 endpoint is 16 bytes.
-    assert_eq!(slice.endpoints.heap_bytes(), 16 * slice.endpoints.len());
+    // An IPv4 endpoint is 8 bytes: its address, its conditions and its
+    // place's id in one word.
+    assert_eq!(slice.endpoints.heap_bytes(), 8 * slice.endpoints.len());
     let slice_heap = slice.endpoints.heap_bytes()
         + places.len() * std::mem::size_of::<crate::translate::objects::Place>()
         + slice
@@ -1523,4 +1524,40 @@ fn service_cidr_objects_are_trimmed_to_their_cidrs() {
     assert_eq!(info.cidrs, vec![IpNet::parse("10.100.0.0/16").unwrap()]);
     assert_eq!(info.problems.len(), 1);
     assert_eq!(info.problems[0].reason, ProblemReason::InvalidAddress);
+}
+
+#[test]
+fn stored_endpoints_keep_every_condition_and_their_place() {
+    use crate::translate::objects::{Place, SliceEndpoints};
+    let place = Place::intern(Place {
+        node_name: Some(std::sync::Arc::from("node-stored")),
+        zones: vec![std::sync::Arc::from("zone-a")].into(),
+        nodes: Box::default(),
+    });
+    assert!(place.is_some());
+    for bits in 0..8u8 {
+        let conditions = Conditions {
+            ready: bits & 1 != 0,
+            serving: bits & 2 != 0,
+            terminating: bits & 4 != 0,
+        };
+        for place in [None, place] {
+            for (family, addr) in [
+                (AddressFamily::V4, "10.0.0.7"),
+                (AddressFamily::V6, "fd00::7"),
+            ] {
+                let e = SliceEndpoint {
+                    addr: addr.parse().unwrap(),
+                    conditions,
+                    place,
+                };
+                let stored = SliceEndpoints::new(family, vec![e.clone()]);
+                assert_eq!(stored.get(0), Some(e.as_ref()), "{e:?}");
+                assert_eq!(
+                    stored.get(0).and_then(|r| r.node_name()),
+                    place.map(|_| "node-stored")
+                );
+            }
+        }
+    }
 }
