@@ -243,7 +243,9 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
         } else {
             let i = usize::from(slot) - 1;
             if fe.slots.len() <= i {
-                fe.slots.resize(i + 1, BackendId::default());
+                // The maps list a frontend's slots in no order; a reallocation
+                // per higher slot, at adoption only.
+                fe.resize_slots(i + 1);
             }
             fe.slots[i] = BackendId(value.backend_id);
         }
@@ -365,7 +367,7 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
             .frontends
             .entry(frontend)
             .or_insert_with(FrontendState::default)
-            .maglev = members;
+            .maglev = members.into();
     }
     Ok((state, foreign))
 }

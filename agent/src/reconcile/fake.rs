@@ -347,7 +347,7 @@ impl MapReads for FakeMaps {
             } else {
                 let i = usize::from(*slot) - 1;
                 if f.slots.len() <= i {
-                    f.slots.resize(i + 1, BackendId::default());
+                    f.resize_slots(i + 1);
                 }
                 f.slots[i] = BackendId(v.backend_id);
             }
@@ -379,7 +379,7 @@ impl MapReads for FakeMaps {
                 })
                 .collect();
             members.sort_by_key(|(_, ep)| *ep);
-            state.frontends.entry(*fe).or_default().maglev = members;
+            state.frontends.entry(*fe).or_default().maglev = members.into();
         }
         Ok((state, self.foreign.clone()))
     }

@@ -76,14 +76,12 @@ fn sync_inner<W: MapWrites>(
     let result = writer.put_batch(&entries);
     // The record holds as many slots as programmed, without spare room
     // (100,000 frontends of 10 slots would keep 16 each).
-    current
-        .slots
-        .reserve_exact(target.slots.len().saturating_sub(current.slots.len()));
     let written = result.as_ref().err().map_or(changed.len(), |(n, _)| *n);
+    let reach = changed[..written].iter().map(|&(i, _, _)| i + 1).max();
+    if let Some(reach) = reach.filter(|&r| r > current.slots.len()) {
+        current.resize_slots(reach);
+    }
     for &(i, _, _) in &changed[..written] {
-        if current.slots.len() <= i {
-            current.slots.resize(i + 1, BackendId::default());
-        }
         current.slots[i] = target.slots[i];
     }
     result.map_err(|(_, e)| e)?;
@@ -125,19 +123,37 @@ fn sync_inner<W: MapWrites>(
         current.fallback = target.fallback;
         current.affinity_s = target.affinity_s;
     }
-    while current.slots.len() > target.slots.len() {
-        let i = current.slots.len() - 1;
-        if current.slots[i] != BackendId::default() {
-            writer.delete(EntryKey::Service(ServiceKey::of(frontend, slot_number(i))))?;
-        }
-        current.slots.pop();
-    }
+    delete_slots_from(writer, frontend, current, target.slots.len())?;
     // A table goes after the master entry stopped flagging it.
     if target.maglev.is_empty() && !current.maglev.is_empty() {
         writer.delete(EntryKey::Maglev(ServiceKey::of(frontend, 0)))?;
-        current.maglev.clear();
+        current.maglev = Box::default();
     }
     Ok(())
+}
+
+/// Deletes `current`'s slots from the last down to slot `keep + 1`; the
+/// record keeps those a failed delete left.
+fn delete_slots_from<W: MapWrites>(
+    writer: &mut W,
+    frontend: &FrontendKey,
+    current: &mut FrontendState,
+    keep: usize,
+) -> Result<(), WriteError> {
+    let mut len = current.slots.len();
+    let mut result = Ok(());
+    while len > keep {
+        let i = len - 1;
+        if current.slots[i] != BackendId::default() {
+            result = writer.delete(EntryKey::Service(ServiceKey::of(frontend, slot_number(i))));
+            if result.is_err() {
+                break;
+            }
+        }
+        len = i;
+    }
+    current.resize_slots(len);
+    result
 }
 
 /// Removes a frontend: the master first (new flows stop matching), then
@@ -151,14 +167,7 @@ pub fn delete<W: MapWrites>(
     current.svc_id = SvcId::default();
     if !current.maglev.is_empty() {
         writer.delete(EntryKey::Maglev(ServiceKey::of(frontend, 0)))?;
-        current.maglev.clear();
+        current.maglev = Box::default();
     }
-    while let Some(&id) = current.slots.last() {
-        if id != BackendId::default() {
-            let slot = slot_number(current.slots.len() - 1);
-            writer.delete(EntryKey::Service(ServiceKey::of(frontend, slot)))?;
-        }
-        current.slots.pop();
-    }
-    Ok(())
+    delete_slots_from(writer, frontend, current, 0)
 }

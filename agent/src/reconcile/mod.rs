@@ -673,7 +673,7 @@ impl<W: MapWrites> Reconciler<W> {
                 // Balanced like a service without the annotation, rather
                 // than refused: reported once, retried as room frees.
                 for (_, fe) in &mut plan.frontends {
-                    fe.maglev.clear();
+                    fe.maglev = Box::default();
                     fe.flags &= !sluice_common::service::SVC_F_MAGLEV;
                 }
                 if self.maglev_fallback.insert(name.clone()) {
@@ -1072,9 +1072,17 @@ impl<W: MapWrites> Reconciler<W> {
             }
         }
         let wanted: HashSet<BackendId> = plan.backends.iter().map(|(b, _)| *b).collect();
+        // A backend stays while a programmed slot names it: the unit's
+        // frontends', and those of frontends a failed write left unknown
+        // (`svc_id` 0, filed under no unit until rewritten; a delete that
+        // failed after the master went leaves one, its slots still
+        // naming this unit's backends).
+        let unknown = self.units.frontends(SvcId::default());
         let referenced: HashSet<BackendId> = self
-            .unit_frontends(id)
+            .units
+            .frontends(id)
             .iter()
+            .chain(unknown)
             .filter_map(|k| self.programmed.frontends.get(k))
             .flat_map(|f| f.slots.iter().copied())
             .collect();

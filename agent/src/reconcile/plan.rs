@@ -170,7 +170,7 @@ fn frontend_state(
         fallback,
         affinity_s,
         slots: order.into_iter().map(|(_, _, id)| id).collect(),
-        maglev: table,
+        maglev: table.into(),
     }
 }
 
@@ -643,13 +643,13 @@ mod tests {
             slots(0).contains(&BackendId(7)) && !slots(0).contains(&BackendId(8)),
             "{plan:?}"
         );
-        assert_eq!(slots(1), vec![BackendId(8)], "{plan:?}");
+        assert_eq!(*slots(1), [BackendId(8)], "{plan:?}");
 
         let fe4 = plan.frontends[0].0;
         let fe6 = plan.frontends[1].0;
         let plan = plan_leftover(SvcId(1), &[(fe4, 0), (fe6, 0)], &existing, &HashSet::new());
-        assert_eq!(plan.frontends[0].1.slots, vec![BackendId(7)]);
-        assert_eq!(plan.frontends[1].1.slots, vec![BackendId(8)]);
+        assert_eq!(*plan.frontends[0].1.slots, [BackendId(7)]);
+        assert_eq!(*plan.frontends[1].1.slots, [BackendId(8)]);
     }
 
     #[test]

@@ -29,15 +29,26 @@ pub struct FrontendState {
     /// Session affinity timeout (seconds) of the master entry.
     pub affinity_s: u32,
     /// Backend id of slot `i + 1`; `BackendId(0)` for a missing slot entry.
-    pub slots: Vec<BackendId>,
+    pub slots: Box<[BackendId]>,
     /// The backends its Maglev table spreads over (sorted by endpoint);
     /// empty: no table.
-    pub maglev: Vec<(BackendId, Endpoint)>,
+    pub maglev: Box<[(BackendId, Endpoint)]>,
 }
 
 impl FrontendState {
     pub fn kind(&self) -> FrontendKind {
         FrontendKind::from_bits(self.flags & FRONTEND_KIND_MASK)
+    }
+
+    /// Resizes the slots to `len` (new ones missing: `BackendId(0)`). The
+    /// record holds boxed slices, exactly as long as what is programmed
+    /// (a `Vec` is 8 bytes more and keeps spare room: 100,000 frontends).
+    pub fn resize_slots(&mut self, len: usize) {
+        if self.slots.len() != len {
+            let mut slots = std::mem::take(&mut self.slots).into_vec();
+            slots.resize(len, BackendId::default());
+            self.slots = slots.into_boxed_slice();
+        }
     }
 }
 

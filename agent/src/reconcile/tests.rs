@@ -778,3 +778,88 @@ fn a_refused_service_port_gives_back_the_ids_it_was_handed() {
     assert!(r.refused().is_empty());
     assert_eq!(id_ending(&r, 3).get(), 3);
 }
+
+#[test]
+fn a_failed_delete_of_slots_leaves_an_exact_record_and_the_next_reconcile_repairs_it() {
+    // Backends go as soon as they drained: the removed service's slots
+    // and master are deleted within a few reconciles.
+    let start0 = || Reconciler::new(FakeMaps::new(), &MapSizes::default(), Duration::ZERO).unwrap();
+    let now = Instant::now();
+    let big = desired(vec![
+        (
+            "web",
+            service(
+                key("10.96.0.10", 80),
+                active(&["10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.4"]),
+            ),
+        ),
+        (
+            "lb",
+            service(key("10.96.0.11", 443), active(&["10.1.0.5", "10.1.0.6"])),
+        ),
+    ]);
+    let small = desired(vec![(
+        "web",
+        service(key("10.96.0.10", 80), active(&["10.1.0.1"])),
+    )]);
+    let mut clean = start0();
+    sync_all(&mut clean, &big, now);
+    let before = clean.writer().log.len();
+    for _ in 0..4 {
+        sync_all(&mut clean, &small, now);
+    }
+    let deletes = clean
+        .writer()
+        .log
+        .iter()
+        .skip(before)
+        .filter(|w| matches!(w, Write::Delete(EntryKey::Service(_))))
+        .count();
+    assert!(
+        deletes >= 6,
+        "slots and a master go: {:?}",
+        &clean.writer().log[before..]
+    );
+    let writes = clean.writer().log.len() - before;
+    for fail_at in 0..writes {
+        let mut r = start0();
+        sync_all(&mut r, &big, now);
+        let attempts = r.writer().attempts;
+        r.writer_mut().fail_at = Some(attempts + fail_at);
+        for _ in 0..4 {
+            r.reconcile(&small, Scope::All, now);
+            // The slots recorded are the slots held (none left behind
+            // unrecorded, none recorded gone); a frontend whose write
+            // failed may be marked unknown (`svc_id` 0), rewritten next
+            // time.
+            let (held, _) = r.writer().state().unwrap();
+            for (k, f) in &r.programmed().frontends {
+                let h = held.frontends.get(k).cloned().unwrap_or_default();
+                assert_eq!(f.slots, h.slots, "write {fail_at}: {k:?}");
+                if f.svc_id != super::ids::SvcId(0) {
+                    assert_eq!(*f, h, "write {fail_at}: {k:?}");
+                }
+            }
+            for k in held.frontends.keys() {
+                assert!(
+                    r.programmed().frontends.contains_key(k),
+                    "write {fail_at}: {k:?}"
+                );
+            }
+        }
+        for _ in 0..4 {
+            sync_all(&mut r, &small, now);
+        }
+        assert_eq!(
+            r.writer().canonical(),
+            clean.writer().canonical(),
+            "write {fail_at}"
+        );
+    }
+}
+
+#[test]
+fn a_frontend_record_is_small() {
+    // Boxed slices, not vectors: 100,000 frontends.
+    assert!(std::mem::size_of::<super::FrontendState>() <= 48);
+}
