@@ -83,7 +83,21 @@ pub struct Stores {
 struct Listing {
     rejected: HashSet<ObjectKey>,
     from_empty: bool,
+    /// A first list's store size when last compacted (see
+    /// `COMPACT_GROWTH`).
+    compacted_at: usize,
 }
+
+/// A first list fills its store in key order, which leaves every B-tree
+/// node about half empty until the list's end compacts it: at 100,000
+/// services the services' and slices' nodes held 34 MB at the agent's
+/// peak (the list's end, programming under way), about 1.6 times their
+/// entries. Compacting whenever the store grew by a quarter since the
+/// last time holds that to at most 1.2 times, for about five moves of
+/// each entry in all (tens of milliseconds at 100,000).
+const COMPACT_GROWTH: (usize, usize) = (5, 4);
+/// Below this, a first list's store is compacted at its end only.
+const COMPACT_FROM: usize = 4096;
 
 /// Objects the stores keep, with their list mark.
 pub trait Listed {
@@ -336,6 +350,12 @@ fn apply_change<T: PartialEq + Clone + Listed>(
                 } else if refused {
                     listed.rejected.insert(key);
                 }
+            }
+            let len = store.map().len();
+            let (num, den) = COMPACT_GROWTH;
+            if listed.from_empty && len >= COMPACT_FROM && len * den >= listed.compacted_at * num {
+                store.compact();
+                listed.compacted_at = len;
             }
         }
         Change::ListEnd => {

@@ -1,8 +1,8 @@
 //! `heap::compact` rebuilds a B-tree with full nodes and never holds a
-//! second copy of it. Both depend on how the standard library's
-//! `BTreeMap::append` works, so this binary counts every byte its heap
-//! hands out (its own global allocator; one test, so no other thread
-//! allocates meanwhile).
+//! second copy of it, and a first list keeps its store compact as it
+//! fills. All depend on how the standard library's `BTreeMap::append`
+//! works, so this binary counts every byte its heap hands out (its own
+//! global allocator; one test, so no other thread allocates meanwhile).
 
 use std::{
     alloc::{GlobalAlloc, Layout, System},
@@ -35,6 +35,11 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOCATOR: Counting = Counting;
 
 #[test]
+fn maps_filled_in_key_order_are_kept_compact_without_a_second_copy() {
+    a_map_filled_in_key_order_is_rebuilt_smaller_without_a_second_copy();
+    a_first_list_keeps_its_store_compact_while_it_fills();
+}
+
 fn a_map_filled_in_key_order_is_rebuilt_smaller_without_a_second_copy() {
     // A store's shape: 100,000 entries of a 32-byte key and 64 bytes.
     let mut map: BTreeMap<[u64; 4], [u64; 8]> = BTreeMap::new();
@@ -69,5 +74,43 @@ fn a_map_filled_in_key_order_is_rebuilt_smaller_without_a_second_copy() {
     assert!(
         over < 64 * 1024,
         "compacting went {over} bytes above the map it rebuilt"
+    );
+}
+
+/// A first list of 40,000 Services in pages of 100: before its end
+/// compacts the store, the store's nodes hold at most a quarter more than
+/// after (left to fill in key order, about 60% more).
+fn a_first_list_keeps_its_store_compact_while_it_fills() {
+    use sluice::{
+        sources::{Change, Converted, Update},
+        stores::Stores,
+        translate::{ObjectKey, ServiceInfo},
+    };
+    let n = 40_000;
+    let names: Vec<ObjectKey> = (0..n)
+        .map(|i| ObjectKey::new("default", format!("svc-{i:06}").as_str()))
+        .collect();
+    let mut stores = Stores::default();
+    drop(stores.apply(Update::Services(Change::ListStart)));
+    let before = LIVE.load(Relaxed);
+    let mut pages = 0;
+    for chunk in names.chunks(100) {
+        let page: Vec<Converted<ServiceInfo>> = chunk
+            .iter()
+            .map(|key| Converted {
+                key: key.clone(),
+                value: Ok(Some(ServiceInfo::default())),
+            })
+            .collect();
+        drop(stores.apply(Update::Services(Change::ListPage(page))));
+        pages += 1;
+    }
+    let filled = LIVE.load(Relaxed) - before;
+    drop(stores.apply(Update::Services(Change::ListEnd)));
+    let compacted = LIVE.load(Relaxed) - before;
+    assert_eq!((pages, stores.services.len()), (400, n));
+    assert!(
+        filled * 4 < compacted * 5,
+        "{filled} bytes before the list's end, {compacted} after"
     );
 }
