@@ -1,4 +1,4 @@
-//! The process heap (glibc's allocator): one arena, large blocks mapped on
+//! The process heap (glibc's allocator): two arenas, large blocks mapped on
 //! their own, and freed memory given back to the kernel after the large
 //! transient work of a full reconcile; and B-trees rebuilt with full nodes.
 
@@ -24,25 +24,25 @@ pub fn compact<K: Ord, V>(map: &mut BTreeMap<K, V>) {
     }
 }
 
-/// One glibc malloc arena for the whole process, set before any thread
+/// Two glibc malloc arenas for the whole process, set before any thread
 /// exists. With one per thread (glibc's default), the list decoded on one
 /// thread and applied on another left freed memory stranded in each
 /// arena: at 100,000 services VmHWM was 363-376 MB after the first sync
-/// and a relist added 30 MB; with one arena 333 MB and 15 MB, start to
-/// ready unchanged (docs/performance.md, issue 17).
+/// and a relist added 30 MB; with one arena 333 MB and 15 MB. One arena
+/// has one lock, though, and three threads allocate at once during a
+/// first list (two decode pages, one programs): a profile at 100,000
+/// services had the agent spend 14-22% of each thread's time waiting for
+/// that lock or waking its waiters, on top of 14-25% in the allocator.
+/// With two, start to ready went from 9.4-10.7 s to 6.8 s (agent CPU
+/// 11.5-13.3 s to 8.7 s) for 5.8 MB more VmHWM; three arenas were no
+/// faster and held 10.5 MB more (docs/performance.md, issue 17).
 ///
-/// Blocks of 1 MiB and more are mapped on their own and unmapped when
-/// freed. glibc's default threshold starts at 128 kB and rises to 32 MB
-/// as mapped blocks are freed, after which the reconciler's hash tables,
-/// outgrown and freed as they double, stayed resident in the heap: with
-/// services programmed while the first list streams in, VmHWM at 100,000
-/// services went from 210 to 247-254 MB; with the threshold fixed, 212 MB.
-pub fn one_arena() {
+pub fn arenas() {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt only sets an allocator parameter; the caller runs it
     // before the runtime starts any thread.
     unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_ARENA_MAX, 2);
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
 }

@@ -24,7 +24,7 @@ fn clean(args: &CleanupArgs) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    sluice::heap::one_arena();
+    sluice::heap::arenas();
     match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
