@@ -503,6 +503,12 @@ impl<W: MapWrites> Sync<W> {
                     services = programmed,
                     "services programmed while the first list streamed in"
                 );
+                // The list's pages and their decoded objects are freed, in
+                // the decoding threads' arena too, which the full
+                // reconcile below does not allocate from: give them back
+                // before it, not after (they met its peak).
+                let took = heap::give_back_free_pages();
+                debug!(?took, "free heap pages given back at the first list's end");
             }
             only
         });
