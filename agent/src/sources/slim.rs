@@ -11,10 +11,10 @@
 //! The decoded value is the k8s-openapi object with only those fields
 //! set, so the conversion is the very same function for the API, the
 //! manifest directory and the tests. What is kept: the metadata's name,
-//! namespace, resourceVersion, labels and sluice's own annotations; a
-//! Service's whole spec and status (k8s-openapi's decoder); a slice's
-//! addressType, ports, and per endpoint its addresses, conditions,
-//! nodeName and hints. `slim_decoding_converts_like_the_full_object`
+//! namespace, resourceVersion, the labels the translation reads
+//! (`KEPT_LABELS`) and sluice's own annotations; a Service's whole spec
+//! and status (k8s-openapi's decoder); a slice's addressType, ports, and
+//! per endpoint its addresses, conditions, nodeName and hints. `slim_decoding_converts_like_the_full_object`
 //! holds the conversion of both forms equal on generated objects.
 //!
 //! Missing or null fields (a slice without `addressType`, a null
@@ -22,7 +22,7 @@
 //! conversion reports what it needs and does not find: one bad object
 //! never fails the list page it came in.
 
-use std::{borrow::Cow, collections::BTreeMap, fmt};
+use std::{borrow::Cow, collections::BTreeMap, fmt, marker::PhantomData};
 
 use k8s_openapi::{
     api::{
@@ -37,10 +37,15 @@ use serde::{
     Deserialize, Deserializer,
 };
 
-use crate::translate::ANNOTATION_LB_ALGORITHM;
+use crate::translate::{
+    ANNOTATION_LB_ALGORITHM, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME,
+};
 
 /// Annotations the translation reads; every other one is skipped.
 const KEPT_ANNOTATIONS: &[&str] = &[ANNOTATION_LB_ALGORITHM];
+/// Labels the translation reads of a Service or a slice; every other one
+/// (an app's own, copied from its Service to each slice) is skipped.
+const KEPT_LABELS: &[&str] = &[LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, LABEL_HEADLESS];
 
 /// A Service with only what the translation reads.
 #[derive(Clone, Debug, Default)]
@@ -92,8 +97,8 @@ struct Meta {
     name: Option<String>,
     namespace: Option<String>,
     resource_version: Option<String>,
-    labels: Option<BTreeMap<String, String>>,
-    annotations: Option<Kept>,
+    labels: Option<Kept<Labels>>,
+    annotations: Option<Kept<Annotations>>,
 }
 
 impl From<Meta> for ObjectMeta {
@@ -102,29 +107,52 @@ impl From<Meta> for ObjectMeta {
             name: m.name,
             namespace: m.namespace,
             resource_version: m.resource_version,
-            labels: m.labels,
+            labels: m.labels.map(|k| k.0).filter(|l| !l.is_empty()),
             annotations: m.annotations.map(|k| k.0).filter(|a| !a.is_empty()),
             ..ObjectMeta::default()
         }
     }
 }
 
-/// The annotations of `KEPT_ANNOTATIONS`; the values of the others (a
-/// last-applied copy of the object, say) are skipped unread.
-#[derive(Default)]
-struct Kept(BTreeMap<String, String>);
+/// Which keys of a map of strings are kept.
+trait KeptNames {
+    const NAMES: &'static [&'static str];
+}
 
-impl<'de> Deserialize<'de> for Kept {
+/// `KEPT_ANNOTATIONS`.
+struct Annotations;
+impl KeptNames for Annotations {
+    const NAMES: &'static [&'static str] = KEPT_ANNOTATIONS;
+}
+
+/// `KEPT_LABELS`.
+struct Labels;
+impl KeptNames for Labels {
+    const NAMES: &'static [&'static str] = KEPT_LABELS;
+}
+
+/// The entries of a map of strings (annotations, labels) whose keys `N`
+/// names; the values of the others (a last-applied copy of the object,
+/// say) are skipped unread, and their keys never allocated.
+struct Kept<N>(BTreeMap<String, String>, PhantomData<N>);
+
+impl<N> Default for Kept<N> {
+    fn default() -> Self {
+        Kept(BTreeMap::new(), PhantomData)
+    }
+}
+
+impl<'de, N: KeptNames> Deserialize<'de> for Kept<N> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Kept;
+        struct V<N>(PhantomData<N>);
+        impl<'de, N: KeptNames> Visitor<'de> for V<N> {
+            type Value = Kept<N>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map of annotations")
+                f.write_str("a map of strings")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Kept, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Kept<N>, A::Error> {
                 let mut kept = BTreeMap::new();
-                while let Some(key) = map.next_key::<KeptKey>()? {
+                while let Some(key) = map.next_key::<KeptKey<N>>()? {
                     match key.0 {
                         Some(name) => {
                             kept.insert(name.to_owned(), map.next_value::<String>()?);
@@ -134,32 +162,33 @@ impl<'de> Deserialize<'de> for Kept {
                         }
                     }
                 }
-                Ok(Kept(kept))
+                Ok(Kept(kept, PhantomData))
             }
         }
-        d.deserialize_map(V)
+        d.deserialize_map(V(PhantomData))
     }
 }
 
-/// An annotation's key: which of `KEPT_ANNOTATIONS` it is, if any (read
-/// without allocating).
-struct KeptKey(Option<&'static str>);
+/// A map's key: which of the names `N` keeps it is, if any (read without
+/// allocating).
+struct KeptKey<N>(Option<&'static str>, PhantomData<N>);
 
-impl<'de> Deserialize<'de> for KeptKey {
+impl<'de, N: KeptNames> Deserialize<'de> for KeptKey<N> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = KeptKey;
+        struct V<N>(PhantomData<N>);
+        impl<N: KeptNames> Visitor<'_> for V<N> {
+            type Value = KeptKey<N>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an annotation key")
+                f.write_str("a key")
             }
-            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<KeptKey, E> {
+            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<KeptKey<N>, E> {
                 Ok(KeptKey(
-                    KEPT_ANNOTATIONS.iter().copied().find(|k| *k == key),
+                    N::NAMES.iter().copied().find(|k| *k == key),
+                    PhantomData,
                 ))
             }
         }
-        d.deserialize_str(V)
+        d.deserialize_str(V(PhantomData))
     }
 }
 

@@ -98,21 +98,40 @@ pub(crate) fn object_label(kind: &str, meta: &ObjectMeta) -> String {
 }
 
 /// Problems of one object, all named alike.
-struct Problems {
-    object: String,
+struct Problems<'a> {
+    object: Label<'a>,
     list: Vec<Problem>,
 }
 
-impl Problems {
+/// How problems name their object: built only when there is a problem
+/// (most objects have none; a list converts 200,000).
+enum Label<'a> {
+    Object(&'static str, &'a ObjectMeta),
+    Text(String),
+}
+
+impl<'a> Problems<'a> {
     fn new(object: String) -> Self {
         Self {
-            object,
+            object: Label::Text(object),
+            list: Vec::new(),
+        }
+    }
+
+    /// Problems of the object of `kind` that `meta` names.
+    fn of(kind: &'static str, meta: &'a ObjectMeta) -> Self {
+        Self {
+            object: Label::Object(kind, meta),
             list: Vec::new(),
         }
     }
 
     fn error(&self, reason: ProblemReason, detail: impl Into<String>) -> Problem {
-        Problem::new(self.object.clone(), reason, detail)
+        let object = match &self.object {
+            Label::Object(kind, meta) => object_label(kind, meta),
+            Label::Text(text) => text.clone(),
+        };
+        Problem::new(object, reason, detail)
     }
 
     fn push(&mut self, reason: ProblemReason, detail: impl Into<String>) {
@@ -359,7 +378,7 @@ impl ServiceInfo {
     /// ignores it (ExternalName, headless, labelled for another proxy).
     pub fn from_service(svc: &Service) -> Result<Option<Self>, Problem> {
         let meta = &svc.metadata;
-        let mut problems = Problems::new(object_label("Service", meta));
+        let mut problems = Problems::of("Service", meta);
         if ObjectKey::from_meta(meta).is_none() {
             return Err(problems.error(ProblemReason::MissingField, "metadata.name is missing"));
         }
@@ -544,11 +563,13 @@ fn parse_ips(raw: &[&str], what: &str, problems: &mut Problems) -> Vec<IpAddr> {
         }
     }
     problems.push_many(ProblemReason::InvalidAddress, what, &bad);
-    problems.push_many(
-        ProblemReason::ForbiddenAddress,
-        &format!("{what} on an address that is never a service's"),
-        &refused,
-    );
+    if !refused.is_empty() {
+        problems.push_many(
+            ProblemReason::ForbiddenAddress,
+            &format!("{what} on an address that is never a service's"),
+            &refused,
+        );
+    }
     out
 }
 
@@ -607,17 +628,23 @@ fn parse_ports(spec: &ServiceSpec, problems: &mut Problems) -> Vec<PortInfo> {
 
 fn parse_port(index: usize, p: &ServicePort, problems: &mut Problems) -> Option<PortInfo> {
     let name = p.name.clone().unwrap_or_default();
-    let what = if name.is_empty() {
-        format!("port #{index} ({})", p.port)
-    } else {
-        format!("port {name:?} ({})", p.port)
+    // Named only for a problem.
+    let what = || {
+        if name.is_empty() {
+            format!("port #{index} ({})", p.port)
+        } else {
+            format!("port {name:?} ({})", p.port)
+        }
     };
     let proto = match parse_proto(p.protocol.as_deref()) {
         Ok(proto) => proto,
         Err(other) => {
             problems.push(
                 ProblemReason::UnsupportedProtocol,
-                format!("{what}: protocol {other} is not supported, port skipped"),
+                format!(
+                    "{}: protocol {other} is not supported, port skipped",
+                    what()
+                ),
             );
             return None;
         }
@@ -625,7 +652,7 @@ fn parse_port(index: usize, p: &ServicePort, problems: &mut Problems) -> Option<
     let Some(port) = valid_port(p.port) else {
         problems.push(
             ProblemReason::InvalidPort,
-            format!("{what}: port is outside 1..=65535, port skipped"),
+            format!("{}: port is outside 1..=65535, port skipped", what()),
         );
         return None;
     };
@@ -636,7 +663,10 @@ fn parse_port(index: usize, p: &ServicePort, problems: &mut Problems) -> Option<
             if valid.is_none() {
                 problems.push(
                     ProblemReason::InvalidPort,
-                    format!("{what}: nodePort {np} is outside 1..=65535, no node port"),
+                    format!(
+                        "{}: nodePort {np} is outside 1..=65535, no node port",
+                        what()
+                    ),
                 );
             }
             valid
@@ -778,12 +808,14 @@ impl IpFamilies {
         let (kept, stray): (Vec<IpAddr>, Vec<IpAddr>) = addrs
             .into_iter()
             .partition(|a| self.contains(AddressFamily::of(*a)));
-        let stray: Vec<String> = stray.iter().map(ToString::to_string).collect();
-        problems.push_many(
-            ProblemReason::InvalidAddress,
-            &format!("{what} of a family the service does not have (ipFamilies)"),
-            &stray,
-        );
+        if !stray.is_empty() {
+            let stray: Vec<String> = stray.iter().map(ToString::to_string).collect();
+            problems.push_many(
+                ProblemReason::InvalidAddress,
+                &format!("{what} of a family the service does not have (ipFamilies)"),
+                &stray,
+            );
+        }
         kept
     }
 }
@@ -1042,7 +1074,7 @@ impl SliceInfo {
     /// slices, slices of services kube-proxy's label selector excludes).
     pub fn from_slice(slice: &EndpointSlice) -> Result<Option<Self>, Problem> {
         let meta = &slice.metadata;
-        let mut problems = Problems::new(object_label("EndpointSlice", meta));
+        let mut problems = Problems::of("EndpointSlice", meta);
         if ObjectKey::from_meta(meta).is_none() {
             return Err(problems.error(ProblemReason::MissingField, "metadata.name is missing"));
         }
@@ -1134,14 +1166,16 @@ impl SliceInfo {
             );
         }
         problems.push_many(ProblemReason::InvalidAddress, "endpoint address(es)", &bad);
-        problems.push_many(
-            ProblemReason::InvalidAddress,
-            &format!(
-                "endpoint address(es) not of addressType {}",
-                slice.address_type
-            ),
-            &wrong_family,
-        );
+        if !wrong_family.is_empty() {
+            problems.push_many(
+                ProblemReason::InvalidAddress,
+                &format!(
+                    "endpoint address(es) not of addressType {}",
+                    slice.address_type
+                ),
+                &wrong_family,
+            );
+        }
         endpoints.sort_by_key(|e| e.addr);
 
         Ok(Some(Self {

@@ -176,3 +176,36 @@ fn objects_with_missing_or_null_fields_decode_and_are_reported() {
     let problem = ServiceInfo::from_service(&svc.0).expect_err("reported");
     assert!(problem.detail.contains("metadata.name"), "{problem:?}");
 }
+
+#[test]
+fn only_the_labels_and_annotations_the_translation_reads_are_kept() {
+    let json = r#"{"metadata":{"name":"web-1","namespace":"default",
+        "labels":{"app":"web","endpointslice.kubernetes.io/managed-by":"endpointslice-controller.k8s.io",
+                  "kubernetes.io/service-name":"web","service.kubernetes.io/headless":""},
+        "annotations":{"endpoints.kubernetes.io/last-change-trigger-time":"2026-11-26T00:00:00Z",
+                       "service.sluice.dev/lb-algorithm":"maglev"}},
+        "addressType":"IPv4","endpoints":[]}"#;
+    let slice: SlimSlice = serde_json::from_str(json).expect("decodes");
+    let keys = |m: &Option<std::collections::BTreeMap<String, String>>| {
+        m.iter()
+            .flatten()
+            .map(|(k, _)| k.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        keys(&slice.0.metadata.labels),
+        [
+            "kubernetes.io/service-name",
+            "service.kubernetes.io/headless"
+        ]
+    );
+    assert_eq!(
+        keys(&slice.0.metadata.annotations),
+        [ANNOTATION_LB_ALGORITHM]
+    );
+    // None kept: none at all, as an object without any.
+    let svc: SlimService =
+        serde_json::from_str(r#"{"metadata":{"name":"web","labels":{"app":"web"}}}"#)
+            .expect("decodes");
+    assert_eq!(svc.0.metadata.labels, None);
+}
