@@ -73,7 +73,7 @@ impl ObjectKey {
     /// The key of an object; `None` when it has no name. A missing
     /// namespace (common in manifest files) means `default`.
     pub fn from_meta(meta: &ObjectMeta) -> Option<Self> {
-        let name = meta.name.as_deref().filter(|n| !n.is_empty())?;
+        let name = named(meta)?;
         let namespace = meta
             .namespace
             .as_deref()
@@ -81,6 +81,12 @@ impl ObjectKey {
             .unwrap_or(DEFAULT_NAMESPACE);
         Some(Self::new(namespace, name))
     }
+}
+
+/// The object's name, if it has one (what `ObjectKey::from_meta` needs,
+/// checked without building the key).
+fn named(meta: &ObjectMeta) -> Option<&str> {
+    meta.name.as_deref().filter(|n| !n.is_empty())
 }
 
 impl fmt::Display for ObjectKey {
@@ -379,7 +385,7 @@ impl ServiceInfo {
     pub fn from_service(svc: &Service) -> Result<Option<Self>, Problem> {
         let meta = &svc.metadata;
         let mut problems = Problems::of("Service", meta);
-        if ObjectKey::from_meta(meta).is_none() {
+        if named(meta).is_none() {
             return Err(problems.error(ProblemReason::MissingField, "metadata.name is missing"));
         }
         if excluded_by_labels(meta) {
@@ -1075,7 +1081,7 @@ impl SliceInfo {
     pub fn from_slice(slice: &EndpointSlice) -> Result<Option<Self>, Problem> {
         let meta = &slice.metadata;
         let mut problems = Problems::of("EndpointSlice", meta);
-        if ObjectKey::from_meta(meta).is_none() {
+        if named(meta).is_none() {
             return Err(problems.error(ProblemReason::MissingField, "metadata.name is missing"));
         }
         if excluded_by_labels(meta) {
