@@ -35,8 +35,16 @@ pub fn compact<K: Ord, V>(map: &mut BTreeMap<K, V>) {
 /// that lock or waking its waiters, on top of 14-25% in the allocator.
 /// With two, start to ready went from 9.4-10.7 s to 6.8 s (agent CPU
 /// 11.5-13.3 s to 8.7 s) for 5.8 MB more VmHWM; three arenas were no
-/// faster and held 10.5 MB more (docs/performance.md, issue 17).
+/// faster and held 10.5 MB more (docs/performance.md, issue 17). A
+/// relist still adds nothing to VmHWM with two (every run of that
+/// session).
 ///
+/// Blocks of 1 MiB and more are mapped on their own and unmapped when
+/// freed. glibc's default threshold starts at 128 kB and rises to 32 MB
+/// as mapped blocks are freed, after which the reconciler's hash tables,
+/// outgrown and freed as they double, stayed resident in the heap: with
+/// services programmed while the first list streams in, VmHWM at 100,000
+/// services went from 210 to 247-254 MB; with the threshold fixed, 212 MB.
 pub fn arenas() {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt only sets an allocator parameter; the caller runs it

@@ -503,10 +503,10 @@ impl<W: MapWrites> Sync<W> {
                     services = programmed,
                     "services programmed while the first list streamed in"
                 );
-                // The list's pages and their decoded objects are freed, in
-                // the decoding threads' arena too, which the full
-                // reconcile below does not allocate from: give them back
-                // before it, not after (they met its peak).
+                // The list's pages and their decoded objects are freed,
+                // much of it where the decoding threads allocated, which
+                // the full reconcile below may not reuse: give it back
+                // before that reconcile, not only after (it met its peak).
                 let took = heap::give_back_free_pages();
                 debug!(?took, "free heap pages given back at the first list's end");
             }

@@ -90,6 +90,8 @@ pub struct FakeMaps {
     pub filter_writes: usize,
     /// Every filter write fails (the other writes count `attempts`).
     pub fail_filters: bool,
+    /// Every Maglev table write fails.
+    pub fail_tables: bool,
 }
 
 fn frontend_of(key: ServiceKey) -> (FrontendKey, u16) {
@@ -438,6 +440,17 @@ impl MapWrites for FakeMaps {
     fn put(&mut self, entry: Entry<'_>) -> Result<(), WriteError> {
         if let Some(map) = self.full(&entry) {
             return Err(WriteError::Full { map });
+        }
+        if self.fail_tables && matches!(entry, Entry::Maglev(..)) {
+            // Not a full map (that makes the service balance without its
+            // table): an I/O error.
+            return Err(WriteError::Map {
+                map: sluice_common::maps::MAGLEV_V4,
+                source: aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                    call: "bpf_map_update_elem",
+                    io_error: std::io::Error::from_raw_os_error(libc::EIO),
+                }),
+            });
         }
         self.attempt("fake")?;
         self.check_put(&entry);

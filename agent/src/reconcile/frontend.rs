@@ -51,8 +51,8 @@ fn sync_inner<W: MapWrites>(
     target: &FrontendState,
 ) -> Result<(), WriteError> {
     let owner_changed = current.svc_id != target.svc_id;
-    // The master's slot count as programmed: the loop below grows the
-    // record of the slots before the master covers them.
+    // The master's slot count as programmed: the record of the slots
+    // grows below, before the master covers them.
     let total = current.slots.len();
     // The changed slots, in one batch.
     let changed: Vec<(usize, ServiceKey, SvcValue)> = target

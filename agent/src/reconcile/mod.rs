@@ -1072,22 +1072,36 @@ impl<W: MapWrites> Reconciler<W> {
             }
         }
         let wanted: HashSet<BackendId> = plan.backends.iter().map(|(b, _)| *b).collect();
-        // A backend stays while a programmed slot names it: the unit's
-        // frontends', and those of frontends a failed write left unknown
-        // (`svc_id` 0, filed under no unit until rewritten; a delete that
-        // failed after the master went leaves one, its slots still
-        // naming this unit's backends).
-        let unknown = self.units.frontends(SvcId::default());
-        let referenced: HashSet<BackendId> = self
+        let unwanted: Vec<BackendId> = self
             .units
-            .frontends(id)
+            .backends(id)
             .iter()
-            .chain(unknown)
-            .filter_map(|k| self.programmed.frontends.get(k))
-            .flat_map(|f| f.slots.iter().copied())
+            .copied()
+            .filter(|b| !wanted.contains(b))
             .collect();
-        for bid in self.units.backends(id).to_vec() {
-            if wanted.contains(&bid) || referenced.contains(&bid) {
+        // A backend stays while a programmed slot or Maglev table names
+        // it: the unit's frontends', and those of frontends a failed
+        // write left unknown (`svc_id` 0, filed under no unit until
+        // rewritten; a delete that failed after the master went leaves
+        // one, its slots still naming this unit's backends). Looked at
+        // only when some backend may go (most reconciles remove none).
+        let referenced: HashSet<BackendId> = if unwanted.is_empty() {
+            HashSet::new()
+        } else {
+            let unknown = self.units.frontends(SvcId::default());
+            self.units
+                .frontends(id)
+                .iter()
+                .chain(unknown)
+                .filter_map(|k| self.programmed.frontends.get(k))
+                .flat_map(|f| {
+                    let table = f.maglev.iter().map(|(b, _)| *b);
+                    f.slots.iter().copied().chain(table)
+                })
+                .collect()
+        };
+        for bid in unwanted {
+            if referenced.contains(&bid) {
                 continue;
             }
             match self.writer.delete(EntryKey::Backend(bid)) {

@@ -785,23 +785,22 @@ fn a_failed_delete_of_slots_leaves_an_exact_record_and_the_next_reconcile_repair
     // and master are deleted within a few reconciles.
     let start0 = || Reconciler::new(FakeMaps::new(), &MapSizes::default(), Duration::ZERO).unwrap();
     let now = Instant::now();
+    // `web` balances with a Maglev table: its table's writes fail too.
+    let mut web = service(
+        key("10.96.0.10", 80),
+        active(&["10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.4"]),
+    );
+    web.frontends[0].maglev = true;
     let big = desired(vec![
-        (
-            "web",
-            service(
-                key("10.96.0.10", 80),
-                active(&["10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.4"]),
-            ),
-        ),
+        ("web", web),
         (
             "lb",
             service(key("10.96.0.11", 443), active(&["10.1.0.5", "10.1.0.6"])),
         ),
     ]);
-    let small = desired(vec![(
-        "web",
-        service(key("10.96.0.10", 80), active(&["10.1.0.1"])),
-    )]);
+    let mut web = service(key("10.96.0.10", 80), active(&["10.1.0.1"]));
+    web.frontends[0].maglev = true;
+    let small = desired(vec![("web", web)]);
     let mut clean = start0();
     sync_all(&mut clean, &big, now);
     let before = clean.writer().log.len();
@@ -862,4 +861,42 @@ fn a_failed_delete_of_slots_leaves_an_exact_record_and_the_next_reconcile_repair
 fn a_frontend_record_is_small() {
     // Boxed slices, not vectors: 100,000 frontends.
     assert!(std::mem::size_of::<super::FrontendState>() <= 48);
+}
+
+#[test]
+fn a_backend_replaced_while_table_writes_fail_goes_only_once_no_table_names_it() {
+    // A backend is replaced in a Maglev service while every table write
+    // fails (an I/O error, not a full map), and drains meanwhile: no
+    // table left in the maps may name it when it goes (the fake panics
+    // if one does), and the repaired maps equal a clean run's.
+    let start0 = || Reconciler::new(FakeMaps::new(), &MapSizes::default(), Duration::ZERO).unwrap();
+    let now = Instant::now();
+    let maglev = |eps: &[&str]| {
+        let mut web = service(key("10.96.0.10", 80), active(eps));
+        web.frontends[0].maglev = true;
+        desired(vec![("web", web)])
+    };
+    let before = maglev(&["10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.4"]);
+    let after = maglev(&["10.1.0.2", "10.1.0.3", "10.1.0.4", "10.1.0.5"]);
+    let mut clean = start0();
+    sync_all(&mut clean, &before, now);
+    for _ in 0..4 {
+        // A scan finds no flow: the backend that went may go.
+        clean.scan_conntrack(now).unwrap();
+        sync_all(&mut clean, &after, now);
+    }
+    let mut r = start0();
+    sync_all(&mut r, &before, now);
+    r.writer_mut().fail_tables = true;
+    for _ in 0..4 {
+        r.scan_conntrack(now).unwrap();
+        assert!(!r.reconcile(&after, Scope::All, now).errors.is_empty());
+    }
+    r.writer_mut().fail_tables = false;
+    for _ in 0..4 {
+        r.scan_conntrack(now).unwrap();
+        sync_all(&mut r, &after, now);
+    }
+    assert_eq!(r.writer().canonical(), clean.writer().canonical());
+    assert_eq!(r.writer().backends.len(), 4, "the replaced backend went");
 }

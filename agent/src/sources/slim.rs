@@ -14,8 +14,9 @@
 //! namespace, resourceVersion, the labels the translation reads
 //! (`KEPT_LABELS`) and sluice's own annotations; a Service's whole spec
 //! and status (k8s-openapi's decoder); a slice's addressType, ports, and
-//! per endpoint its addresses, conditions, nodeName and hints. `slim_decoding_converts_like_the_full_object`
-//! holds the conversion of both forms equal on generated objects.
+//! per endpoint its addresses, conditions, nodeName and hints. The
+//! `slim_decoding_converts_*_like_the_full_object` properties hold the
+//! conversion of both forms equal on generated objects.
 //!
 //! Missing or null fields (a slice without `addressType`, a null
 //! `metadata`) decode as empty, as with k8s-openapi's decoders, and the

@@ -966,6 +966,7 @@ const READY: u32 = 1;
 const SERVING: u32 = 2;
 const TERMINATING: u32 = 4;
 const CONDITION_BITS: u32 = 3;
+const _: () = assert!(CONDITION_BITS + places::ID_BITS == 32);
 
 impl<A: Copy + Into<IpAddr>> Stored<A> {
     fn new(addr: A, conditions: Conditions, place: Option<PlaceId>) -> Self {

@@ -1,7 +1,7 @@
 //! Endpoint places (node name and topology hints), interned and named by
 //! a small index. A cluster has few combinations (about one per node and
-//! zone), and every endpoint names one: as an index of 29 bits it shares
-//! one word with the endpoint's conditions, and an IPv4 endpoint takes 8
+//! zone), and every endpoint names one: as an index (below 2^26, in the
+//! 29 bits above the conditions) it shares one word with them, and an IPv4 endpoint takes 8
 //! bytes in the stores instead of 16 with an `Arc` (8 MB at 1,000,000
 //! endpoints). Like `model::intern`'s strings, places live as long as the
 //! process; reading one is two lock-free loads.
@@ -17,16 +17,19 @@ use super::objects::Place;
 const CHUNK_BITS: u32 = 12;
 const CHUNK: usize = 1 << CHUNK_BITS;
 const CHUNKS: usize = 1 << 14;
-/// The most places the table names (2^26; a place id has 29 bits).
+/// The most places the table names (2^26).
 pub const MAX_PLACES: usize = CHUNK * CHUNKS;
-const _: () = assert!(MAX_PLACES < 1 << 29, "an id fits an endpoint's word");
+/// Bits of an endpoint's word an id may take (`objects::Stored`: the
+/// conditions take the low 3).
+pub const ID_BITS: u32 = 29;
+const _: () = assert!(MAX_PLACES < 1 << ID_BITS, "an id fits an endpoint's word");
 
 /// A place's index in the table, from 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PlaceId(NonZeroU32);
 
 impl PlaceId {
-    /// The id's number (at most `MAX_PLACES`, below 2^29).
+    /// The id's number (at most `MAX_PLACES`).
     pub fn get(self) -> u32 {
         self.0.get()
     }
@@ -77,8 +80,9 @@ pub fn intern(place: Place) -> Option<PlaceId> {
     let chunk =
         TABLE[i >> CHUNK_BITS].get_or_init(|| (0..CHUNK).map(|_| OnceLock::new()).collect());
     let place: &'static Place = Box::leak(Box::new(place));
-    // The slot is fresh: ids are handed out in order under the lock.
-    let _ = chunk[i & (CHUNK - 1)].set(place);
+    // The slot is fresh (ids are handed out in order under the lock); if
+    // it were not, the id would name another place: none is handed out.
+    chunk[i & (CHUNK - 1)].set(place).ok()?;
     let id = PlaceId::from_number(i as u32 + 1)?;
     pool.insert(place, id);
     Some(id)
