@@ -145,8 +145,9 @@ impl<'a> Problems<'a> {
         self.list.push(p);
     }
 
-    /// One problem for many bad values of one kind.
-    fn push_many(&mut self, reason: ProblemReason, what: &str, values: &[String]) {
+    /// One problem for many bad values of one kind; `what` is worded
+    /// only when there is one (most objects have none).
+    fn push_many(&mut self, reason: ProblemReason, what: impl fmt::Display, values: &[String]) {
         if values.is_empty() {
             return;
         }
@@ -569,13 +570,11 @@ fn parse_ips(raw: &[&str], what: &str, problems: &mut Problems) -> Vec<IpAddr> {
         }
     }
     problems.push_many(ProblemReason::InvalidAddress, what, &bad);
-    if !refused.is_empty() {
-        problems.push_many(
-            ProblemReason::ForbiddenAddress,
-            &format!("{what} on an address that is never a service's"),
-            &refused,
-        );
-    }
+    problems.push_many(
+        ProblemReason::ForbiddenAddress,
+        format_args!("{what} on an address that is never a service's"),
+        &refused,
+    );
     out
 }
 
@@ -814,14 +813,12 @@ impl IpFamilies {
         let (kept, stray): (Vec<IpAddr>, Vec<IpAddr>) = addrs
             .into_iter()
             .partition(|a| self.contains(AddressFamily::of(*a)));
-        if !stray.is_empty() {
-            let stray: Vec<String> = stray.iter().map(ToString::to_string).collect();
-            problems.push_many(
-                ProblemReason::InvalidAddress,
-                &format!("{what} of a family the service does not have (ipFamilies)"),
-                &stray,
-            );
-        }
+        let stray: Vec<String> = stray.iter().map(ToString::to_string).collect();
+        problems.push_many(
+            ProblemReason::InvalidAddress,
+            format_args!("{what} of a family the service does not have (ipFamilies)"),
+            &stray,
+        );
         kept
     }
 }
@@ -888,7 +885,7 @@ pub struct SliceEndpoint {
     pub place: Option<PlaceId>,
 }
 
-/// An endpoint's node and topology hints, interned (`Place::intern`).
+/// An endpoint's node and topology hints, interned (`places::intern`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Place {
     pub node_name: Option<Arc<str>>,
@@ -897,14 +894,6 @@ pub struct Place {
     /// `hints.forNodes[].name`, sorted (written for services with
     /// `trafficDistribution: PreferSameNode`).
     pub nodes: Box<[Arc<str>]>,
-}
-
-impl Place {
-    /// The id of `place`'s shared copy, or `None` when it says nothing
-    /// (see `places::intern`).
-    pub fn intern(place: Place) -> Option<PlaceId> {
-        places::intern(place)
-    }
 }
 
 impl SliceEndpoint {
@@ -1173,16 +1162,14 @@ impl SliceInfo {
             );
         }
         problems.push_many(ProblemReason::InvalidAddress, "endpoint address(es)", &bad);
-        if !wrong_family.is_empty() {
-            problems.push_many(
-                ProblemReason::InvalidAddress,
-                &format!(
-                    "endpoint address(es) not of addressType {}",
-                    slice.address_type
-                ),
-                &wrong_family,
-            );
-        }
+        problems.push_many(
+            ProblemReason::InvalidAddress,
+            format_args!(
+                "endpoint address(es) not of addressType {}",
+                slice.address_type
+            ),
+            &wrong_family,
+        );
         endpoints.sort_by_key(|e| e.addr);
 
         Ok(Some(Self {
@@ -1228,7 +1215,7 @@ fn endpoint(ep: &K8sEndpoint, family: AddressFamily) -> Result<SliceEndpoint, En
     Ok(SliceEndpoint {
         addr,
         conditions: Conditions::from_k8s(ep.conditions.as_ref()),
-        place: Place::intern(Place {
+        place: places::intern(Place {
             node_name: ep
                 .node_name
                 .as_deref()

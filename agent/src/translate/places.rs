@@ -1,9 +1,9 @@
 //! Endpoint places (node name and topology hints), interned and named by
 //! a small index. A cluster has few combinations (about one per node and
 //! zone), and every endpoint names one: as an index (below 2^26, in the
-//! 29 bits above the conditions) it shares one word with them, and an IPv4 endpoint takes 8
-//! bytes in the stores instead of 16 with an `Arc` (8 MB at 1,000,000
-//! endpoints). Like `model::intern`'s strings, places live as long as the
+//! 29 bits above the conditions) it shares one word with them, and an
+//! IPv4 endpoint takes 8 bytes in the stores instead of 16 with an `Arc`
+//! (8 MB at 1,000,000 endpoints). Like `model::intern`'s strings, places live as long as the
 //! process; reading one is two lock-free loads.
 
 use std::{

@@ -1528,8 +1528,11 @@ fn service_cidr_objects_are_trimmed_to_their_cidrs() {
 
 #[test]
 fn stored_endpoints_keep_every_condition_and_their_place() {
-    use crate::translate::objects::{Place, SliceEndpoints};
-    let place = Place::intern(Place {
+    use crate::translate::{
+        objects::{Place, SliceEndpoints},
+        places,
+    };
+    let place = places::intern(Place {
         node_name: Some(std::sync::Arc::from("node-stored")),
         zones: vec![std::sync::Arc::from("zone-a")].into(),
         nodes: Box::default(),
