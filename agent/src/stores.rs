@@ -368,7 +368,8 @@ fn apply_change<T: PartialEq + Clone + Listed>(
                 |k| listed.rejected.contains(k),
                 dirty,
             );
-            if listed.from_empty {
+            // (Not again if the last page's compaction left it whole.)
+            if listed.from_empty && listed.compacted_at != store.map().len() {
                 store.compact();
             }
         }

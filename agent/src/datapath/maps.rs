@@ -241,13 +241,7 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
             fe.fallback = value.fallback;
             fe.affinity_s = value.affinity_s;
         } else {
-            let i = usize::from(slot) - 1;
-            if fe.slots.len() <= i {
-                // The maps list a frontend's slots in no order; a reallocation
-                // per higher slot, at adoption only.
-                fe.resize_slots(i + 1);
-            }
-            fe.slots[i] = BackendId(value.backend_id);
+            fe.set_slot(usize::from(slot) - 1, BackendId(value.backend_id));
         }
     }
     for item in maps.backends.iter() {

@@ -347,11 +347,7 @@ impl MapReads for FakeMaps {
                 f.fallback = v.fallback;
                 f.affinity_s = v.affinity_s;
             } else {
-                let i = usize::from(*slot) - 1;
-                if f.slots.len() <= i {
-                    f.resize_slots(i + 1);
-                }
-                f.slots[i] = BackendId(v.backend_id);
+                f.set_slot(usize::from(*slot) - 1, BackendId(v.backend_id));
             }
         }
         state.backends = self.backends.iter().map(|(k, v)| (*k, *v)).collect();

@@ -40,6 +40,16 @@ impl FrontendState {
         FrontendKind::from_bits(self.flags & FRONTEND_KIND_MASK)
     }
 
+    /// Records slot `i` as naming `id`, growing the record to reach it
+    /// (the maps list a frontend's slots in no order: a reallocation per
+    /// higher slot, when reading them back).
+    pub fn set_slot(&mut self, i: usize, id: BackendId) {
+        if self.slots.len() <= i {
+            self.resize_slots(i + 1);
+        }
+        self.slots[i] = id;
+    }
+
     /// Resizes the slots to `len` (new ones missing: `BackendId(0)`). The
     /// record holds boxed slices, exactly as long as what is programmed
     /// (a `Vec` is 8 bytes more and keeps spare room: 100,000 frontends).

@@ -779,11 +779,15 @@ fn a_refused_service_port_gives_back_the_ids_it_was_handed() {
     assert_eq!(id_ending(&r, 3).get(), 3);
 }
 
+/// Empty maps; a backend goes as soon as it drained.
+fn draining_at_once() -> Reconciler<FakeMaps> {
+    Reconciler::new(FakeMaps::new(), &MapSizes::default(), Duration::ZERO).unwrap()
+}
+
 #[test]
 fn a_failed_delete_of_slots_leaves_an_exact_record_and_the_next_reconcile_repairs_it() {
     // Backends go as soon as they drained: the removed service's slots
     // and master are deleted within a few reconciles.
-    let start0 = || Reconciler::new(FakeMaps::new(), &MapSizes::default(), Duration::ZERO).unwrap();
     let now = Instant::now();
     // `web` balances with a Maglev table: its table's writes fail too.
     let mut web = service(
@@ -801,7 +805,7 @@ fn a_failed_delete_of_slots_leaves_an_exact_record_and_the_next_reconcile_repair
     let mut web = service(key("10.96.0.10", 80), active(&["10.1.0.1"]));
     web.frontends[0].maglev = true;
     let small = desired(vec![("web", web)]);
-    let mut clean = start0();
+    let mut clean = draining_at_once();
     sync_all(&mut clean, &big, now);
     let before = clean.writer().log.len();
     for _ in 0..4 {
@@ -821,7 +825,7 @@ fn a_failed_delete_of_slots_leaves_an_exact_record_and_the_next_reconcile_repair
     );
     let writes = clean.writer().log.len() - before;
     for fail_at in 0..writes {
-        let mut r = start0();
+        let mut r = draining_at_once();
         sync_all(&mut r, &big, now);
         let attempts = r.writer().attempts;
         r.writer_mut().fail_at = Some(attempts + fail_at);
@@ -869,7 +873,6 @@ fn a_backend_replaced_while_table_writes_fail_goes_only_once_no_table_names_it()
     // fails (an I/O error, not a full map), and drains meanwhile: no
     // table left in the maps may name it when it goes (the fake panics
     // if one does), and the repaired maps equal a clean run's.
-    let start0 = || Reconciler::new(FakeMaps::new(), &MapSizes::default(), Duration::ZERO).unwrap();
     let now = Instant::now();
     let maglev = |eps: &[&str]| {
         let mut web = service(key("10.96.0.10", 80), active(eps));
@@ -878,14 +881,14 @@ fn a_backend_replaced_while_table_writes_fail_goes_only_once_no_table_names_it()
     };
     let before = maglev(&["10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.4"]);
     let after = maglev(&["10.1.0.2", "10.1.0.3", "10.1.0.4", "10.1.0.5"]);
-    let mut clean = start0();
+    let mut clean = draining_at_once();
     sync_all(&mut clean, &before, now);
     for _ in 0..4 {
         // A scan finds no flow: the backend that went may go.
         clean.scan_conntrack(now).unwrap();
         sync_all(&mut clean, &after, now);
     }
-    let mut r = start0();
+    let mut r = draining_at_once();
     sync_all(&mut r, &before, now);
     r.writer_mut().fail_tables = true;
     for _ in 0..4 {
