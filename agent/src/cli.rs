@@ -159,6 +159,19 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_XDP_DEVICES", value_delimiter = ',')]
     pub xdp_devices: Vec<String>,
 
+    /// The devices that face this node's pods (their host-side veths or
+    /// their bridge), among those `--devices` matches: names or globs,
+    /// comma separated. With `--socket-lb=all` their egress runs
+    /// `sl_egress_pod`, which lets packets towards the pods pass without a
+    /// look while every pod's socket is balanced at `connect()` (no reply
+    /// towards a pod needs reverse NAT then). Name them only if every
+    /// pod's processes are under `--cgroup-root`, and never an uplink or a
+    /// tunnel. Default: with `--cgroup-root` the cgroup2 root, the pods'
+    /// devices of `--detect-local-mode InterfaceNamePrefix` (`<prefix>*`)
+    /// or `BridgeInterface` (the bridge), else none.
+    #[arg(long, env = "SLUICE_POD_DEVICES", value_delimiter = ',')]
+    pub pod_devices: Vec<String>,
+
     #[command(flatten)]
     pub bpf: BpfRootArg,
 

@@ -16,7 +16,9 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::{
-    datapath::{attached_devices, detach_device, detach_xdp, xdp_devices, Datapath, XdpMode},
+    datapath::{
+        attached_devices, detach_device, detach_xdp, xdp_devices, Datapath, Facing, XdpMode,
+    },
     metrics::{Metrics, ModeLabel},
     netdev,
     translate::LocalDetector,
@@ -25,6 +27,9 @@ use crate::{
 pub struct Devices {
     datapath: Datapath,
     patterns: Vec<String>,
+    /// The pods' devices (`--pod-devices`), given only when the socket
+    /// programs serve every pod: their egress runs `sl_egress_pod`.
+    pod_patterns: Vec<String>,
     /// Attached device name -> ifindex at attach time.
     attached: BTreeMap<String, u32>,
     failing: BTreeMap<String, String>,
@@ -116,11 +121,28 @@ impl Devices {
         Self {
             datapath,
             patterns,
+            pod_patterns: Vec::new(),
             attached: BTreeMap::new(),
             failing: BTreeMap::new(),
             local: None,
             links_failing: false,
             xdp: None,
+        }
+    }
+
+    /// Runs `sl_egress_pod` at the egress of the devices `patterns` match
+    /// (the pods'; see `--pod-devices`).
+    pub fn with_pod_devices(mut self, patterns: Vec<String>) -> Self {
+        self.pod_patterns = patterns;
+        self
+    }
+
+    /// What `name` faces, by `--pod-devices`.
+    fn facing(&self, name: &str) -> Facing {
+        if self.pod_patterns.iter().any(|p| netdev::glob(p, name)) {
+            Facing::Pods
+        } else {
+            Facing::Any
         }
     }
 
@@ -234,9 +256,10 @@ impl Devices {
             if !self.wanted(name) || self.attached.get(name) == Some(index) {
                 continue;
             }
-            match self.datapath.attach(name) {
+            let facing = self.facing(name);
+            match self.datapath.attach_facing(name, facing) {
                 Ok(how) => {
-                    info!(device = %name, ?how, "attached");
+                    info!(device = %name, ?how, ?facing, "attached");
                     self.attached.insert(name.clone(), *index);
                     self.failing.remove(name);
                 }

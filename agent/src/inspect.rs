@@ -544,7 +544,11 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         state.frontends.len(),
         state.backends.len()
     );
-    println!("socket lb: {socket_lb}");
+    if config.flags() & sluice_common::config::CFG_F_PODS_ON_SOCKETS != 0 {
+        println!("socket lb: {socket_lb} (every pod's flow is the sockets': the pods' devices pass replies without a look)");
+    } else {
+        println!("socket lb: {socket_lb}");
+    }
     let line: Vec<String> = counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!("datapath:  {}", line.join(" "));
     if events_on {

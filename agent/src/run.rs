@@ -118,6 +118,52 @@ fn local_detector(args: &AgentArgs) -> Result<LocalDetector> {
     }
 }
 
+/// The pods' devices whose egress runs `sl_egress_pod` (`--pod-devices`,
+/// or the pods' devices of interface-based local-traffic detection): none
+/// unless the socket programs serve every pod (`--socket-lb=all`; for
+/// devices not named, also on the cgroup2 mount's root).
+fn pod_devices(
+    args: &AgentArgs,
+    local: &LocalDetector,
+    cgroup: Option<&std::path::Path>,
+) -> Vec<String> {
+    let mut patterns: Vec<String> = args
+        .pod_devices
+        .iter()
+        .map(|p| p.trim())
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect();
+    // Named by the operator: its pods' processes are under --cgroup-root.
+    let named = !patterns.is_empty();
+    if patterns.is_empty() {
+        match local {
+            LocalDetector::InterfaceNamePrefix(prefix) => patterns.push(format!("{prefix}*")),
+            LocalDetector::BridgeInterface(bridge) => patterns.push(bridge.clone()),
+            _ => {}
+        }
+    }
+    if patterns.is_empty() {
+        return patterns;
+    }
+    let whole_node = match cgroup {
+        Some(path) => crate::datapath::cgroup2_mount().is_some_and(|root| {
+            let same = std::fs::canonicalize(path).ok();
+            same.is_some() && same == std::fs::canonicalize(root).ok()
+        }),
+        None => false,
+    };
+    if args.socket_lb.mode != SocketLb::All || !(named || whole_node) {
+        info!(
+            devices = ?patterns,
+            "pods' devices keep sl_egress: the socket programs do not serve every pod (--socket-lb=all, on the cgroup2 root unless --pod-devices names them)"
+        );
+        return Vec::new();
+    }
+    info!(devices = ?patterns, "pods' devices run sl_egress_pod");
+    patterns
+}
+
 /// A parent may have left SIGTERM/SIGINT blocked; the agent must see them.
 fn unblock_termination_signals() {
     // SAFETY: plain signal-mask manipulation on the calling thread, done
@@ -251,8 +297,12 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
             .with_context(|| format!("attaching socket-level balancing to {}", cgroup.display()))?;
         info!(cgroup = %cgroup.display(), mode = socket_lb.name(), "socket-level balancing attached");
     }
+    let pod_devices = pod_devices(&args, &local, cgroup.as_deref());
+    reconciler
+        .allow_pods_on_sockets(!pod_devices.is_empty())
+        .context("writing the pods' socket-balancing bit")?;
     let (ifaces_tx, ifaces_rx) = watch::channel(BTreeSet::new());
-    let mut devices = Devices::new(datapath, args.devices.clone());
+    let mut devices = Devices::new(datapath, args.devices.clone()).with_pod_devices(pod_devices);
     if local.by_interface() {
         devices = devices.with_local_interfaces(local.clone(), ifaces_tx);
     }

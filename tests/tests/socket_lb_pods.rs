@@ -737,9 +737,25 @@ fn a_udp_flow_that_began_on_the_tc_path_keeps_its_backend() -> Result<()> {
         "the flows are not on the TC path"
     );
 
-    agent.replace(&topo.node, &bin, &[("SLUICE_SOCKET_LB", "all")])?;
+    // The pods' devices run `sl_egress_pod` now, which must keep turning
+    // these flows' replies back: the bit stays clear while they live.
+    agent.replace(
+        &topo.node,
+        &bin,
+        &[
+            ("SLUICE_SOCKET_LB", "all"),
+            ("SLUICE_POD_DEVICES", "c*,b*"),
+            ("SLUICE_CONNTRACK_GC_INTERVAL", "200ms"),
+        ],
+    )?;
     agent.wait_ready(Duration::from_secs(20))?;
     ensure!(agent.cli(&["status"])?.contains("socket lb: all"));
+    ensure!(tcx_program(&topo, "c0", sluice_tests::bpf::BPF_TCX_EGRESS)? == "sl_egress_pod");
+    // A scan has seen the flows (the gauge is set by scans only).
+    agent.wait_until("a conntrack scan", Duration::from_secs(10), |a| {
+        Ok(a.metric("sluice_conntrack_entries")? >= 12.0)
+    })?;
+    ensure!(!pods_bit(&topo)?, "set while flows of the TC path live");
     let left = maps()?.stat(Stat::SockLeftToTc)?;
     for (c, backend) in &mut flows {
         for _ in 0..2 {
@@ -765,5 +781,141 @@ fn a_udp_flow_that_began_on_the_tc_path_keeps_its_backend() -> Result<()> {
         maps()?.stat(Stat::SockPodConnect)? > picks,
         "new socket not balanced"
     );
+    ensure!(!pods_bit(&topo)?, "set while flows of the TC path live");
+    Ok(())
+}
+
+/// The name of the program on `device`'s TCX hook `attach_type` (one link).
+fn tcx_program(topo: &Topology, device: &str, attach_type: u32) -> Result<String> {
+    let links = sluice_tests::bpf::tcx_links(&topo.node, device, attach_type)?;
+    ensure!(links.len() == 1, "{device}: links {links:?}");
+    let programs = sluice_tests::bpf::programs()?;
+    Ok(programs
+        .get(&links[0].1)
+        .map(|(name, _)| name.clone())
+        .unwrap_or_default())
+}
+
+fn pods_bit(topo: &Topology) -> Result<bool> {
+    let flags = Maps::open_pinned(topo.bpf.path())?.config()?.flags();
+    Ok(flags & sluice_common::config::CFG_F_PODS_ON_SOCKETS != 0)
+}
+
+/// With `--pod-devices`, the pods' devices run `sl_egress_pod` at egress,
+/// which lets packets towards pods pass without a look once every pod's
+/// flow is the sockets' (`CFG_F_PODS_ON_SOCKETS`). Pods still reach
+/// services through their sockets; an outside client reaches a node port
+/// whose backend is a local pod (the reply turned back at the uplink's
+/// `sl_egress`); a frontend the sockets leave to the TC path for pods
+/// (source ranges) clears the bit before it is written, and a pod then
+/// reaches it through the TC path, its replies turned back at its device.
+#[test]
+fn pod_devices_pass_replies_while_every_pod_flow_is_the_sockets() -> Result<()> {
+    use sluice_tests::bpf::{BPF_TCX_EGRESS, BPF_TCX_INGRESS};
+    let mut topo = Topology::new(1, 2)?;
+    topo.add_external()?;
+    let _servers = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let b = |k: usize| -> IpAddr { topo.backends[k].ip.into() };
+    let dir = ManifestDir::create()?;
+    dir.write("node.yaml", &node_yaml(&topo))?;
+    let tcp = (80, 8080, None);
+    dir.write(
+        "web.yaml",
+        &service(
+            "web",
+            &["10.96.5.1"],
+            "",
+            "",
+            "TCP",
+            tcp,
+            &[(b(0), "node-1", READY), (b(1), "node-1", READY)],
+        ),
+    )?;
+    dir.write(
+        "np.yaml",
+        &service(
+            "np",
+            &["10.96.5.2"],
+            "  type: NodePort\n  externalTrafficPolicy: Local\n",
+            "",
+            "TCP",
+            (80, 8080, Some(30121)),
+            &[(b(0), "node-1", READY)],
+        ),
+    )?;
+    let mut agent = Agent::start(
+        &topo,
+        &format!("dir:{}", dir.path().display()),
+        &["--pod-devices", "c*,b*", "--conntrack-gc-interval", "200ms"],
+    )?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    for dev in ["c0", "b0", "b1"] {
+        ensure!(tcx_program(&topo, dev, BPF_TCX_EGRESS)? == "sl_egress_pod");
+        ensure!(tcx_program(&topo, dev, BPF_TCX_INGRESS)? == "sl_ingress");
+    }
+    ensure!(tcx_program(&topo, "e0", BPF_TCX_EGRESS)? == "sl_egress");
+    agent.wait_until("the pods' bit", Duration::from_secs(10), |_| {
+        pods_bit(&topo)
+    })?;
+    ensure!(agent
+        .cli(&["status"])?
+        .contains("pass replies without a look"));
+
+    let client = &topo.clients[0];
+    let maps = || Maps::open_pinned(topo.bpf.path());
+    let seen = backends_reached(&topo, client, "10.96.5.1", 80, "10.96.5.1:80", 12)?;
+    ensure!(seen.len() == 2, "{seen:?}");
+    ensure!(conntrack_of(&maps()?, client.ip.into()) == 0);
+    // An outside client: DNAT at e0's ingress, the reply from b0 turned
+    // back at e0's egress (a connection needs the SYN-ACK from the node).
+    let ext = &topo.externals[0];
+    let np = std::net::SocketAddrV4::new(topo.node_address(0), 30121);
+    for _ in 0..3 {
+        ensure!(sluice_tests::clients::tcp_hello(&ext.ns, np)? == "backend-0");
+    }
+
+    // Source ranges: the sockets leave it to the TC path for pods. Policy
+    // Local, so not SNATed: the reply is turned back at c0's egress.
+    dir.write(
+        "lb.yaml",
+        &service(
+            "lb",
+            &["10.96.5.3"],
+            "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  loadBalancerSourceRanges: [\"10.10.0.0/16\"]\n",
+            "status:\n  loadBalancer:\n    ingress:\n    - ip: 203.0.113.9\n",
+            "TCP",
+            tcp,
+            &[(b(1), "node-1", READY)],
+        ),
+    )?;
+    let master = sluice_common::Svc4Key::new([203, 0, 113, 9], 80, IPPROTO_TCP, 0);
+    agent.wait_until(
+        "the source-ranged frontend",
+        Duration::from_secs(10),
+        |_| {
+            let programmed = maps()?.services_v4.get(&master, 0).is_ok();
+            // Never written while the bit is set.
+            ensure!(
+                !(programmed && pods_bit(&topo)?),
+                "frontend written with the bit set"
+            );
+            Ok(programmed)
+        },
+    )?;
+    let left = maps()?.stat(Stat::SockLeftToTc)?;
+    let out = HostClient::once_in(&topo, &client.ns, "tcp", "203.0.113.9", 80)?;
+    ensure!(out == ["ok", "backend-1", "203.0.113.9:80"], "{out:?}");
+    ensure!(
+        maps()?.stat(Stat::SockLeftToTc)? > left,
+        "not left to the TC path"
+    );
+    ensure!(!pods_bit(&topo)?);
+    // Other services still go through the sockets meanwhile.
+    let seen = backends_reached(&topo, client, "10.96.5.1", 80, "10.96.5.1:80", 6)?;
+    ensure!(!seen.is_empty());
     Ok(())
 }

@@ -17,7 +17,7 @@ use super::CleanupError;
 use crate::{
     datapath::{
         bpf::{self, LinkInfo, LinkTarget, ProgInfo},
-        Hook, CGROUP_PROGRAMS,
+        CGROUP_PROGRAMS, TC_PROGRAMS,
     },
     netdev,
 };
@@ -32,7 +32,7 @@ pub struct Stray {
 /// Whether `name` is one of sluice's programs of the kind `target` is.
 pub fn is_sluice_program(target: &LinkTarget, name: &str) -> bool {
     match target {
-        LinkTarget::Tcx { .. } => Hook::ALL.iter().any(|h| h.program() == name),
+        LinkTarget::Tcx { .. } => TC_PROGRAMS.contains(&name),
         LinkTarget::Cgroup { .. } => CGROUP_PROGRAMS.contains(&name),
         LinkTarget::Xdp { .. } => name == crate::datapath::XDP_PROGRAM,
         LinkTarget::Other { .. } => false,
@@ -122,6 +122,7 @@ mod tests {
         };
         assert!(is_sluice_program(&tcx, "sl_ingress"));
         assert!(is_sluice_program(&tcx, "sl_egress"));
+        assert!(is_sluice_program(&tcx, "sl_egress_pod"));
         assert!(!is_sluice_program(&tcx, "sl_connect4"), "not a TC program");
         assert!(!is_sluice_program(&tcx, "cil_from_container"));
         assert!(is_sluice_program(&cgroup, "sl_connect4"));

@@ -32,8 +32,33 @@ pub enum Hook {
     Egress,
 }
 
+/// The egress program of the pods' devices (`--pod-devices`): `sl_egress`
+/// that lets every packet pass while the socket programs serve every pod
+/// (`CFG_F_PODS_ON_SOCKETS`).
+pub const EGRESS_POD_PROGRAM: &str = "sl_egress_pod";
+
+/// Every program a TCX link of sluice's may run.
+pub const TC_PROGRAMS: [&str; 3] = ["sl_ingress", "sl_egress", EGRESS_POD_PROGRAM];
+
+/// What a device faces, which decides its egress program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Facing {
+    /// Anything (an uplink, a tunnel, a device not named a pod's).
+    Any,
+    /// This node's pods only (`--pod-devices`): `sl_egress_pod`.
+    Pods,
+}
+
 impl Hook {
     pub const ALL: [Hook; 2] = [Hook::Ingress, Hook::Egress];
+
+    /// The program this hook runs on a device that faces `facing`.
+    pub const fn program_for(self, facing: Facing) -> &'static str {
+        match (self, facing) {
+            (Hook::Egress, Facing::Pods) => EGRESS_POD_PROGRAM,
+            _ => self.program(),
+        }
+    }
 
     pub const fn program(self) -> &'static str {
         match self {
@@ -93,13 +118,22 @@ impl Datapath {
     /// Attaches both programs to `device` (in the caller's network
     /// namespace), replacing the programs of existing pinned links in place.
     pub fn attach(&mut self, device: &str) -> Result<Attached, DatapathError> {
+        self.attach_facing(device, Facing::Any)
+    }
+
+    /// `attach`, with the egress program of a device that faces `facing`.
+    pub fn attach_facing(
+        &mut self,
+        device: &str,
+        facing: Facing,
+    ) -> Result<Attached, DatapathError> {
         if !device_exists(device) {
             return Err(DatapathError::NoDevice(device.to_owned()));
         }
         let mut outcome = Attached::Replaced;
         for hook in Hook::ALL {
             let pin = pin_path(&self.root, device, hook);
-            let name = hook.program();
+            let name = hook.program_for(facing);
             let program: &mut SchedClassifier = self
                 .ebpf
                 .program_mut(name)

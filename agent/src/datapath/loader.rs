@@ -17,7 +17,7 @@ use sluice_common::{abi::MAPS, maps as names};
 
 use super::{
     layout,
-    links::Hook,
+    links::TC_PROGRAMS,
     log::{LogLevel, Logger},
     migrate::Migration,
     DatapathError, Maps, BPF_OBJECT, LINKS_DIR,
@@ -89,8 +89,7 @@ impl Datapath {
                 .map_pin_path(decl.name, migration.pin_path(decl.name));
         }
         let mut ebpf = loader.load(BPF_OBJECT)?;
-        for hook in Hook::ALL {
-            let name = hook.program();
+        for name in TC_PROGRAMS {
             let program: &mut SchedClassifier = ebpf
                 .program_mut(name)
                 .ok_or(DatapathError::MissingProgram(name))?

@@ -216,6 +216,9 @@ impl Migration {
                 ("_ingress", names::HANDOVER_INGRESS),
                 ("_egress", names::HANDOVER_EGRESS),
             ] {
+                // A pod device's `sl_egress_pod` may pass replies untouched
+                // (`CFG_F_PODS_ON_SOCKETS`): the handover takes a program
+                // that never does.
                 let prog = pins.iter().find_map(|pin| {
                     let name = pin.file_name()?.to_str()?;
                     if !name.ends_with(suffix) {
@@ -223,6 +226,10 @@ impl Migration {
                     }
                     let link = super::bpf::obj_get(pin).ok()?;
                     let info = super::bpf::link_info(link.as_fd()).ok()?;
+                    let prog = super::bpf::prog_info(info.prog_id).ok()?;
+                    if prog.name == super::links::EGRESS_POD_PROGRAM {
+                        return None;
+                    }
                     sys::prog_by_id(info.prog_id).ok()
                 });
                 if let Some(prog) = prog {

@@ -18,6 +18,7 @@ mod frontend;
 mod ids;
 pub mod maglev;
 mod plan;
+pub mod pods;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -45,9 +46,11 @@ use crate::{
 };
 use filters::Filters;
 use ids::Ids;
+use pods::PodFlows;
 use sluice_common::{
+    config::CFG_F_PODS_ON_SOCKETS,
     maps::{self as names, MAX_SLOTS, SVCNET_CIDR, SVCNET_CLUSTER_IP},
-    Backend, Config, SvcnetSummary4, ABI_VERSION,
+    Backend, Config, Ct4Key, Ct6Key, SvcnetSummary4, ABI_VERSION,
 };
 use units::Units;
 
@@ -169,6 +172,11 @@ pub struct Reconciler<W = MapWriter> {
     nets_left_out: usize,
     /// What the loaded programs' filters hold.
     filters: Filters,
+    /// Programmed frontends the socket programs leave to the TC path for
+    /// pods (`pods::left_to_tc`).
+    left_to_tc: usize,
+    /// `CFG_F_PODS_ON_SOCKETS` as written (see `pods.rs`).
+    pods: PodFlows<Ct4Key, Ct6Key>,
 }
 
 /// Service-map entries per address family (`sl_svc4`, `sl_svc6`).
@@ -250,7 +258,9 @@ fn random_seed() -> u32 {
 const COMPACT_AFTER: usize = 4096;
 
 /// The bits of `Config::flags` that belong to socket-level balancing.
-const CFG_SOCK_MASK: u32 = 0x0000_ff00;
+/// The socket-balancing bits `set_socket_lb` writes (`CFG_F_PODS_ON_SOCKETS`
+/// is `pods.rs`'s).
+const CFG_SOCK_MASK: u32 = 0x0000_ff00 & !CFG_F_PODS_ON_SOCKETS;
 
 impl<W: MapWrites> Reconciler<W> {
     /// Adopts what the maps hold now and makes sure the config entry is set.
@@ -312,6 +322,8 @@ impl<W: MapWrites> Reconciler<W> {
             nets_synced: None,
             nets_left_out: 0,
             filters: Filters::new(),
+            left_to_tc: 0,
+            pods: PodFlows::new(),
         };
         // Each unit's backends indexed at once (one slice per unit).
         r.units.index_backends(
@@ -358,6 +370,47 @@ impl<W: MapWrites> Reconciler<W> {
                 path: sluice_common::maps::CONFIG.into(),
                 source: std::io::Error::other(e),
             })
+    }
+
+    /// Whether `CFG_F_PODS_ON_SOCKETS` may be set: the socket programs serve
+    /// every pod of the node and some device is a pod's (`pods.rs`). A bit
+    /// set that may not be (or while a frontend is left to the TC path) is
+    /// cleared now; else the conntrack scans set it when they may.
+    pub fn allow_pods_on_sockets(&mut self, allowed: bool) -> Result<(), DatapathError> {
+        let set = self.writer.config()?.flags() & CFG_F_PODS_ON_SOCKETS != 0;
+        let action = self.pods.start(allowed, set, self.left_to_tc);
+        self.write_pods_bit(action).map_err(|e| DatapathError::Io {
+            path: sluice_common::maps::CONFIG.into(),
+            source: std::io::Error::other(e),
+        })
+    }
+
+    /// Whether `CFG_F_PODS_ON_SOCKETS` is set.
+    pub fn pods_on_sockets(&self) -> bool {
+        self.pods.is_set()
+    }
+
+    /// Writes `CFG_F_PODS_ON_SOCKETS` as `action` says, and records it.
+    fn write_pods_bit(&mut self, action: pods::Action) -> Result<(), WriteError> {
+        let bits = match action {
+            pods::Action::None => return Ok(()),
+            pods::Action::Set => CFG_F_PODS_ON_SOCKETS,
+            pods::Action::Clear => 0,
+        };
+        let mut config = self.writer.config().map_err(|e| WriteError::Map {
+            map: names::CONFIG,
+            source: aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_lookup_elem",
+                io_error: std::io::Error::other(e),
+            }),
+        })?;
+        config.set_flags((config.flags() & !CFG_F_PODS_ON_SOCKETS) | bits);
+        self.writer.write_config(&config)?;
+        self.pods.written(action);
+        if action == pods::Action::Clear {
+            info!("the pods' devices look at replies again: a frontend is left to the TC path for pods, or pods' sockets are not all balanced");
+        }
+        Ok(())
     }
 
     /// Sets the bits of `Config::flags` under `mask` to `bits` (written only
@@ -437,6 +490,9 @@ impl<W: MapWrites> Reconciler<W> {
 
     fn take_frontend(&mut self, key: &FrontendKey) -> Option<FrontendState> {
         let old = self.programmed.frontends.remove(key)?;
+        if pods::left_to_tc(key, old.flags) {
+            self.left_to_tc = self.left_to_tc.saturating_sub(1);
+        }
         self.service_entries.sub(key, 1 + old.slots.len());
         if !old.maglev.is_empty() {
             self.maglev_tables.sub(key, 1);
@@ -452,6 +508,9 @@ impl<W: MapWrites> Reconciler<W> {
             self.maglev_tables.add(&key, 1);
         }
         self.units.add_frontend(fe.svc_id, key);
+        if pods::left_to_tc(&key, fe.flags) {
+            self.left_to_tc += 1;
+        }
         self.programmed.frontends.insert(key, fe);
     }
 
@@ -1052,6 +1111,14 @@ impl<W: MapWrites> Reconciler<W> {
                 debug!(frontend = %key, backend = %missing, "frontend waits: its backend is not written");
                 continue;
             }
+            // The pods' egress looks at replies again before a pod's flow
+            // can be the TC path's.
+            if pods::left_to_tc(key, want.flags) && self.pods.must_clear() {
+                if let Err(e) = self.write_pods_bit(pods::Action::Clear) {
+                    report.errors.push(e);
+                    continue;
+                }
+            }
             let mut current = self.take_frontend(key).unwrap_or_default();
             if let Err(e) = frontend::sync(&mut self.writer, key, &mut current, want) {
                 report.errors.push(e);
@@ -1162,8 +1229,10 @@ impl<W: MapWrites> Reconciler<W> {
     fn scan_conntrack_inner(&mut self, now: Instant) -> Result<ScanReport, DatapathError> {
         let now_ns = conntrack::monotonic_ns();
         let backends = &self.programmed.backends;
-        let scan4 = conntrack::scan(&self.writer.conntrack4()?, backends, now_ns);
-        let scan6 = conntrack::scan(&self.writer.conntrack6()?, backends, now_ns);
+        let ct4 = self.writer.conntrack4()?;
+        let ct6 = self.writer.conntrack6()?;
+        let scan4 = conntrack::scan(&ct4, backends, now_ns);
+        let scan6 = conntrack::scan(&ct6, backends, now_ns);
         let mut report = ScanReport {
             entries: scan4.entries + scan6.entries,
             entries_v4: scan4.entries,
@@ -1213,6 +1282,20 @@ impl<W: MapWrites> Reconciler<W> {
                 Ok(()) => report.deleted += 1,
                 Err(e) => report.errors.push(e),
             }
+        }
+        let action = self.pods.step(self.left_to_tc, &ct4, &ct6);
+        match self.write_pods_bit(action) {
+            Ok(()) if action == pods::Action::Set => {
+                info!("every pod's flows are the socket programs': the pods' devices pass replies without a look");
+            }
+            Ok(()) if self.pods.awaited() > 0 => {
+                debug!(
+                    flows = self.pods.awaited(),
+                    "the pods' devices look at replies until these flows of the TC path end"
+                );
+            }
+            Ok(()) => {}
+            Err(e) => report.errors.push(e),
         }
         self.drain.record_scan(FlowCounts {
             started: now,

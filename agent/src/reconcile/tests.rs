@@ -903,3 +903,74 @@ fn a_backend_replaced_while_table_writes_fail_goes_only_once_no_table_names_it()
     assert_eq!(r.writer().canonical(), clean.writer().canonical());
     assert_eq!(r.writer().backends.len(), 4, "the replaced backend went");
 }
+
+fn pods_bit(r: &Reconciler<FakeMaps>) -> bool {
+    r.writer().config.flags() & sluice_common::config::CFG_F_PODS_ON_SOCKETS != 0
+}
+
+#[test]
+fn the_pods_bit_waits_for_tc_flows_and_clears_before_a_frontend_left_to_tc() {
+    let mut r = start(FakeMaps::new());
+    let now = Instant::now();
+    let web = desired(vec![(
+        "web",
+        service(key("10.96.0.10", 80), active(&["10.1.0.1"])),
+    )]);
+    sync_all(&mut r, &web, now);
+    r.allow_pods_on_sockets(true).unwrap();
+    // A flow of the TC path, begun before: the bit waits for it.
+    let backend_id = r.programmed().backends.iter().next().unwrap().0.get();
+    let flow = CtEntry {
+        last_seen_ns: crate::conntrack::monotonic_ns(),
+        backend_id,
+        svc_id: r.programmed().frontends[&key("10.96.0.10", 80)]
+            .svc_id
+            .get(),
+        kind: CtKind::Forward as u8,
+        ..CtEntry::default()
+    };
+    let ct_key = sluice_common::Ct4Key {
+        proto: IPPROTO_TCP,
+        sport: 40000,
+        ..Default::default()
+    };
+    r.writer_mut().conntrack4.push((ct_key, flow));
+    r.scan_conntrack(now).unwrap();
+    assert!(!pods_bit(&r), "set while a flow of the TC path lives");
+    r.writer_mut().conntrack4.clear();
+    r.scan_conntrack(now).unwrap();
+    assert!(pods_bit(&r) && r.pods_on_sockets());
+
+    // An SCTP service: the bit is cleared before its master is written.
+    let mut both = web.clone();
+    let sctp = FrontendKey::new("10.96.0.11".parse().unwrap(), 80, Proto::Sctp);
+    both.services.insert(
+        ServicePortName::new("default", "sig", "sctp", Proto::Sctp),
+        service(sctp, active(&["10.1.0.2"])),
+    );
+    r.writer_mut().log.clear();
+    sync_all(&mut r, &both, now);
+    assert!(!pods_bit(&r));
+    let log = &r.writer().log;
+    let config = position(log, |w| *w == Write::Config);
+    let master = position(log, is_master);
+    assert_eq!(config.len(), 1, "{log:?}");
+    assert!(config[0] < master[0], "cleared before the master: {log:?}");
+    // While it is programmed, scans leave the bit clear.
+    r.scan_conntrack(now).unwrap();
+    assert!(!pods_bit(&r));
+    // Removed, it drains (its frontend stays for the flows it has): the
+    // bit stays clear; gone, the next scan sets it (no flow to wait for).
+    sync_all(&mut r, &web, now);
+    r.scan_conntrack(now).unwrap();
+    assert!(!pods_bit(&r));
+    sync_all(&mut r, &web, now + DRAIN);
+    assert_eq!(r.left_to_tc, 0);
+    r.scan_conntrack(now + DRAIN).unwrap();
+    assert!(pods_bit(&r));
+    // Not allowed any more (another --socket-lb): cleared at once.
+    r.allow_pods_on_sockets(false).unwrap();
+    assert!(!pods_bit(&r));
+    r.scan_conntrack(now).unwrap();
+    assert!(!pods_bit(&r));
+}

@@ -59,6 +59,18 @@ pub const CFG_F_SOCK_PODS: u32 = 1 << 8;
 /// Without it a pod gets the external scope, as on the TC path.
 pub const CFG_F_SOCK_PODS_LOCAL: u32 = 1 << 9;
 
+/// Every pod's TCP and UDP sockets are balanced at `connect()`/`sendmsg()`
+/// (`--socket-lb=all` over the whole node), no frontend is left to the TC
+/// path for pods (SCTP, `loadBalancerSourceRanges`) and no flow the TC
+/// path tracked before is still alive: a packet leaving towards a pod
+/// carries no reply that needs reverse NAT. `sl_egress_pod`, the egress
+/// program of the pods' devices (`--pod-devices`), then lets it pass at
+/// once. The agent clears the bit before it writes a frontend the TC path
+/// serves for pods, and sets it only when the conntrack entries that
+/// existed while it was clear have gone. Without it (0.1.0 never sets
+/// it), `sl_egress_pod` does what `sl_egress` does.
+pub const CFG_F_PODS_ON_SOCKETS: u32 = 1 << 10;
+
 /// Default SNAT port range.
 pub const SNAT_PORT_MIN: u16 = 61_000;
 pub const SNAT_PORT_MAX: u16 = 65_535;

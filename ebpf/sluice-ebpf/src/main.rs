@@ -10,6 +10,8 @@
 //!   its destination is rewritten (DNAT) before the kernel routes it.
 //! - `sl_egress` sees packets leaving the node towards a client. A reply
 //!   from a backend gets the frontend address back as its source.
+//!   `sl_egress_pod`, on the pods' devices, lets every packet pass at once
+//!   while the socket programs serve every pod (`CFG_F_PODS_ON_SOCKETS`).
 //!
 //! - `sl_xdp` (XDP, on the external devices `--xdp-devices`) balances
 //!   north-south IPv4 and IPv6 traffic to NodePorts, load-balancer IPs and external
@@ -93,15 +95,33 @@ pub fn sl_ingress(ctx: TcContext) -> i32 {
 
 #[classifier]
 pub fn sl_egress(ctx: TcContext) -> i32 {
-    if flow::ether_type(&ctx) == Some(ETH_P_IPV6) {
-        return jump(&ctx, PROG_EGRESS6);
+    egress(&ctx)
+}
+
+/// The egress program of the pods' devices (`--pod-devices`): while every
+/// pod's socket is balanced at `connect()` and the TC path tracks no flow
+/// of a pod (`CFG_F_PODS_ON_SOCKETS`), nothing leaving towards a pod needs
+/// reverse NAT, and the packet passes without a look; otherwise it is
+/// `sl_egress`.
+#[classifier]
+pub fn sl_egress_pod(ctx: TcContext) -> i32 {
+    if maps::pods_on_sockets() {
+        return Verdict::Next.code();
+    }
+    egress(&ctx)
+}
+
+#[inline(always)]
+fn egress(ctx: &TcContext) -> i32 {
+    if flow::ether_type(ctx) == Some(ETH_P_IPV6) {
+        return jump(ctx, PROG_EGRESS6);
     }
     let sctp = sctp::ports(ctx.skb.skb);
-    let code = match egress::handle(&ctx) {
-        Ok(Verdict::HandOver) => hand_over(&ctx, HANDOVER_EGRESS),
+    let code = match egress::handle(ctx) {
+        Ok(Verdict::HandOver) => hand_over(ctx, HANDOVER_EGRESS),
         other => settle(other).code(),
     };
-    sctp::defer(&ctx, sctp, code, PROG_EGRESS6)
+    sctp::defer(ctx, sctp, code, PROG_EGRESS6)
 }
 
 /// Entered only by tail call from `sl_ingress` (never attached): an IPv6

@@ -11,6 +11,7 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use sluice_common::{
+    config::CFG_F_PODS_ON_SOCKETS,
     events::EVENTS_RING_BYTES,
     filter, maps as names,
     maps::{
@@ -366,6 +367,16 @@ pub fn backend(id: u32) -> Option<&'static Backend> {
 pub fn config() -> Config {
     // SAFETY: array slot 0 always exists; copied at once.
     CONFIG.get_ptr(0).map(|p| unsafe { *p }).unwrap_or_default()
+}
+
+/// Whether every pod's flows are the socket programs' (see
+/// `CFG_F_PODS_ON_SOCKETS`): one array slot, one bit.
+#[inline(always)]
+pub fn pods_on_sockets() -> bool {
+    // SAFETY: array slot 0 always exists; one field read at once.
+    CONFIG
+        .get_ptr(0)
+        .is_some_and(|p| unsafe { (*p).flags() } & CFG_F_PODS_ON_SOCKETS != 0)
 }
 
 /// Whether `client` is within the source ranges of service port `svc_id`.

@@ -21,7 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use sluice::datapath::MapSizes;
 
 use super::{
@@ -240,7 +240,9 @@ impl Env {
 
     /// Loads sluice's programs (fresh maps) and attaches them; for
     /// `sluice-sock` also the socket programs, to the topology's cgroup,
-    /// for every network namespace (`--socket-lb=all`).
+    /// for every network namespace (`--socket-lb=all`), with every device
+    /// a pod's (`--pod-devices`: `sl_egress_pod` at their egress, the
+    /// pods' bit set as the agent's first conntrack scan sets it).
     pub fn load_sluice(&mut self, sizes: MapSizes) -> Result<&mut Lb> {
         let mut lb = Lb::load_with(&self.topo, sizes, Duration::from_secs(60))?;
         if self.variant == Variant::SluiceSock {
@@ -248,6 +250,17 @@ impl Env {
             lb.reconciler
                 .set_socket_lb(cookie, sluice_common::config::CFG_F_SOCK_PODS)?;
             lb.datapath.attach_cgroup(self.topo.cgroup.path())?;
+            let devices = self.topo.devices();
+            let datapath = &mut lb.datapath;
+            self.topo.node.run(|| -> Result<()> {
+                for dev in &devices {
+                    datapath.attach_facing(dev, sluice::datapath::Facing::Pods)?;
+                }
+                Ok(())
+            })??;
+            lb.reconciler.allow_pods_on_sockets(true)?;
+            lb.reconciler.scan_conntrack(std::time::Instant::now())?;
+            ensure!(lb.reconciler.pods_on_sockets(), "the pods' bit is not set");
         }
         Ok(self.lb.insert(lb))
     }

@@ -256,7 +256,7 @@ fn test_run(id: u64, frame: &Path) -> Result<f64> {
     ns.with_context(|| format!("bpftool prog run id {id}: {}", text.trim()))
 }
 
-/// `sl_ingress` and `sl_egress` of `env` timed alone on a TCP packet from
+/// `sl_ingress` and `sl_egress` (or `sl_egress_pod`) of `env` timed alone on a TCP packet from
 /// the client pod to a backend pod (not a service address): the
 /// non-service path.
 pub fn isolated(env: &Env) -> Result<Vec<ProgCost>> {
@@ -270,7 +270,7 @@ pub fn isolated(env: &Env) -> Result<Vec<ProgCost>> {
     )?;
     let mut out = Vec::new();
     for (id, name) in &ids {
-        if !["sl_ingress", "sl_egress", FLOOR].contains(&name.as_str()) {
+        if !["sl_ingress", "sl_egress", "sl_egress_pod", FLOOR].contains(&name.as_str()) {
             continue;
         }
         out.push(ProgCost {
