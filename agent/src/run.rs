@@ -164,6 +164,20 @@ fn pod_devices(
     patterns
 }
 
+/// Whether every pinned link of a device `patterns` match runs
+/// `sl_egress_pod` at egress (and there is one).
+fn pod_egress_kept(root: &std::path::Path, patterns: &[String]) -> bool {
+    let mut pods = crate::datapath::attached_devices(root)
+        .into_iter()
+        .filter(|d| patterns.iter().any(|p| crate::netdev::glob(p, d)))
+        .peekable();
+    pods.peek().is_some()
+        && pods.all(|d| {
+            crate::datapath::pinned_program(root, &d, crate::datapath::Hook::Egress).as_deref()
+                == Some(crate::datapath::EGRESS_POD_PROGRAM)
+        })
+}
+
 /// A parent may have left SIGTERM/SIGINT blocked; the agent must see them.
 fn unblock_termination_signals() {
     // SAFETY: plain signal-mask manipulation on the calling thread, done
@@ -298,8 +312,12 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         info!(cgroup = %cgroup.display(), mode = socket_lb.name(), "socket-level balancing attached");
     }
     let pod_devices = pod_devices(&args, &local, cgroup.as_deref());
+    // Before the scan below swaps this agent's programs into the links: a
+    // bit the previous agent set holds only if it was one that runs
+    // `sl_egress_pod` on the pods' devices (not 0.1.0, not `host` mode).
+    let kept = pod_egress_kept(root, &pod_devices);
     reconciler
-        .allow_pods_on_sockets(!pod_devices.is_empty())
+        .allow_pods_on_sockets(!pod_devices.is_empty(), kept)
         .context("writing the pods' socket-balancing bit")?;
     let (ifaces_tx, ifaces_rx) = watch::channel(BTreeSet::new());
     let mut devices = Devices::new(datapath, args.devices.clone()).with_pod_devices(pod_devices);

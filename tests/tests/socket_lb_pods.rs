@@ -919,3 +919,86 @@ fn pod_devices_pass_replies_while_every_pod_flow_is_the_sockets() -> Result<()> 
     ensure!(!seen.is_empty());
     Ok(())
 }
+
+/// A rollback to 0.1.0, which balances only the node's sockets and never
+/// looks at `CFG_F_PODS_ON_SOCKETS`, leaves the bit set while the pods'
+/// flows go through its TC path. The upgrade back finds 0.1.0's
+/// `sl_egress` in the pods' links, so it does not trust the bit: it clears
+/// it before its `sl_egress_pod` runs, and those flows keep their reverse
+/// NAT.
+#[test]
+fn a_bit_set_before_a_rollback_to_0_1_0_is_not_trusted_after_it() -> Result<()> {
+    let topo = Topology::new(1, 3)?;
+    let _udp = topo
+        .backends
+        .iter()
+        .map(|b| servers::udp_greeter(&b.ns, 5353, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let eps: Vec<Ep> = topo
+        .backends
+        .iter()
+        .map(|b| (IpAddr::from(b.ip), "node-1", READY))
+        .collect();
+    let dir = ManifestDir::create()?;
+    dir.write(
+        "dns.yaml",
+        &service("dns", &["10.96.6.1"], "", "", "UDP", (53, 5353, None), &eps),
+    )?;
+    let source = format!("dir:{}", dir.path().display());
+    // Options as environment, which 0.1.0 ignores where it has no option.
+    let pods = [
+        ("SLUICE_POD_DEVICES", "c*,b*"),
+        ("SLUICE_CONNTRACK_GC_INTERVAL", "200ms"),
+    ];
+    let bin = sluice_tests::agent::binary()?;
+    let mut agent = Agent::start(&topo, &source, &[])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    agent.replace(&topo.node, &bin, &pods)?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    agent.wait_until("the pods' bit", Duration::from_secs(10), |_| {
+        pods_bit(&topo)
+    })?;
+
+    let old = sluice_tests::agent::release_binary("0.1.0")?;
+    agent.replace(&topo.node, &old, &pods)?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    let egress = sluice_tests::bpf::BPF_TCX_EGRESS;
+    ensure!(tcx_program(&topo, "c0", egress)? == "sl_egress");
+    ensure!(pods_bit(&topo)?, "0.1.0 left the word as it found it");
+    let client = &topo.clients[0];
+    let bind = client.ip.to_string();
+    let mut flows = Vec::new();
+    for _ in 0..4 {
+        let mut c = HostClient::start_in(&topo, &client.ns, "udp", "10.96.6.1", 53, Some(&bind))?;
+        let first = c.line()?;
+        ensure!(
+            first.len() == 3 && first[0] == "ok" && first[2] == "10.96.6.1:53",
+            "{first:?}"
+        );
+        flows.push((c, first[1].clone()));
+    }
+    let maps = || Maps::open_pinned(topo.bpf.path());
+    ensure!(
+        conntrack_of(&maps()?, client.ip.into()) > 0,
+        "0.1.0 did not balance the pod on the TC path"
+    );
+
+    agent.replace(&topo.node, &bin, &pods)?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    ensure!(tcx_program(&topo, "c0", egress)? == "sl_egress_pod");
+    ensure!(!pods_bit(&topo)?, "a bit from before 0.1.0 ran was trusted");
+    for (c, backend) in &mut flows {
+        for _ in 0..2 {
+            let out = c.exchange()?;
+            ensure!(
+                out == ["ok", backend.as_str(), "10.96.6.1:53"],
+                "{out:?}, was {backend}"
+            );
+        }
+    }
+    agent.wait_until("a conntrack scan", Duration::from_secs(10), |a| {
+        Ok(a.metric("sluice_conntrack_entries")? >= 8.0)
+    })?;
+    ensure!(!pods_bit(&topo)?, "set while flows of the TC path live");
+    Ok(())
+}

@@ -228,6 +228,14 @@ fn unescape(name: &str) -> String {
     name.replace("%2e", ".").replace("%25", "%")
 }
 
+/// The name of the program the link pinned for `device`'s `hook` under
+/// `root` runs, if there is one.
+pub fn pinned_program(root: &Path, device: &str, hook: Hook) -> Option<String> {
+    let link = super::bpf::obj_get(&pin_path(root, device, hook)).ok()?;
+    let info = super::bpf::link_info(link.as_fd()).ok()?;
+    Some(super::bpf::prog_info(info.prog_id).ok()?.name)
+}
+
 /// Devices with link pins under `root`.
 pub fn attached_devices(root: &Path) -> Vec<String> {
     let mut devices: Vec<String> = fs::read_dir(root.join(LINKS_DIR))

@@ -22,7 +22,10 @@ pub use cgroup::{cgroup2_mount, netns_cookie, socket_lb_mode, PROGRAMS as CGROUP
 pub use error::{DatapathError, WriteError};
 pub use fill::{fill_ratios, map_fill, migration_state, MapFill, Occupancy};
 pub use layout::abi_lines;
-pub use links::{attached_devices, detach_device, Attached, Facing, Hook, TC_PROGRAMS};
+pub use links::{
+    attached_devices, detach_device, pinned_program, Attached, Facing, Hook, EGRESS_POD_PROGRAM,
+    TC_PROGRAMS,
+};
 pub(crate) use loader::{fs_type, BPF_FS_MAGIC};
 pub use loader::{Datapath, MapSizes};
 pub use maps::{read_map_state, FilterMaps, Maps, ServiceKey};

@@ -373,12 +373,18 @@ impl<W: MapWrites> Reconciler<W> {
     }
 
     /// Whether `CFG_F_PODS_ON_SOCKETS` may be set: the socket programs serve
-    /// every pod of the node and some device is a pod's (`pods.rs`). A bit
-    /// set that may not be (or while a frontend is left to the TC path) is
-    /// cleared now; else the conntrack scans set it when they may.
-    pub fn allow_pods_on_sockets(&mut self, allowed: bool) -> Result<(), DatapathError> {
+    /// every pod of the node and some device is a pod's (`pods.rs`); `kept`:
+    /// a set bit is still true (the pods' devices run `sl_egress_pod`, so no
+    /// other agent ran since it was set). A bit set that may not be, is not
+    /// kept, or while a frontend is left to the TC path, is cleared now;
+    /// else the conntrack scans set it when they may.
+    pub fn allow_pods_on_sockets(
+        &mut self,
+        allowed: bool,
+        kept: bool,
+    ) -> Result<(), DatapathError> {
         let set = self.writer.config()?.flags() & CFG_F_PODS_ON_SOCKETS != 0;
-        let action = self.pods.start(allowed, set, self.left_to_tc);
+        let action = self.pods.start(allowed, set, kept, self.left_to_tc);
         self.write_pods_bit(action).map_err(|e| DatapathError::Io {
             path: sluice_common::maps::CONFIG.into(),
             source: std::io::Error::other(e),

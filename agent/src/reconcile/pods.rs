@@ -75,13 +75,16 @@ impl<K4: Copy + Eq + std::hash::Hash, K6: Copy + Eq + std::hash::Hash> PodFlows<
     }
 
     /// Whether the bit may be set at all, and whether the map holds it
-    /// set now (`set_in_map`). A set bit that is not allowed, or while
-    /// `left` frontends are left to the TC path, must be cleared at once
-    /// (`Action::Clear`).
-    pub fn start(&mut self, allowed: bool, set_in_map: bool, left: usize) -> Action {
+    /// set now (`set_in_map`) from an agent whose word still holds
+    /// (`kept`: the pods' devices still run `sl_egress_pod`, so no other
+    /// agent ran since, such as 0.1.0 or one in `host` mode, whose pods'
+    /// flows the TC path would track). A set bit that is not allowed or
+    /// kept, or while `left` frontends are left to the TC path, must be
+    /// cleared at once (`Action::Clear`).
+    pub fn start(&mut self, allowed: bool, set_in_map: bool, kept: bool, left: usize) -> Action {
         self.allowed = allowed;
         self.state = if set_in_map { State::Set } else { State::Clear };
-        if set_in_map && (!allowed || left > 0) {
+        if set_in_map && (!allowed || !kept || left > 0) {
             Action::Clear
         } else {
             Action::None
@@ -172,7 +175,7 @@ mod tests {
     #[test]
     fn set_at_once_when_no_flow_is_tracked() {
         let mut p = Flows::new();
-        assert_eq!(p.start(true, false, 0), Action::None);
+        assert_eq!(p.start(true, false, true, 0), Action::None);
         // Reply entries and SNATed flows need no egress program.
         let ct4 = [
             (1, entry(CtKind::Reply, 0)),
@@ -188,7 +191,7 @@ mod tests {
     #[test]
     fn waits_for_the_flows_tracked_while_clear() {
         let mut p = Flows::new();
-        p.start(true, false, 0);
+        p.start(true, false, true, 0);
         let ct4 = [
             (1, entry(CtKind::Forward, 0)),
             (2, entry(CtKind::Forward, 0)),
@@ -211,7 +214,7 @@ mod tests {
     #[test]
     fn a_frontend_left_to_tc_clears_and_restarts_the_wait() {
         let mut p = Flows::new();
-        p.start(true, false, 0);
+        p.start(true, false, true, 0);
         assert_eq!(p.step(0, &[], &[]), Action::Set);
         p.written(Action::Set);
         // The reconciler clears it before writing such a frontend...
@@ -230,7 +233,7 @@ mod tests {
     #[test]
     fn a_scan_clears_a_set_bit_that_is_not_allowed() {
         let mut p = Flows::new();
-        assert_eq!(p.start(false, true, 0), Action::Clear);
+        assert_eq!(p.start(false, true, true, 0), Action::Clear);
         p.written(Action::Clear);
         assert_eq!(
             p.step(0, &[], &[]),
@@ -238,8 +241,10 @@ mod tests {
             "never set unless allowed"
         );
         let mut p = Flows::new();
-        assert_eq!(p.start(true, true, 2), Action::Clear);
-        assert_eq!(p.start(true, true, 0), Action::None);
+        assert_eq!(p.start(true, true, true, 2), Action::Clear);
+        // Another agent ran since the bit was set: its word does not hold.
+        assert_eq!(p.start(true, true, false, 0), Action::Clear);
+        assert_eq!(p.start(true, true, true, 0), Action::None);
         assert!(p.must_clear());
         assert_eq!(p.step(1, &[], &[]), Action::Clear);
     }

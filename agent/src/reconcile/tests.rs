@@ -917,7 +917,7 @@ fn the_pods_bit_waits_for_tc_flows_and_clears_before_a_frontend_left_to_tc() {
         service(key("10.96.0.10", 80), active(&["10.1.0.1"])),
     )]);
     sync_all(&mut r, &web, now);
-    r.allow_pods_on_sockets(true).unwrap();
+    r.allow_pods_on_sockets(true, true).unwrap();
     // A flow of the TC path, begun before: the bit waits for it.
     let backend_id = r.programmed().backends.iter().next().unwrap().0.get();
     let flow = CtEntry {
@@ -969,7 +969,7 @@ fn the_pods_bit_waits_for_tc_flows_and_clears_before_a_frontend_left_to_tc() {
     r.scan_conntrack(now + DRAIN).unwrap();
     assert!(pods_bit(&r));
     // Not allowed any more (another --socket-lb): cleared at once.
-    r.allow_pods_on_sockets(false).unwrap();
+    r.allow_pods_on_sockets(false, true).unwrap();
     assert!(!pods_bit(&r));
     r.scan_conntrack(now).unwrap();
     assert!(!pods_bit(&r));

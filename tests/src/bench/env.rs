@@ -258,7 +258,7 @@ impl Env {
                 }
                 Ok(())
             })??;
-            lb.reconciler.allow_pods_on_sockets(true)?;
+            lb.reconciler.allow_pods_on_sockets(true, false)?;
             lb.reconciler.scan_conntrack(std::time::Instant::now())?;
             ensure!(lb.reconciler.pods_on_sockets(), "the pods' bit is not set");
         }
