@@ -164,11 +164,14 @@ pub struct AgentArgs {
     /// comma separated. With `--socket-lb=all` their egress runs
     /// `sl_egress_pod`, which lets packets towards the pods pass without a
     /// look while every pod's socket is balanced at `connect()` (no reply
-    /// towards a pod needs reverse NAT then). Name them only if every
-    /// pod's processes are under `--cgroup-root`, and never an uplink or a
-    /// tunnel. Default: with `--cgroup-root` the cgroup2 root, the pods'
-    /// devices of `--detect-local-mode InterfaceNamePrefix` (`<prefix>*`)
-    /// or `BridgeInterface` (the bridge), else none.
+    /// towards a pod needs reverse NAT then). Needs local-traffic
+    /// detection (`--cluster-cidr` or another `--detect-local-mode`), by
+    /// which the datapath tells a pod's flow that still takes the TC path.
+    /// Name them only if every pod's processes are under `--cgroup-root`,
+    /// and never an uplink or a tunnel. Default: with `--cgroup-root` the
+    /// cgroup2 root, the pods' devices of `--detect-local-mode
+    /// InterfaceNamePrefix` (`<prefix>*`) or `BridgeInterface` (the
+    /// bridge), else none.
     #[arg(long, env = "SLUICE_POD_DEVICES", value_delimiter = ',')]
     pub pod_devices: Vec<String>,
 

@@ -153,6 +153,13 @@ fn pod_devices(
         }),
         None => false,
     };
+    if matches!(local, LocalDetector::Off) {
+        info!(
+            devices = ?patterns,
+            "pods' devices keep sl_egress: without local-traffic detection (--cluster-cidr or another --detect-local-mode) the datapath cannot tell a pod's flow on the TC path"
+        );
+        return Vec::new();
+    }
     if args.socket_lb.mode != SocketLb::All || !(named || whole_node) {
         info!(
             devices = ?patterns,
@@ -235,6 +242,21 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         );
     }
     let local = local_detector(&args)?;
+    // Before the socket programs change what they serve and before the
+    // device scan swaps this agent's programs into the links: a bit the
+    // previous agent set holds only if it was one that runs `sl_egress_pod`
+    // on the pods' devices (not 0.1.0, not `host` mode), and it goes now
+    // if this agent will not keep every pod on its sockets.
+    let cgroup_path = match (&args.cgroup_root, socket_lb) {
+        (_, SocketLb::Off) => None,
+        (Some(path), _) => Some(path.clone()),
+        (None, _) => crate::datapath::cgroup2_mount(),
+    };
+    let pod_devices = pod_devices(&args, &local, cgroup_path.as_deref());
+    let kept = pod_egress_kept(root, &pod_devices);
+    reconciler
+        .allow_pods_on_sockets(!pod_devices.is_empty(), kept)
+        .context("writing the pods' socket-balancing bit")?;
     let cgroup = if socket_lb == SocketLb::Off {
         // Links a previous agent pinned go, and the programs (if a
         // previous generation's still run) act on no socket.
@@ -311,14 +333,6 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
             .with_context(|| format!("attaching socket-level balancing to {}", cgroup.display()))?;
         info!(cgroup = %cgroup.display(), mode = socket_lb.name(), "socket-level balancing attached");
     }
-    let pod_devices = pod_devices(&args, &local, cgroup.as_deref());
-    // Before the scan below swaps this agent's programs into the links: a
-    // bit the previous agent set holds only if it was one that runs
-    // `sl_egress_pod` on the pods' devices (not 0.1.0, not `host` mode).
-    let kept = pod_egress_kept(root, &pod_devices);
-    reconciler
-        .allow_pods_on_sockets(!pod_devices.is_empty(), kept)
-        .context("writing the pods' socket-balancing bit")?;
     let (ifaces_tx, ifaces_rx) = watch::channel(BTreeSet::new());
     let mut devices = Devices::new(datapath, args.devices.clone()).with_pod_devices(pod_devices);
     if local.by_interface() {

@@ -34,13 +34,18 @@ try:
             f.write("ping\n"); f.flush()
             print("ok" if f.readline() == "ping\n" else "err", flush=True)
     elif mode == "udpc":
-        # Connected UDP: getpeername() and every reply's source.
+        # Connected UDP: getpeername() and every reply's source; one
+        # datagram more per stdin line after the first.
         s = socket.socket(family, socket.SOCK_DGRAM)
         s.settimeout(3)
         s.connect((host, port))
         s.send(b"hello")
         data, src = s.recvfrom(512)
         print("ok", data.decode(), show(src), show(s.getpeername()), flush=True)
+        for line in sys.stdin:
+            s.send(b"hello")
+            data, src = s.recvfrom(512)
+            print("ok", data.decode(), show(src), flush=True)
     else:
         # Unconnected UDP, as a DNS client: one datagram per stdin line
         # after the first, each reply's source printed.
@@ -96,7 +101,7 @@ impl HostClient {
     /// cgroup. Modes: `"tcp"`, `"udp"` (unconnected; `exchange` sends
     /// again on the same socket, bound to `bind` first if given) and
     /// `"udpc"` (connected UDP: prints the reply's source and
-    /// `getpeername()`).
+    /// `getpeername()`; `exchange` sends again).
     pub fn start_in(
         topo: &Topology,
         ns: &Netns,

@@ -731,6 +731,13 @@ fn a_udp_flow_that_began_on_the_tc_path_keeps_its_backend() -> Result<()> {
         );
         flows.push((c, first[1].clone()));
     }
+    // A connected socket too: its datagrams never meet `sendmsg4`.
+    let mut connected = HostClient::start_in(&topo, &client.ns, "udpc", "10.96.4.1", 53, None)?;
+    let first = connected.line()?;
+    ensure!(
+        first.len() == 4 && first[0] == "ok" && first[2] == "10.96.4.1:53",
+        "{first:?}"
+    );
     let maps = || Maps::open_pinned(topo.bpf.path());
     ensure!(
         conntrack_of(&maps()?, client.ip.into()) > 0,
@@ -745,6 +752,7 @@ fn a_udp_flow_that_began_on_the_tc_path_keeps_its_backend() -> Result<()> {
         &[
             ("SLUICE_SOCKET_LB", "all"),
             ("SLUICE_POD_DEVICES", "c*,b*"),
+            ("SLUICE_CLUSTER_CIDR", "10.0.0.0/8"),
             ("SLUICE_CONNTRACK_GC_INTERVAL", "200ms"),
         ],
     )?;
@@ -782,6 +790,44 @@ fn a_udp_flow_that_began_on_the_tc_path_keeps_its_backend() -> Result<()> {
         "new socket not balanced"
     );
     ensure!(!pods_bit(&topo)?, "set while flows of the TC path live");
+
+    // The old sockets outlive their entries (as after 60 s idle): the bit
+    // is set once they are gone, and the sockets' next datagrams start
+    // flows on the TC path again, for which the datapath takes it away
+    // before their replies come.
+    let m = maps()?;
+    let mine: Vec<_> = m
+        .conntrack_v4
+        .keys()
+        .flatten()
+        .filter(|k| {
+            IpAddr::from(k.src) == IpAddr::from(client.ip)
+                || IpAddr::from(k.dst) == IpAddr::from(client.ip)
+        })
+        .collect();
+    let mut ct = m.conntrack_v4;
+    for k in &mine {
+        let _ = ct.remove(k);
+    }
+    agent.wait_until("the pods' bit", Duration::from_secs(10), |_| {
+        pods_bit(&topo)
+    })?;
+    // A reply from the backend's own address would not reach a connected
+    // socket: this one must be turned back at c0.
+    let out = connected.exchange()?;
+    ensure!(
+        out.len() == 3 && out[0] == "ok" && out[2] == "10.96.4.1:53",
+        "{out:?}"
+    );
+    ensure!(!pods_bit(&topo)?, "the datapath left the bit set");
+    // (The unconnected sockets are balanced at `sendmsg` now.)
+    for (c, _) in &mut flows {
+        let out = c.exchange()?;
+        ensure!(
+            out.len() == 3 && out[0] == "ok" && out[2] == "10.96.4.1:53",
+            "{out:?}"
+        );
+    }
     Ok(())
 }
 
@@ -850,7 +896,14 @@ fn pod_devices_pass_replies_while_every_pod_flow_is_the_sockets() -> Result<()> 
     let mut agent = Agent::start(
         &topo,
         &format!("dir:{}", dir.path().display()),
-        &["--pod-devices", "c*,b*", "--conntrack-gc-interval", "200ms"],
+        &[
+            "--pod-devices",
+            "c*,b*",
+            "--cluster-cidr",
+            "10.0.0.0/8",
+            "--conntrack-gc-interval",
+            "200ms",
+        ],
     )?;
     agent.wait_ready(Duration::from_secs(20))?;
     for dev in ["c0", "b0", "b1"] {
@@ -948,6 +1001,7 @@ fn a_bit_set_before_a_rollback_to_0_1_0_is_not_trusted_after_it() -> Result<()> 
     // Options as environment, which 0.1.0 ignores where it has no option.
     let pods = [
         ("SLUICE_POD_DEVICES", "c*,b*"),
+        ("SLUICE_CLUSTER_CIDR", "10.0.0.0/8"),
         ("SLUICE_CONNTRACK_GC_INTERVAL", "200ms"),
     ];
     let bin = sluice_tests::agent::binary()?;

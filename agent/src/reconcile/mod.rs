@@ -1119,11 +1119,14 @@ impl<W: MapWrites> Reconciler<W> {
             }
             // The pods' egress looks at replies again before a pod's flow
             // can be the TC path's.
-            if pods::left_to_tc(key, want.flags) && self.pods.must_clear() {
-                if let Err(e) = self.write_pods_bit(pods::Action::Clear) {
-                    report.errors.push(e);
-                    continue;
+            if pods::left_to_tc(key, want.flags) {
+                if self.pods.must_clear() {
+                    if let Err(e) = self.write_pods_bit(pods::Action::Clear) {
+                        report.errors.push(e);
+                        continue;
+                    }
                 }
+                self.pods.restart();
             }
             let mut current = self.take_frontend(key).unwrap_or_default();
             if let Err(e) = frontend::sync(&mut self.writer, key, &mut current, want) {
@@ -1289,10 +1292,24 @@ impl<W: MapWrites> Reconciler<W> {
                 Err(e) => report.errors.push(e),
             }
         }
+        let set = self.writer.config()?.flags() & CFG_F_PODS_ON_SOCKETS != 0;
+        if !set && self.pods.taken_away() {
+            info!("a pod's flow began on the TC path: the pods' devices look at replies again until it ends");
+        }
         let action = self.pods.step(self.left_to_tc, &ct4, &ct6);
         match self.write_pods_bit(action) {
             Ok(()) if action == pods::Action::Set => {
-                info!("every pod's flows are the socket programs': the pods' devices pass replies without a look");
+                // A flow that began between the read above and the write
+                // could have found the bit clear: look once more.
+                let again = pods::began_since(&ct4, &self.writer.conntrack4()?)
+                    || pods::began_since(&ct6, &self.writer.conntrack6()?);
+                if again {
+                    if let Err(e) = self.write_pods_bit(pods::Action::Clear) {
+                        report.errors.push(e);
+                    }
+                } else {
+                    info!("every pod's flows are the socket programs': the pods' devices pass replies without a look");
+                }
             }
             Ok(()) if self.pods.awaited() > 0 => {
                 debug!(

@@ -14,6 +14,14 @@
 //! (`must_clear`, by the one map writer, in its order), and set only once
 //! no such frontend is programmed and every forward conntrack entry that
 //! existed while it was clear has gone (`step`, at each conntrack scan).
+//! A socket of a pod connected before the socket programs served it may
+//! outlive its conntrack entry (an idle UDP socket, 60 s): its next packet
+//! starts a flow on the TC path, and the datapath itself takes the bit away
+//! for it (`maps::new_flow_from_v4`, a source inside the cluster by
+//! local-traffic detection, which is why the bit needs one); a scan that
+//! finds the bit gone waits again (`taken_away`). After writing the bit a
+//! scan reads conntrack once more, and clears it again if a flow began
+//! between its two reads (`began_since`).
 //! The entries are not told apart by client: an outside client's flow to
 //! a node port delays the bit as a pod's would. SNATed flows need no
 //! egress program (their replies are turned back on the way in).
@@ -102,6 +110,26 @@ impl<K4: Copy + Eq + std::hash::Hash, K6: Copy + Eq + std::hash::Hash> PodFlows<
         self.must_clear()
     }
 
+    /// A frontend left to the TC path is about to be written while the bit
+    /// is clear: the flows to wait for are taken afresh once none is left
+    /// (those it gets meanwhile included).
+    pub fn restart(&mut self) {
+        if !matches!(self.state, State::Set) {
+            self.state = State::Clear;
+        }
+    }
+
+    /// The map holds the bit clear though it was written set: the datapath
+    /// took it away (a pod's flow began on the TC path). Returns whether
+    /// it was set.
+    pub fn taken_away(&mut self) -> bool {
+        let was = matches!(self.state, State::Set);
+        if was {
+            self.state = State::Clear;
+        }
+        was
+    }
+
     /// The map now holds the bit as `action` said.
     pub fn written(&mut self, action: Action) {
         match action {
@@ -143,6 +171,17 @@ impl<K4: Copy + Eq + std::hash::Hash, K6: Copy + Eq + std::hash::Hash> PodFlows<
             _ => 0,
         }
     }
+}
+
+/// Whether `after` holds a forward entry without SNAT that `before` does
+/// not: a flow that began between two reads (the bit set in between
+/// must go again).
+pub fn began_since<K: Copy + Eq + std::hash::Hash>(
+    before: &[(K, CtEntry)],
+    after: &[(K, CtEntry)],
+) -> bool {
+    let known = tracked(before, |_| true);
+    !tracked(after, |k| !known.contains(k)).is_empty()
 }
 
 /// The keys of forward entries without SNAT among `entries` that `keep`
@@ -247,6 +286,45 @@ mod tests {
         assert_eq!(p.start(true, true, true, 0), Action::None);
         assert!(p.must_clear());
         assert_eq!(p.step(1, &[], &[]), Action::Clear);
+    }
+
+    #[test]
+    fn a_frontend_left_to_tc_while_draining_restarts_the_wait() {
+        let mut p = Flows::new();
+        p.start(true, false, true, 0);
+        let ct4 = [(1, entry(CtKind::Forward, 0))];
+        assert_eq!(p.step(0, &ct4, &[]), Action::None);
+        // Written and gone again between two scans: its flow (2) began
+        // after the first snapshot and is waited for too.
+        p.restart();
+        let ct4 = [(2, entry(CtKind::Forward, 0))];
+        assert_eq!(p.step(0, &ct4, &[]), Action::None);
+        assert_eq!(p.awaited(), 1);
+        assert_eq!(p.step(0, &[], &[]), Action::Set);
+    }
+
+    #[test]
+    fn the_datapath_taking_the_bit_away_restarts_the_wait() {
+        let mut p = Flows::new();
+        p.start(true, true, true, 0);
+        assert!(p.taken_away());
+        assert!(!p.taken_away(), "once");
+        let ct4 = [(5, entry(CtKind::Forward, 0))];
+        assert_eq!(p.step(0, &ct4, &[]), Action::None);
+        assert_eq!(p.awaited(), 1);
+    }
+
+    #[test]
+    fn a_flow_that_began_between_two_reads_is_seen() {
+        let before = [(1u32, entry(CtKind::Forward, 0))];
+        let after = [
+            (1u32, entry(CtKind::Forward, 0)),
+            (2, entry(CtKind::Reply, 0)),
+            (3, entry(CtKind::Forward, CT_F_SNAT)),
+        ];
+        assert!(!began_since(&before, &after));
+        let after = [(4u32, entry(CtKind::Forward, 0))];
+        assert!(began_since(&before, &after));
     }
 
     #[test]

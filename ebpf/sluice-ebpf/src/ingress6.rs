@@ -276,6 +276,10 @@ fn try_new_flow(
     if master.flags & SVC_F_SNAT != 0 || masquerade || same_addr(&backend.addr, &s.flow.src) {
         return Ok(snat6::new_flow(skb, s, master.svc_id, backend_id, h));
     }
+    // A pod's flow on the TC path (see `ingress.rs`).
+    // SAFETY: reading the context's ingress device.
+    let ifindex = unsafe { (*skb).ingress_ifindex };
+    maps::new_flow_from_v6(&mut s.local_key, &s.flow.src, ifindex);
     record(s, backend, master.svc_id, backend_id)?;
     nat6::rewrite(skb, &s.flow, Side::Dst, &backend.addr, backend.port)?;
     Ok(Verdict::Next)

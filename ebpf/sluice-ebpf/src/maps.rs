@@ -379,6 +379,45 @@ pub fn pods_on_sockets() -> bool {
         .is_some_and(|p| unsafe { (*p).flags() } & CFG_F_PODS_ON_SOCKETS != 0)
 }
 
+/// Takes `CFG_F_PODS_ON_SOCKETS` away. Called when the TC path starts a
+/// flow without SNAT from a pod (a socket connected before the socket
+/// programs served it, whose conntrack entry expired; a socket left
+/// unbalanced): its replies need reverse NAT on the pod's device, so
+/// `sl_egress_pod` must look again from its first reply on. The agent sees
+/// the bit clear at its next conntrack scan and waits for the flow to end
+/// before it sets it again. A plain store of the flags word: every writer
+/// on this side only clears the bit, and the agent checks after it sets
+/// it that no flow began meanwhile.
+#[inline(always)]
+fn leave_sockets() {
+    if let Some(p) = CONFIG.get_ptr_mut(0) {
+        // SAFETY: array slot 0 always exists; one word read and written.
+        unsafe {
+            let flags = (*p).flags();
+            (*p).set_flags(flags & !CFG_F_PODS_ON_SOCKETS);
+        }
+    }
+}
+
+/// A new flow of the TC path without SNAT from `src` (entered through
+/// `ifindex`): if the bit is set and the source is a pod (local-traffic
+/// detection), the bit goes (`leave_sockets`). A separate BPF function:
+/// its key stays off the caller's frame.
+#[inline(never)]
+pub fn new_flow_from_v4(src: u32, ifindex: u32) {
+    if pods_on_sockets() && inside_v4(src, ifindex) {
+        leave_sockets();
+    }
+}
+
+/// `new_flow_from_v4` for IPv6 (the key is built in `key`).
+#[inline(always)]
+pub fn new_flow_from_v6(key: &mut Key<[u8; 16]>, src: &[u8; 16], ifindex: u32) {
+    if pods_on_sockets() && inside_v6(key, src, ifindex) {
+        leave_sockets();
+    }
+}
+
 /// Whether `client` is within the source ranges of service port `svc_id`.
 #[inline(always)]
 pub fn source_allowed(svc_id: u32, client: [u8; 4]) -> bool {
