@@ -1,6 +1,5 @@
 //! Conntrack bookkeeping shared by both directions and both families.
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
 use sluice_common::{
     conntrack::{
         CT_F_RST, CT_F_RX_CLOSING, CT_F_SEEN_REPLY, CT_F_SYN, CT_F_TX_CLOSING, CT_REFRESH_NS,
@@ -157,9 +156,8 @@ fn refresh_reply(proto: u8, tcp_flags: u8, entry: *mut CtEntry) -> Option<(u8, u
     if proto == IPPROTO_SCTP {
         flags |= sctp_bits(tcp_flags);
     }
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if flags == old_flags && now.wrapping_sub(last_seen) <= CT_REFRESH_NS {
+    let now = crate::clock::now();
+    if flags == old_flags && now.saturating_sub(last_seen) <= CT_REFRESH_NS {
         return None;
     }
     // SAFETY: the entry stays valid for this program run; racing writers

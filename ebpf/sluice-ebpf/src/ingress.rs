@@ -25,7 +25,7 @@
 //!    masquerades sources outside the cluster and this is one, or when the
 //!    client is its own backend (hairpin).
 
-use aya_ebpf::{bindings::__sk_buff, helpers::bpf_ktime_get_ns, programs::TcContext};
+use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
 use sluice_common::{
     conntrack::{CT_F_SNAT, CT_REFRESH_NS},
     maps::SVCNET_CLUSTER_IP,
@@ -98,8 +98,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         // generation knows, during an upgrade's handover.
         return unserved(ctx.skb.skb, &flow, snat_port);
     };
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::now();
 
     let mut reselected = false;
     if let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) {
@@ -117,7 +116,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
             match judge(&flow, master, backend_id, svc_id, ct_flags) {
                 Tracked::Follow(backend) => {
                     let flags = ct_flags | tcp_bits(&flow);
-                    if flags != ct_flags || now.wrapping_sub(last_seen) > CT_REFRESH_NS {
+                    if flags != ct_flags || now.saturating_sub(last_seen) > CT_REFRESH_NS {
                         // SAFETY: the entry stays valid for this program
                         // run; a racing writer only loses a refresh.
                         unsafe {

@@ -17,7 +17,6 @@
 
 use aya_ebpf::{
     bindings::{__sk_buff, BPF_ANY},
-    helpers::bpf_ktime_get_ns,
     programs::TcContext,
 };
 use sluice_common::{
@@ -103,8 +102,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     let Some(master) = maps::service6(&s.svc_key) else {
         return Ok(unserved(skb, s));
     };
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::now();
 
     let mut reselected = false;
     s.flow.ct_key_into(&mut s.ct_key);
@@ -124,7 +122,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
             match judge(flow, master, backend_id, svc_id, ct_flags) {
                 Tracked::Follow(backend) => {
                     let flags = ct_flags | tcp_bits_of(flow.proto, flow.tcp_flags);
-                    if flags != ct_flags || now.wrapping_sub(last_seen) > CT_REFRESH_NS {
+                    if flags != ct_flags || now.saturating_sub(last_seen) > CT_REFRESH_NS {
                         // SAFETY: the entry stays valid for this program
                         // run; a racing writer only loses a refresh.
                         unsafe {
@@ -305,8 +303,7 @@ fn record(s: &mut Scratch6, backend: &Backend, svc_id: u32, backend_id: u32) -> 
     let scratch = maps::scratch().ok_or(Error::Dangling)?;
     let e = &mut scratch.ct;
     let flow = &s.flow;
-    // SAFETY: plain helper call.
-    e.last_seen_ns = unsafe { bpf_ktime_get_ns() };
+    e.last_seen_ns = crate::clock::now();
     e.backend_id = backend_id;
     e.svc_id = svc_id;
     e.nat_addr = flow.dst;

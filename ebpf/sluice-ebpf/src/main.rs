@@ -30,6 +30,7 @@
 #![no_main]
 
 mod checksum;
+mod clock;
 mod conntrack;
 mod egress;
 mod egress6;

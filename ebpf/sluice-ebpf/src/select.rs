@@ -140,7 +140,7 @@ pub fn selectable(id: u32, master: &SvcValue) -> bool {
 #[inline(always)]
 pub fn sticky(entry: &AffinityValue, master: &SvcValue, now: u64) -> u32 {
     let (last_used, backend_id, svc_id) = (entry.last_used_ns, entry.backend_id, entry.svc_id);
-    if now.wrapping_sub(last_used) > u64::from(master.affinity_s) * 1_000_000_000 {
+    if now.saturating_sub(last_used) > u64::from(master.affinity_s) * 1_000_000_000 {
         return 0;
     }
     if svc_id == master.svc_id && selectable(backend_id, master) {
@@ -246,8 +246,7 @@ pub fn pick6(s: &mut Scratch6, master: &SvcValue, scope: u8, h: u32) -> u64 {
         key.port = s.flow.dport;
         key.proto = s.flow.proto;
         key._pad = 0;
-        // SAFETY: plain helper call.
-        let now = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
+        let now = crate::clock::now();
         let id = match AFFINITY_V6.get_ptr(&*key) {
             // SAFETY: pointer from a successful lookup; read at once.
             Some(a) => sticky(unsafe { &*a }, master, now),
@@ -280,8 +279,7 @@ pub fn pick6(s: &mut Scratch6, master: &SvcValue, scope: u8, h: u32) -> u64 {
 #[inline(never)]
 pub fn remember6(s: &mut Scratch6, svc_id: u32, backend_id: u32) {
     let value = AffinityValue {
-        // SAFETY: plain helper call.
-        last_used_ns: unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() },
+        last_used_ns: crate::clock::now(),
         backend_id,
         svc_id,
     };

@@ -20,7 +20,7 @@ use aya_ebpf::{
         __sk_buff, BPF_ANY, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
         BPF_FIB_LOOKUP_SRC, BPF_NOEXIST, TC_ACT_REDIRECT,
     },
-    helpers::{bpf_fib_lookup as fib_lookup, bpf_ktime_get_ns, bpf_redirect_neigh},
+    helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect_neigh},
     programs::TcContext,
     EbpfContext,
 };
@@ -191,8 +191,7 @@ pub(crate) fn claim6(s: &mut Scratch6, svc_id: u32, backend_id: u32, hash: u32) 
     };
     let e = &mut scratch.ct;
     let flow = &s.flow;
-    // SAFETY: plain helper call.
-    e.last_seen_ns = unsafe { bpf_ktime_get_ns() };
+    e.last_seen_ns = crate::clock::now();
     e.backend_id = backend_id;
     e.svc_id = svc_id;
     e.nat_addr = flow.dst;

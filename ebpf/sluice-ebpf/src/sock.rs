@@ -24,7 +24,7 @@
 use aya_ebpf::{
     bindings::{bpf_sock_addr, BPF_ANY},
     btf_maps::lpm_trie::Key,
-    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_set_retval},
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
     programs::{SockAddrContext, SockContext},
     EbpfContext,
 };
@@ -276,9 +276,9 @@ fn pick(
     (first, n): (u16, u16),
     h: u32,
 ) -> u32 {
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
     let sticky_on = master.flags & SVC_F_AFFINITY != 0;
+    // The clock only where session affinity needs it.
+    let now = if sticky_on { crate::clock::now() } else { 0 };
     let client = client_id(who);
     let mut id = if sticky_on {
         affinity(at, &client, master, now)

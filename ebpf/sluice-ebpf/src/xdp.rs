@@ -28,7 +28,6 @@
 
 use aya_ebpf::{
     bindings::{xdp_action, xdp_md},
-    helpers::bpf_ktime_get_ns,
     programs::XdpContext,
 };
 use sluice_common::{
@@ -197,8 +196,7 @@ fn decide(ctx: *mut xdp_md) -> Action {
     if master.kind() == FrontendKind::ClusterIp {
         return Action::Pass;
     }
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::now();
     if let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) {
         // SAFETY: pointer from a successful lookup; fields copied at once.
         let (kind, ct_flags, backend_id, svc_id) = unsafe {
@@ -270,7 +268,7 @@ fn forward(ctx: *mut xdp_md, flow: &Flow4, entry: *mut CtEntry, now: u64, tot_le
         return Action::Pass;
     }
     let flags = ct_flags | tcp_bits(flow);
-    if flags != ct_flags || now.wrapping_sub(last_seen) > CT_REFRESH_NS {
+    if flags != ct_flags || now.saturating_sub(last_seen) > CT_REFRESH_NS {
         // SAFETY: the entry stays valid for this program run; a racing
         // writer only loses a refresh.
         unsafe {

@@ -10,7 +10,7 @@
 
 use aya_ebpf::{
     bindings::{xdp_md, BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_SRC},
-    helpers::{bpf_fib_lookup as fib_lookup, bpf_ktime_get_ns},
+    helpers::bpf_fib_lookup as fib_lookup,
     programs::XdpContext,
 };
 use sluice_common::{
@@ -83,8 +83,7 @@ pub fn decide6(ctx: *mut xdp_md) -> Action {
     if master.kind() == FrontendKind::ClusterIp {
         return Action::Pass;
     }
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = crate::clock::now();
     s.flow.ct_key_into(&mut s.ct_key);
     if let Some(entry) = CONNTRACK_V6.get_ptr_mut(&s.ct_key) {
         // SAFETY: pointer from a successful lookup; fields copied at once.
@@ -262,7 +261,7 @@ fn forward6(
         return Action::Pass;
     }
     let flags = ct_flags | tcp_bits_of(s.flow.proto, s.flow.tcp_flags);
-    if flags != ct_flags || now.wrapping_sub(last_seen) > CT_REFRESH_NS {
+    if flags != ct_flags || now.saturating_sub(last_seen) > CT_REFRESH_NS {
         // SAFETY: the entry stays valid for this program run.
         unsafe {
             (*entry).flags = flags;
