@@ -613,8 +613,18 @@ pub fn reverse(ctx: &SockAddrContext, family: Family) -> i32 {
 /// it as a live flow of its backend).
 #[inline(always)]
 pub fn release(ctx: &SockContext) -> i32 {
-    // (No filter here: a socket balanced once may since have connected
-    // elsewhere, so its peer's port at close says nothing of its entries.)
+    // A TCP socket connected to a port no backend listens on was never
+    // balanced (a balanced one keeps its backend as peer): no lookup. (A
+    // UDP socket may have connected to a service before its last peer,
+    // and a TCP socket without a peer may have failed its balanced
+    // connect: those look. So does the rare TCP socket that disconnected
+    // with `AF_UNSPEC` after a balanced connect and connected elsewhere;
+    // its entry, not looked for, goes with its backend or the LRU.)
+    // SAFETY: reading fields of the program's context.
+    let (proto, peer_port) = unsafe { ((*ctx.sock).protocol, u16::from_be((*ctx.sock).dst_port)) };
+    if proto == u32::from(IPPROTO_TCP) && peer_port != 0 && !maps::may_be_backend_port(peer_port) {
+        return ALLOW;
+    }
     // SAFETY: plain helper call on the program's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     if let Some(e) = SOCKETS.get_ptr(cookie) {
