@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use sluice::datapath::Maps;
 use sluice_common::{Stat, IPPROTO_TCP, IPPROTO_UDP};
 use sluice_tests::{
@@ -689,16 +689,10 @@ fn host_mode_leaves_pods_to_the_tc_path() -> Result<()> {
     Ok(())
 }
 
-/// A UDP flow that began on the TC path (`--socket-lb=host`) keeps its
-/// backend once the agent restarts with socket balancing for pods: its
-/// datagrams are left to the TC path while their conntrack entry lives
-/// (`sock_left_to_tc`), and only new sockets are balanced at the socket.
-/// Six flows over four backends: that all six keep their backend by
-/// chance is unlikely (1 in 4096).
-#[test]
-fn a_udp_flow_that_began_on_the_tc_path_keeps_its_backend() -> Result<()> {
-    let topo = Topology::new(1, 4)?;
-    let _udp = topo
+/// A UDP service at `vip`:53 on every backend of `topo` (port 5353): the
+/// greeters (held while they serve) and the manifest directory.
+fn dns_on_every_backend(topo: &Topology, vip: &str) -> Result<(Vec<servers::Server>, ManifestDir)> {
+    let greeters = topo
         .backends
         .iter()
         .map(|b| servers::udp_greeter(&b.ns, 5353, &b.name))
@@ -711,8 +705,56 @@ fn a_udp_flow_that_began_on_the_tc_path_keeps_its_backend() -> Result<()> {
     let dir = ManifestDir::create()?;
     dir.write(
         "dns.yaml",
-        &service("dns", &["10.96.4.1"], "", "", "UDP", (53, 5353, None), &eps),
+        &service("dns", &[vip], "", "", "UDP", (53, 5353, None), &eps),
     )?;
+    Ok((greeters, dir))
+}
+
+/// `n` unconnected UDP sockets of the first client pod, bound to its
+/// address, each after one exchange with `vip`:53: with the backend that
+/// answered.
+fn udp_flows(topo: &Topology, vip: &str, n: usize) -> Result<Vec<(HostClient, String)>> {
+    let client = &topo.clients[0];
+    let bind = client.ip.to_string();
+    let mut flows = Vec::new();
+    for _ in 0..n {
+        let mut c = HostClient::start_in(topo, &client.ns, "udp", vip, 53, Some(&bind))?;
+        let first = c.line()?;
+        ensure!(
+            first.len() == 3 && first[0] == "ok" && first[2] == format!("{vip}:53"),
+            "{first:?}"
+        );
+        flows.push((c, first[1].clone()));
+    }
+    Ok(flows)
+}
+
+/// Two more exchanges on each of `flows`: the same backend answers, as
+/// `vip`:53.
+fn same_backends(flows: &mut [(HostClient, String)], vip: &str) -> Result<()> {
+    let peer = format!("{vip}:53");
+    for (c, backend) in flows {
+        for _ in 0..2 {
+            let out = c.exchange()?;
+            ensure!(
+                out == ["ok", backend.as_str(), peer.as_str()],
+                "{out:?}, was {backend}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A UDP flow that began on the TC path (`--socket-lb=host`) keeps its
+/// backend once the agent restarts with socket balancing for pods: its
+/// datagrams are left to the TC path while their conntrack entry lives
+/// (`sock_left_to_tc`), and only new sockets are balanced at the socket.
+/// Six flows over four backends: that all six keep their backend by
+/// chance is unlikely (1 in 4096).
+#[test]
+fn a_udp_flow_that_began_on_the_tc_path_keeps_its_backend() -> Result<()> {
+    let topo = Topology::new(1, 4)?;
+    let (_udp, dir) = dns_on_every_backend(&topo, "10.96.4.1")?;
     let mut agent = Agent::start(&topo, &format!("dir:{}", dir.path().display()), &[])?;
     let bin = sluice_tests::agent::binary()?;
     agent.wait_ready(Duration::from_secs(20))?;
@@ -720,17 +762,7 @@ fn a_udp_flow_that_began_on_the_tc_path_keeps_its_backend() -> Result<()> {
     agent.wait_ready(Duration::from_secs(20))?;
     ensure!(agent.cli(&["status"])?.contains("socket lb: host"));
     let client = &topo.clients[0];
-    let bind = client.ip.to_string();
-    let mut flows = Vec::new();
-    for _ in 0..6 {
-        let mut c = HostClient::start_in(&topo, &client.ns, "udp", "10.96.4.1", 53, Some(&bind))?;
-        let first = c.line()?;
-        ensure!(
-            first.len() == 3 && first[0] == "ok" && first[2] == "10.96.4.1:53",
-            "{first:?}"
-        );
-        flows.push((c, first[1].clone()));
-    }
+    let mut flows = udp_flows(&topo, "10.96.4.1", 6)?;
     // A connected socket too: its datagrams never meet `sendmsg4`.
     let mut connected = HostClient::start_in(&topo, &client.ns, "udpc", "10.96.4.1", 53, None)?;
     let first = connected.line()?;
@@ -765,15 +797,7 @@ fn a_udp_flow_that_began_on_the_tc_path_keeps_its_backend() -> Result<()> {
     })?;
     ensure!(!pods_bit(&topo)?, "set while flows of the TC path live");
     let left = maps()?.stat(Stat::SockLeftToTc)?;
-    for (c, backend) in &mut flows {
-        for _ in 0..2 {
-            let out = c.exchange()?;
-            ensure!(
-                out == ["ok", backend.as_str(), "10.96.4.1:53"],
-                "{out:?}, was {backend}"
-            );
-        }
-    }
+    same_backends(&mut flows, "10.96.4.1")?;
     ensure!(
         maps()?.stat(Stat::SockLeftToTc)? >= left + 12,
         "old flows not left to TC"
@@ -820,6 +844,17 @@ fn a_udp_flow_that_began_on_the_tc_path_keeps_its_backend() -> Result<()> {
         "{out:?}"
     );
     ensure!(!pods_bit(&topo)?, "the datapath left the bit set");
+    // Its new entry is marked a pod's, so no scan sets the bit while it
+    // lives.
+    let marked = maps()?.conntrack_v4.iter().flatten().any(|(k, e)| {
+        IpAddr::from(k.src) == IpAddr::from(client.ip)
+            && e.kind == sluice_common::CtKind::Forward as u8
+            && e.flags & sluice_common::conntrack::CT_F_POD != 0
+    });
+    if !marked {
+        let dump: Vec<_> = maps()?.conntrack_v4.iter().flatten().collect();
+        bail!("the pod's new flow on the TC path is not marked: {dump:?}");
+    }
     // (The unconnected sockets are balanced at `sendmsg` now.)
     for (c, _) in &mut flows {
         let out = c.exchange()?;
@@ -982,21 +1017,7 @@ fn pod_devices_pass_replies_while_every_pod_flow_is_the_sockets() -> Result<()> 
 #[test]
 fn a_bit_set_before_a_rollback_to_0_1_0_is_not_trusted_after_it() -> Result<()> {
     let topo = Topology::new(1, 3)?;
-    let _udp = topo
-        .backends
-        .iter()
-        .map(|b| servers::udp_greeter(&b.ns, 5353, &b.name))
-        .collect::<Result<Vec<_>>>()?;
-    let eps: Vec<Ep> = topo
-        .backends
-        .iter()
-        .map(|b| (IpAddr::from(b.ip), "node-1", READY))
-        .collect();
-    let dir = ManifestDir::create()?;
-    dir.write(
-        "dns.yaml",
-        &service("dns", &["10.96.6.1"], "", "", "UDP", (53, 5353, None), &eps),
-    )?;
+    let (_udp, dir) = dns_on_every_backend(&topo, "10.96.6.1")?;
     let source = format!("dir:{}", dir.path().display());
     // Options as environment, which 0.1.0 ignores where it has no option.
     let pods = [
@@ -1020,17 +1041,7 @@ fn a_bit_set_before_a_rollback_to_0_1_0_is_not_trusted_after_it() -> Result<()> 
     ensure!(tcx_program(&topo, "c0", egress)? == "sl_egress");
     ensure!(pods_bit(&topo)?, "0.1.0 left the word as it found it");
     let client = &topo.clients[0];
-    let bind = client.ip.to_string();
-    let mut flows = Vec::new();
-    for _ in 0..4 {
-        let mut c = HostClient::start_in(&topo, &client.ns, "udp", "10.96.6.1", 53, Some(&bind))?;
-        let first = c.line()?;
-        ensure!(
-            first.len() == 3 && first[0] == "ok" && first[2] == "10.96.6.1:53",
-            "{first:?}"
-        );
-        flows.push((c, first[1].clone()));
-    }
+    let mut flows = udp_flows(&topo, "10.96.6.1", 4)?;
     let maps = || Maps::open_pinned(topo.bpf.path());
     ensure!(
         conntrack_of(&maps()?, client.ip.into()) > 0,
@@ -1041,15 +1052,7 @@ fn a_bit_set_before_a_rollback_to_0_1_0_is_not_trusted_after_it() -> Result<()> 
     agent.wait_ready(Duration::from_secs(20))?;
     ensure!(tcx_program(&topo, "c0", egress)? == "sl_egress_pod");
     ensure!(!pods_bit(&topo)?, "a bit from before 0.1.0 ran was trusted");
-    for (c, backend) in &mut flows {
-        for _ in 0..2 {
-            let out = c.exchange()?;
-            ensure!(
-                out == ["ok", backend.as_str(), "10.96.6.1:53"],
-                "{out:?}, was {backend}"
-            );
-        }
-    }
+    same_backends(&mut flows, "10.96.6.1")?;
     agent.wait_until("a conntrack scan", Duration::from_secs(10), |a| {
         Ok(a.metric("sluice_conntrack_entries")? >= 8.0)
     })?;

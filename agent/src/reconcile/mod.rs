@@ -384,11 +384,42 @@ impl<W: MapWrites> Reconciler<W> {
         kept: bool,
     ) -> Result<(), DatapathError> {
         let set = self.writer.config()?.flags() & CFG_F_PODS_ON_SOCKETS != 0;
-        let action = self.pods.start(allowed, set, kept, self.left_to_tc);
+        let mut action = self.pods.start(allowed, set, kept, self.left_to_tc);
+        // A kept bit holds unless a pod's flow on the TC path lives (one
+        // that began while a write of the config raced the datapath's).
+        if set
+            && action == pods::Action::None
+            && (pods::pod_flows(&self.writer.conntrack4()?)
+                || pods::pod_flows(&self.writer.conntrack6()?))
+        {
+            action = pods::Action::Clear;
+        }
         self.write_pods_bit(action).map_err(|e| DatapathError::Io {
             path: sluice_common::maps::CONFIG.into(),
             source: std::io::Error::other(e),
         })
+    }
+
+    /// Sets `CFG_F_PODS_ON_SOCKETS`, then reads conntrack once more: a pod's
+    /// flow that began between the scan's read and the write found the bit
+    /// clear and did not take it away, so the bit goes again (also when
+    /// the read fails).
+    fn set_pods_bit(&mut self, report: &mut ScanReport) {
+        if let Err(e) = self.write_pods_bit(pods::Action::Set) {
+            report.errors.push(e);
+            return;
+        }
+        let began = match (self.writer.conntrack4(), self.writer.conntrack6()) {
+            (Ok(ct4), Ok(ct6)) => pods::pod_flows(&ct4) || pods::pod_flows(&ct6),
+            _ => true,
+        };
+        if began {
+            if let Err(e) = self.write_pods_bit(pods::Action::Clear) {
+                report.errors.push(e);
+            }
+        } else {
+            info!("every pod's flows are the socket programs': the pods' devices pass replies without a look");
+        }
     }
 
     /// Whether `CFG_F_PODS_ON_SOCKETS` is set.
@@ -1119,14 +1150,11 @@ impl<W: MapWrites> Reconciler<W> {
             }
             // The pods' egress looks at replies again before a pod's flow
             // can be the TC path's.
-            if pods::left_to_tc(key, want.flags) {
-                if self.pods.must_clear() {
-                    if let Err(e) = self.write_pods_bit(pods::Action::Clear) {
-                        report.errors.push(e);
-                        continue;
-                    }
+            if pods::left_to_tc(key, want.flags) && self.pods.must_clear() {
+                if let Err(e) = self.write_pods_bit(pods::Action::Clear) {
+                    report.errors.push(e);
+                    continue;
                 }
-                self.pods.restart();
             }
             let mut current = self.take_frontend(key).unwrap_or_default();
             if let Err(e) = frontend::sync(&mut self.writer, key, &mut current, want) {
@@ -1237,6 +1265,9 @@ impl<W: MapWrites> Reconciler<W> {
 
     fn scan_conntrack_inner(&mut self, now: Instant) -> Result<ScanReport, DatapathError> {
         let now_ns = conntrack::monotonic_ns();
+        // The bit as the datapath left it, read before conntrack: a flow
+        // that took it away after this read is in the entries read next.
+        let pods_set = self.writer.config()?.flags() & CFG_F_PODS_ON_SOCKETS != 0;
         let backends = &self.programmed.backends;
         let ct4 = self.writer.conntrack4()?;
         let ct6 = self.writer.conntrack6()?;
@@ -1292,25 +1323,18 @@ impl<W: MapWrites> Reconciler<W> {
                 Err(e) => report.errors.push(e),
             }
         }
-        let set = self.writer.config()?.flags() & CFG_F_PODS_ON_SOCKETS != 0;
-        if !set && self.pods.taken_away() {
+        let mut action = if !pods_set && self.pods.taken_away() {
             info!("a pod's flow began on the TC path: the pods' devices look at replies again until it ends");
+            self.pods.step(self.left_to_tc, &ct4, &ct6);
+            pods::Action::None
+        } else {
+            self.pods.step(self.left_to_tc, &ct4, &ct6)
+        };
+        if action == pods::Action::Set {
+            self.set_pods_bit(&mut report);
+            action = pods::Action::None;
         }
-        let action = self.pods.step(self.left_to_tc, &ct4, &ct6);
         match self.write_pods_bit(action) {
-            Ok(()) if action == pods::Action::Set => {
-                // A flow that began between the read above and the write
-                // could have found the bit clear: look once more.
-                let again = pods::began_since(&ct4, &self.writer.conntrack4()?)
-                    || pods::began_since(&ct6, &self.writer.conntrack6()?);
-                if again {
-                    if let Err(e) = self.write_pods_bit(pods::Action::Clear) {
-                        report.errors.push(e);
-                    }
-                } else {
-                    info!("every pod's flows are the socket programs': the pods' devices pass replies without a look");
-                }
-            }
             Ok(()) if self.pods.awaited() > 0 => {
                 debug!(
                     flows = self.pods.awaited(),

@@ -940,6 +940,27 @@ fn the_pods_bit_waits_for_tc_flows_and_clears_before_a_frontend_left_to_tc() {
     r.writer_mut().conntrack4.clear();
     r.scan_conntrack(now).unwrap();
     assert!(pods_bit(&r) && r.pods_on_sockets());
+    // A pod's flow the datapath marked (one that began between a scan's
+    // read and its write): the next scan clears the bit until it ends.
+    let marked = CtEntry {
+        flags: sluice_common::conntrack::CT_F_POD,
+        ..flow
+    };
+    r.writer_mut().conntrack4.push((ct_key, marked));
+    r.scan_conntrack(now).unwrap();
+    assert!(!pods_bit(&r), "set while a pod's flow of the TC path lives");
+    r.writer_mut().conntrack4.clear();
+    r.scan_conntrack(now).unwrap();
+    assert!(pods_bit(&r));
+    // The datapath takes it away: the scan that finds it gone does not
+    // set it again, the next one does.
+    let mut config = r.writer().config;
+    config.set_flags(config.flags() & !sluice_common::config::CFG_F_PODS_ON_SOCKETS);
+    r.writer_mut().config = config;
+    r.scan_conntrack(now).unwrap();
+    assert!(!pods_bit(&r) && !r.pods_on_sockets());
+    r.scan_conntrack(now).unwrap();
+    assert!(pods_bit(&r));
 
     // An SCTP service: the bit is cleared before its master is written.
     let mut both = web.clone();

@@ -303,12 +303,12 @@ fn new_flow(
         return snat::new_flow(ctx.skb.skb, flow, &nf);
     }
     // A pod's flow on the TC path: its replies need reverse NAT on the
-    // pod's device (`CFG_F_PODS_ON_SOCKETS` goes).
+    // pod's device (marked `CT_F_POD`; `CFG_F_PODS_ON_SOCKETS` goes).
     // SAFETY: reading the context's ingress device.
-    maps::new_flow_from_v4(u32::from_ne_bytes(flow.src), unsafe {
+    let pod = maps::new_flow_from_v4(u32::from_ne_bytes(flow.src), unsafe {
         (*ctx.skb.skb).ingress_ifindex
     });
-    snat::record(flow, &nf)?;
+    snat::record(flow, &nf, pod)?;
     nat::rewrite(ctx, flow, Side::Dst, backend_addr, backend.port)?;
     Ok(Verdict::Next)
 }

@@ -20,7 +20,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use sluice_common::{
-    conntrack::{CT_F_SNAT, CT_REFRESH_NS},
+    conntrack::{CT_F_POD, CT_F_SNAT, CT_REFRESH_NS},
     hash::flow_hash_v6,
     maps::SVCNET_CLUSTER_IP,
     service::{
@@ -277,8 +277,8 @@ fn try_new_flow(
     // A pod's flow on the TC path (see `ingress.rs`).
     // SAFETY: reading the context's ingress device.
     let ifindex = unsafe { (*skb).ingress_ifindex };
-    maps::new_flow_from_v6(&mut s.local_key, &s.flow.src, ifindex);
-    record(s, backend, master.svc_id, backend_id)?;
+    let pod = maps::new_flow_from_v6(&mut s.local_key, &s.flow.src, ifindex);
+    record(s, backend, master.svc_id, backend_id, pod)?;
     nat6::rewrite(skb, &s.flow, Side::Dst, &backend.addr, backend.port)?;
     Ok(Verdict::Next)
 }
@@ -295,11 +295,18 @@ pub(crate) fn hash(flow: &Flow6) -> u32 {
 }
 
 /// Records a new flow: reply entry first (the backend cannot answer before
-/// the rewritten packet leaves), then forward entry. The entry is built in
-/// the per-CPU scratch map and the keys in `Scratch6`; map inserts take
-/// references so that nothing is copied onto the stack.
+/// the rewritten packet leaves), then forward entry (`pod`: marked
+/// `CT_F_POD`). The entry is built in the per-CPU scratch map and the keys
+/// in `Scratch6`; map inserts take references so that nothing is copied
+/// onto the stack.
 #[inline(never)]
-fn record(s: &mut Scratch6, backend: &Backend, svc_id: u32, backend_id: u32) -> Result<(), Error> {
+fn record(
+    s: &mut Scratch6,
+    backend: &Backend,
+    svc_id: u32,
+    backend_id: u32,
+    pod: bool,
+) -> Result<(), Error> {
     let scratch = maps::scratch().ok_or(Error::Dangling)?;
     let e = &mut scratch.ct;
     let flow = &s.flow;
@@ -327,7 +334,7 @@ fn record(s: &mut Scratch6, backend: &Backend, svc_id: u32, backend_id: u32) -> 
     e.nat_port = 0;
     e.peer_port = 0;
     e.kind = CtKind::Forward as u8;
-    e.flags = tcp_bits_of(flow.proto, flow.tcp_flags);
+    e.flags = tcp_bits_of(flow.proto, flow.tcp_flags) | if pod { CT_F_POD } else { 0 };
     flow.ct_key_into(key);
     if !reply_ok || CONNTRACK_V6.insert(&*key, &*e, BPF_ANY as u64).is_err() {
         count(Stat::CtInsertFailed);

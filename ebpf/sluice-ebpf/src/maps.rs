@@ -11,7 +11,7 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use sluice_common::{
-    config::CFG_F_PODS_ON_SOCKETS,
+    config::{CFG_F_PODS_ON_SOCKETS, CFG_F_SOCK_PODS},
     events::EVENTS_RING_BYTES,
     filter, maps as names,
     maps::{
@@ -399,23 +399,32 @@ fn leave_sockets() {
     }
 }
 
-/// A new flow of the TC path without SNAT from `src` (entered through
-/// `ifindex`): if the bit is set and the source is a pod (local-traffic
-/// detection), the bit goes (`leave_sockets`). A separate BPF function:
-/// its key stays off the caller's frame.
+/// Whether a new flow of the TC path without SNAT from `src` (entered
+/// through `ifindex`) is a pod's, asked only while the socket programs
+/// serve pods (`CFG_F_SOCK_PODS`): its forward entry is then marked
+/// `CT_F_POD`, and the bit goes if set (`leave_sockets`). A separate BPF
+/// function: its key stays off the caller's frame.
 #[inline(never)]
-pub fn new_flow_from_v4(src: u32, ifindex: u32) {
-    if pods_on_sockets() && inside_v4(src, ifindex) {
+pub fn new_flow_from_v4(src: u32, ifindex: u32) -> bool {
+    if config().flags() & CFG_F_SOCK_PODS == 0 || !inside_v4(src, ifindex) {
+        return false;
+    }
+    if pods_on_sockets() {
         leave_sockets();
     }
+    true
 }
 
 /// `new_flow_from_v4` for IPv6 (the key is built in `key`).
 #[inline(always)]
-pub fn new_flow_from_v6(key: &mut Key<[u8; 16]>, src: &[u8; 16], ifindex: u32) {
-    if pods_on_sockets() && inside_v6(key, src, ifindex) {
+pub fn new_flow_from_v6(key: &mut Key<[u8; 16]>, src: &[u8; 16], ifindex: u32) -> bool {
+    if config().flags() & CFG_F_SOCK_PODS == 0 || !inside_v6(key, src, ifindex) {
+        return false;
+    }
+    if pods_on_sockets() {
         leave_sockets();
     }
+    true
 }
 
 /// Whether `client` is within the source ranges of service port `svc_id`.

@@ -25,7 +25,10 @@ use aya_ebpf::{
     programs::TcContext,
     EbpfContext,
 };
-use sluice_common::{conntrack::CT_F_SNAT, Ct4Key, CtEntry, CtKind, Stat};
+use sluice_common::{
+    conntrack::{CT_F_POD, CT_F_SNAT},
+    Ct4Key, CtEntry, CtKind, Stat,
+};
 
 use crate::events;
 use crate::{
@@ -268,9 +271,10 @@ fn fill(e: &mut CtEntry, flow: &Flow4, nf: &NewFlow, kind: CtKind, flags: u8) {
 }
 
 /// Records a new flow that is not SNATed: reply entry first (the backend
-/// cannot answer before the rewritten packet leaves), then forward entry.
+/// cannot answer before the rewritten packet leaves), then forward entry
+/// (`pod`: marked `CT_F_POD`).
 #[inline(never)]
-pub fn record(flow: &Flow4, nf: &NewFlow) -> Result<(), Error> {
+pub fn record(flow: &Flow4, nf: &NewFlow, pod: bool) -> Result<(), Error> {
     let backend = maps::backend(nf.backend_id).ok_or(Error::Dangling)?;
     let scratch = maps::scratch().ok_or(Error::Dangling)?;
     let e = &mut scratch.ct;
@@ -288,7 +292,7 @@ pub fn record(flow: &Flow4, nf: &NewFlow) -> Result<(), Error> {
     e.nat_port = 0;
     e.peer_port = 0;
     e.kind = CtKind::Forward as u8;
-    e.flags = tcp_bits(flow);
+    e.flags = tcp_bits(flow) | if pod { CT_F_POD } else { 0 };
     if !reply_ok
         || CONNTRACK_V4
             .insert(flow.ct_key(), &*e, BPF_ANY as u64)
