@@ -14,7 +14,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use sluice_common::{
-    conntrack::{CT_F_RST, CT_F_RX_CLOSING, CT_F_SEEN_REPLY, CT_F_SYN, CT_F_TX_CLOSING},
+    conntrack::{CT_F_POD, CT_F_RST, CT_F_RX_CLOSING, CT_F_SEEN_REPLY, CT_F_SYN, CT_F_TX_CLOSING},
     service::{
         SVC_F_DRAINING, SVC_F_DROP_EMPTY, SVC_F_INTERNAL, SVC_F_MAGLEV, SVC_F_MASQ_OUTSIDE,
         SVC_F_NODE_DENIED,
@@ -246,6 +246,7 @@ fn flag_names(flags: u8) -> Vec<&'static str> {
         (CT_F_TX_CLOSING, "client-fin"),
         (CT_F_RX_CLOSING, "backend-fin"),
         (CT_F_RST, "rst"),
+        (CT_F_POD, "pod"),
     ]
     .into_iter()
     .filter(|(bit, _)| flags & bit != 0)

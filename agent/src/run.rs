@@ -153,6 +153,15 @@ fn pod_devices(
         }),
         None => false,
     };
+    if args.ipv6
+        && matches!(local, LocalDetector::ClusterCidr(nets) if !nets.iter().any(|n| n.addr.is_ipv6()))
+    {
+        info!(
+            devices = ?patterns,
+            "pods' devices keep sl_egress: --cluster-cidr names no IPv6 network, so the datapath cannot tell an IPv6 pod's flow on the TC path (give one, or --ipv6=false)"
+        );
+        return Vec::new();
+    }
     if matches!(local, LocalDetector::Off) {
         info!(
             devices = ?patterns,

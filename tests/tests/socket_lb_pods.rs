@@ -784,7 +784,7 @@ fn a_udp_flow_that_began_on_the_tc_path_keeps_its_backend() -> Result<()> {
         &[
             ("SLUICE_SOCKET_LB", "all"),
             ("SLUICE_POD_DEVICES", "c*,b*"),
-            ("SLUICE_CLUSTER_CIDR", "10.0.0.0/8"),
+            ("SLUICE_CLUSTER_CIDR", "10.0.0.0/8,fd00::/8"),
             ("SLUICE_CONNTRACK_GC_INTERVAL", "200ms"),
         ],
     )?;
@@ -935,7 +935,7 @@ fn pod_devices_pass_replies_while_every_pod_flow_is_the_sockets() -> Result<()> 
             "--pod-devices",
             "c*,b*",
             "--cluster-cidr",
-            "10.0.0.0/8",
+            "10.0.0.0/8,fd00::/8",
             "--conntrack-gc-interval",
             "200ms",
         ],
@@ -1022,7 +1022,7 @@ fn a_bit_set_before_a_rollback_to_0_1_0_is_not_trusted_after_it() -> Result<()> 
     // Options as environment, which 0.1.0 ignores where it has no option.
     let pods = [
         ("SLUICE_POD_DEVICES", "c*,b*"),
-        ("SLUICE_CLUSTER_CIDR", "10.0.0.0/8"),
+        ("SLUICE_CLUSTER_CIDR", "10.0.0.0/8,fd00::/8"),
         ("SLUICE_CONNTRACK_GC_INTERVAL", "200ms"),
     ];
     let bin = sluice_tests::agent::binary()?;

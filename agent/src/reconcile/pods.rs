@@ -41,12 +41,13 @@ pub fn left_to_tc(key: &FrontendKey, flags: u16) -> bool {
     key.proto == Proto::Sctp || flags & SVC_F_SOURCE_RANGES != 0
 }
 
-/// Whether `entries` hold a live flow of a pod on the TC path (a forward
-/// entry marked `CT_F_POD`, not SNATed).
+/// Whether `entries` hold a live flow of a pod on the TC path (an entry
+/// marked `CT_F_POD`, not SNATed: the forward one, or the reply one that
+/// an LRU eviction of the other left).
 pub fn pod_flows<K>(entries: &[(K, CtEntry)]) -> bool {
-    entries.iter().any(|(_, e)| {
-        e.kind == CtKind::Forward as u8 && e.flags & CT_F_POD != 0 && e.flags & CT_F_SNAT == 0
-    })
+    entries
+        .iter()
+        .any(|(_, e)| e.flags & CT_F_POD != 0 && e.flags & CT_F_SNAT == 0)
 }
 
 /// What a conntrack scan asks of `CFG_F_PODS_ON_SOCKETS`.
@@ -273,6 +274,8 @@ mod tests {
         // (it began between the agent's read and its write): cleared.
         assert_eq!(p.step(0, &pod, &[]), Action::Clear);
         assert!(pod_flows(&pod));
+        // A reply entry whose forward one the LRU took counts too.
+        assert!(pod_flows(&[(9, entry(CtKind::Reply, CT_F_POD))]));
     }
 
     #[test]

@@ -179,10 +179,11 @@ pub const CT_F_SEEN_REPLY: u8 = 1 << 4;
 /// The flow is SNATed to the node (`nat_addr:nat_port` on the forward
 /// entry); its replies are handled on the way in.
 pub const CT_F_SNAT: u8 = 1 << 5;
-/// Forward entry: the client is a pod of this node (local-traffic
-/// detection, with `CFG_F_SOCK_PODS`), so the flow's replies need reverse
-/// NAT on the pod's device: while such a flow lives the agent keeps
-/// `CFG_F_PODS_ON_SOCKETS` clear. 0.1.0 neither sets nor reads it.
+/// Both entries of a flow without SNAT whose client is a pod of this node
+/// (local-traffic detection, with `CFG_F_SOCK_PODS`): its replies need
+/// reverse NAT on the pod's device, so while either entry lives the agent
+/// keeps `CFG_F_PODS_ON_SOCKETS` clear (the reply entry too: an LRU may
+/// evict the forward one first). 0.1.0 neither sets nor reads it.
 pub const CT_F_POD: u8 = 1 << 6;
 
 /// The datapath rewrites `last_seen_ns` at most this often per entry.

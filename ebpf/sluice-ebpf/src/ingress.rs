@@ -309,6 +309,9 @@ fn new_flow(
         (*ctx.skb.skb).ingress_ifindex
     });
     snat::record(flow, &nf, pod)?;
+    if pod {
+        maps::pod_flow_recorded();
+    }
     nat::rewrite(ctx, flow, Side::Dst, backend_addr, backend.port)?;
     Ok(Verdict::Next)
 }

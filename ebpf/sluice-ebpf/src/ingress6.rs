@@ -279,6 +279,9 @@ fn try_new_flow(
     let ifindex = unsafe { (*skb).ingress_ifindex };
     let pod = maps::new_flow_from_v6(&mut s.local_key, &s.flow.src, ifindex);
     record(s, backend, master.svc_id, backend_id, pod)?;
+    if pod {
+        maps::pod_flow_recorded();
+    }
     nat6::rewrite(skb, &s.flow, Side::Dst, &backend.addr, backend.port)?;
     Ok(Verdict::Next)
 }
@@ -318,7 +321,7 @@ fn record(
     e.nat_port = flow.dport;
     e.peer_port = flow.sport;
     e.kind = CtKind::Reply as u8;
-    e.flags = 0;
+    e.flags = if pod { CT_F_POD } else { 0 };
     e._pad = [0; 2];
     // The reply key: backend -> client.
     let key = &mut s.ct_key;

@@ -401,30 +401,29 @@ fn leave_sockets() {
 
 /// Whether a new flow of the TC path without SNAT from `src` (entered
 /// through `ifindex`) is a pod's, asked only while the socket programs
-/// serve pods (`CFG_F_SOCK_PODS`): its forward entry is then marked
-/// `CT_F_POD`, and the bit goes if set (`leave_sockets`). A separate BPF
-/// function: its key stays off the caller's frame.
+/// serve pods (`CFG_F_SOCK_PODS`): its entries are then marked `CT_F_POD`,
+/// and once they are in, `pod_flow_recorded` takes the bit away. A
+/// separate BPF function: its key stays off the caller's frame.
 #[inline(never)]
 pub fn new_flow_from_v4(src: u32, ifindex: u32) -> bool {
-    if config().flags() & CFG_F_SOCK_PODS == 0 || !inside_v4(src, ifindex) {
-        return false;
-    }
-    if pods_on_sockets() {
-        leave_sockets();
-    }
-    true
+    config().flags() & CFG_F_SOCK_PODS != 0 && inside_v4(src, ifindex)
 }
 
 /// `new_flow_from_v4` for IPv6 (the key is built in `key`).
 #[inline(always)]
 pub fn new_flow_from_v6(key: &mut Key<[u8; 16]>, src: &[u8; 16], ifindex: u32) -> bool {
-    if config().flags() & CFG_F_SOCK_PODS == 0 || !inside_v6(key, src, ifindex) {
-        return false;
-    }
+    config().flags() & CFG_F_SOCK_PODS != 0 && inside_v6(key, src, ifindex)
+}
+
+/// A pod's flow is recorded (marked `CT_F_POD`): the bit goes if set.
+/// After the insert, so that an agent that sets the bit meanwhile either
+/// finds the marked entry when it reads conntrack again, or has set it
+/// before this read and sees it gone.
+#[inline(always)]
+pub fn pod_flow_recorded() {
     if pods_on_sockets() {
         leave_sockets();
     }
-    true
 }
 
 /// Whether `client` is within the source ranges of service port `svc_id`.

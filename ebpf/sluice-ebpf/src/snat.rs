@@ -278,7 +278,8 @@ pub fn record(flow: &Flow4, nf: &NewFlow, pod: bool) -> Result<(), Error> {
     let backend = maps::backend(nf.backend_id).ok_or(Error::Dangling)?;
     let scratch = maps::scratch().ok_or(Error::Dangling)?;
     let e = &mut scratch.ct;
-    fill(e, flow, nf, CtKind::Reply, 0);
+    let mark = if pod { CT_F_POD } else { 0 };
+    fill(e, flow, nf, CtKind::Reply, mark);
     let reply_key = Ct4Key::new(
         backend.addr_v4(),
         flow.src,
@@ -292,7 +293,7 @@ pub fn record(flow: &Flow4, nf: &NewFlow, pod: bool) -> Result<(), Error> {
     e.nat_port = 0;
     e.peer_port = 0;
     e.kind = CtKind::Forward as u8;
-    e.flags = tcp_bits(flow) | if pod { CT_F_POD } else { 0 };
+    e.flags = tcp_bits(flow) | mark;
     if !reply_ok
         || CONNTRACK_V4
             .insert(flow.ct_key(), &*e, BPF_ANY as u64)
