@@ -56,6 +56,14 @@ pub fn tcp_greeter(ns: &Netns, port: u16, name: &str) -> Result<Server> {
     tcp_server(ns, any(false, port), name, false)
 }
 
+/// A TCP greeter on `0.0.0.0:port` in every backend pod of `topo`.
+pub fn tcp_greeters(topo: &crate::Topology, port: u16) -> Result<Vec<Server>> {
+    topo.backends
+        .iter()
+        .map(|b| tcp_greeter(&b.ns, port, &b.name))
+        .collect()
+}
+
 /// Starts a TCP greeter on `[::]:port` (IPv6 only) inside `ns`.
 pub fn tcp_greeter6(ns: &Netns, port: u16, name: &str) -> Result<Server> {
     tcp_server(ns, any(true, port), name, false)

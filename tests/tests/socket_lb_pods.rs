@@ -517,11 +517,7 @@ fn pods_reach_every_kind_of_frontend_through_their_sockets() -> Result<()> {
 #[test]
 fn pods_select_as_the_tc_path_does() -> Result<()> {
     let topo = Topology::new(2, 3)?;
-    let _tcp = topo
-        .backends
-        .iter()
-        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
-        .collect::<Result<Vec<_>>>()?;
+    let _tcp = servers::tcp_greeters(&topo, 8080)?;
     let eps: Vec<Ep> = topo
         .backends
         .iter()
@@ -612,11 +608,7 @@ fn pods_select_as_the_tc_path_does() -> Result<()> {
 fn host_mode_leaves_pods_to_the_tc_path() -> Result<()> {
     let mut topo = Topology::new(1, 2)?;
     topo.add_external()?;
-    let _tcp = topo
-        .backends
-        .iter()
-        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
-        .collect::<Result<Vec<_>>>()?;
+    let _tcp = servers::tcp_greeters(&topo, 8080)?;
     let eps: Vec<Ep> = topo
         .backends
         .iter()
@@ -895,11 +887,7 @@ fn pod_devices_pass_replies_while_every_pod_flow_is_the_sockets() -> Result<()> 
     use sluice_tests::bpf::{BPF_TCX_EGRESS, BPF_TCX_INGRESS};
     let mut topo = Topology::new(1, 2)?;
     topo.add_external()?;
-    let _servers = topo
-        .backends
-        .iter()
-        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
-        .collect::<Result<Vec<_>>>()?;
+    let _servers = servers::tcp_greeters(&topo, 8080)?;
     let b = |k: usize| -> IpAddr { topo.backends[k].ip.into() };
     let dir = ManifestDir::create()?;
     dir.write("node.yaml", &node_yaml(&topo))?;
