@@ -29,7 +29,9 @@ use crate::{
     reconcile::{BackendId, BackendLookup},
 };
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`, and
+/// of the datapath's stamps (`bpf_ktime_get_coarse_ns`), which lag it by
+/// at most a tick (ages are taken with `saturating_sub`).
 pub fn monotonic_ns() -> u64 {
     // SAFETY: clock_gettime fills the timespec we own.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
