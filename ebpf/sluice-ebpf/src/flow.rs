@@ -217,6 +217,20 @@ pub fn ether_type(ctx: &TcContext) -> Option<[u8; 2]> {
     Some(unsafe { *((start + 12) as *const [u8; 2]) })
 }
 
+/// Whether an IPv4 frame may carry SCTP: its protocol byte says so, or is
+/// not in the linear data (then `sctp::ports` looks). Spares every other
+/// packet the call.
+#[inline(always)]
+pub fn may_be_sctp4(ctx: &TcContext) -> bool {
+    let start = ctx.data();
+    let off = ETH_LEN + 9;
+    if start + off + 1 > ctx.data_end() {
+        return true;
+    }
+    // SAFETY: bounds checked just above; one byte read.
+    unsafe { *((start + off) as *const u8) == IPPROTO_SCTP }
+}
+
 /// Reads header `T` at `off` for the reject builders (after `parse`
 /// ensured the headers are linear).
 #[inline(always)]

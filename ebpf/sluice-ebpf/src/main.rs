@@ -86,7 +86,11 @@ pub fn sl_ingress(ctx: TcContext) -> i32 {
     if flow::ether_type(&ctx) == Some(ETH_P_IPV6) {
         return jump(&ctx, PROG_INGRESS6);
     }
-    let sctp = sctp::ports(ctx.skb.skb);
+    let sctp = if flow::may_be_sctp4(&ctx) {
+        sctp::ports(ctx.skb.skb)
+    } else {
+        0
+    };
     let code = match ingress::handle(&ctx) {
         Ok(Verdict::HandOver) => hand_over(&ctx, HANDOVER_INGRESS),
         other => settle(other).code(),
@@ -117,7 +121,11 @@ fn egress(ctx: &TcContext) -> i32 {
     if flow::ether_type(ctx) == Some(ETH_P_IPV6) {
         return jump(ctx, PROG_EGRESS6);
     }
-    let sctp = sctp::ports(ctx.skb.skb);
+    let sctp = if flow::may_be_sctp4(ctx) {
+        sctp::ports(ctx.skb.skb)
+    } else {
+        0
+    };
     let code = match egress::handle(ctx) {
         Ok(Verdict::HandOver) => hand_over(ctx, HANDOVER_EGRESS),
         other => settle(other).code(),
