@@ -275,11 +275,9 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
             .context("detaching socket-level balancing")?;
         None
     } else {
-        let cgroup = match &args.cgroup_root {
-            Some(path) => path.clone(),
-            None => crate::datapath::cgroup2_mount()
-                .context("no cgroup2 mount found for socket-level balancing (use --cgroup-root or --socket-lb=off)")?,
-        };
+        let cgroup = cgroup_path.clone().context(
+            "no cgroup2 mount found for socket-level balancing (use --cgroup-root or --socket-lb=off)",
+        )?;
         let mut flags = 0;
         if socket_lb == SocketLb::All {
             flags |= CFG_F_SOCK_PODS;

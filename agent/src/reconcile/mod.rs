@@ -383,15 +383,11 @@ impl<W: MapWrites> Reconciler<W> {
         allowed: bool,
         kept: bool,
     ) -> Result<(), DatapathError> {
-        let set = self.writer.config()?.flags() & CFG_F_PODS_ON_SOCKETS != 0;
+        let set = self.pods_bit_in_map()?;
         let mut action = self.pods.start(allowed, set, kept, self.left_to_tc);
         // A kept bit holds unless a pod's flow on the TC path lives (one
         // that began while a write of the config raced the datapath's).
-        if set
-            && action == pods::Action::None
-            && (pods::pod_flows(&self.writer.conntrack4()?)
-                || pods::pod_flows(&self.writer.conntrack6()?))
-        {
+        if set && action == pods::Action::None && self.pod_flows_in_maps()? {
             action = pods::Action::Clear;
         }
         self.write_pods_bit(action).map_err(|e| DatapathError::Io {
@@ -409,17 +405,24 @@ impl<W: MapWrites> Reconciler<W> {
             report.errors.push(e);
             return;
         }
-        let began = match (self.writer.conntrack4(), self.writer.conntrack6()) {
-            (Ok(ct4), Ok(ct6)) => pods::pod_flows(&ct4) || pods::pod_flows(&ct6),
-            _ => true,
-        };
-        if began {
+        if self.pod_flows_in_maps().unwrap_or(true) {
             if let Err(e) = self.write_pods_bit(pods::Action::Clear) {
                 report.errors.push(e);
             }
         } else {
             info!("every pod's flows are the socket programs': the pods' devices pass replies without a look");
         }
+    }
+
+    /// Whether the config map holds `CFG_F_PODS_ON_SOCKETS` set.
+    fn pods_bit_in_map(&self) -> Result<bool, DatapathError> {
+        Ok(self.writer.config()?.flags() & CFG_F_PODS_ON_SOCKETS != 0)
+    }
+
+    /// Whether conntrack holds a pod's flow on the TC path (`pods::pod_flows`).
+    fn pod_flows_in_maps(&self) -> Result<bool, DatapathError> {
+        Ok(pods::pod_flows(&self.writer.conntrack4()?)
+            || pods::pod_flows(&self.writer.conntrack6()?))
     }
 
     /// Whether `CFG_F_PODS_ON_SOCKETS` is set.
@@ -1267,7 +1270,7 @@ impl<W: MapWrites> Reconciler<W> {
         let now_ns = conntrack::monotonic_ns();
         // The bit as the datapath left it, read before conntrack: a flow
         // that took it away after this read is in the entries read next.
-        let pods_set = self.writer.config()?.flags() & CFG_F_PODS_ON_SOCKETS != 0;
+        let pods_set = self.pods_bit_in_map()?;
         let backends = &self.programmed.backends;
         let ct4 = self.writer.conntrack4()?;
         let ct6 = self.writer.conntrack6()?;
@@ -1323,26 +1326,25 @@ impl<W: MapWrites> Reconciler<W> {
                 Err(e) => report.errors.push(e),
             }
         }
-        let mut action = if !pods_set && self.pods.taken_away() {
+        let taken = !pods_set && self.pods.taken_away();
+        if taken {
             info!("a pod's flow began on the TC path: the pods' devices look at replies again until it ends");
-            self.pods.step(self.left_to_tc, &ct4, &ct6);
-            pods::Action::None
-        } else {
-            self.pods.step(self.left_to_tc, &ct4, &ct6)
-        };
-        if action == pods::Action::Set {
-            self.set_pods_bit(&mut report);
-            action = pods::Action::None;
         }
-        match self.write_pods_bit(action) {
-            Ok(()) if self.pods.awaited() > 0 => {
-                debug!(
-                    flows = self.pods.awaited(),
-                    "the pods' devices look at replies until these flows of the TC path end"
-                );
+        match self.pods.step(self.left_to_tc, &ct4, &ct6) {
+            // Not in the scan that found it taken away.
+            pods::Action::Set if taken => {}
+            pods::Action::Set => self.set_pods_bit(&mut report),
+            action => {
+                if let Err(e) = self.write_pods_bit(action) {
+                    report.errors.push(e);
+                }
             }
-            Ok(()) => {}
-            Err(e) => report.errors.push(e),
+        }
+        if self.pods.awaited() > 0 {
+            debug!(
+                flows = self.pods.awaited(),
+                "the pods' devices look at replies until these flows of the TC path end"
+            );
         }
         self.drain.record_scan(FlowCounts {
             started: now,
