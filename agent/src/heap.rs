@@ -1,6 +1,6 @@
-//! The process heap (glibc's allocator): two arenas, large blocks mapped on
-//! their own, and freed memory given back to the kernel after the large
-//! transient work of a full reconcile; and B-trees rebuilt with full nodes.
+//! The process heap: mimalloc, freed memory given back to the kernel at
+//! once and after the large transient work of a full reconcile; and
+//! B-trees rebuilt with full nodes.
 
 use std::{
     collections::BTreeMap,
@@ -24,50 +24,47 @@ pub fn compact<K: Ord, V>(map: &mut BTreeMap<K, V>) {
     }
 }
 
-/// Two glibc malloc arenas for the whole process, set before any thread
-/// exists. With one per thread (glibc's default), the list decoded on one
-/// thread and applied on another left freed memory stranded in each
-/// arena: at 100,000 services VmHWM was 363-376 MB after the first sync
-/// and a relist added 30 MB; with one arena 333 MB and 15 MB. One arena
-/// has one lock, though, and three threads allocate at once during a
-/// first list (two decode pages, one programs): a profile at 100,000
-/// services had the agent spend 14-22% of each thread's time waiting for
-/// that lock or waking its waiters, on top of 14-25% in the allocator.
-/// With two, start to ready went from 9.4-10.7 s to 6.8 s (agent CPU
-/// 11.5-13.3 s to 8.7 s) for 5.8 MB more VmHWM; three arenas were no
-/// faster and held 10.5 MB more (docs/performance.md, issue 17). A
-/// relist still adds nothing to VmHWM with two (every run of that
-/// session).
+/// The agent's allocator: mimalloc, in `main.rs` as the global one.
 ///
-/// Blocks of 1 MiB and more are mapped on their own and unmapped when
-/// freed. glibc's default threshold starts at 128 kB and rises to 32 MB
-/// as mapped blocks are freed, after which the reconciler's hash tables,
-/// outgrown and freed as they double, stayed resident in the heap: with
-/// services programmed while the first list streams in, VmHWM at 100,000
-/// services went from 210 to 247-254 MB; with the threshold fixed, 212 MB.
-pub fn arenas() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only sets an allocator parameter; the caller runs it
-    // before the runtime starts any thread.
+/// glibc's malloc had three costs here (docs/performance.md, issue 17):
+/// its arenas' locks (three threads allocate at once during a first
+/// list: two decode pages, one programs), which one arena made a
+/// bottleneck and one arena per thread answered by stranding freed memory
+/// in each; its per-allocation overhead; and freed pages it keeps until
+/// `malloc_trim`. mimalloc's per-thread heaps need no lock, and it gives
+/// free pages back on its own. At 100,000 services (API-fed, the same
+/// day): start to ready 7.40 s with glibc (two arenas), 5.24-5.36 s with
+/// mimalloc, for the same VmHWM (158-160 MB); with mimalloc's default
+/// purge delay (1 s) freed pages outlived the transients that freed them
+/// and VmHWM was 215 MB, and a relist added 34 MB.
+pub type Allocator = mimalloc::MiMalloc;
+
+/// mimalloc's option number of `purge_delay` (its `mi_option_t`; the same
+/// in its v2 and v3).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Sets the allocator's parameters; run first in `main`. Freed pages
+/// are given back at once: the agent's transients (a list's pages, a
+/// full reconcile's plans) are large and rare, and a delay keeps them
+/// resident on top of what the next one allocates.
+pub fn configure() {
+    // SAFETY: mi_option_set only stores an option's value.
     unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
     }
 }
 
-/// Gives the heap's free pages back to the kernel (`malloc_trim`), and
+/// Gives the heap's free pages back to the kernel (`mi_collect`), and
 /// says how long that took. A full reconcile frees its translations, plan
-/// buffers and the reconciler's reserved room when it ends; glibc keeps
-/// such pages resident inside the heap, where only a later allocation
-/// reuses them. Given back, the resident set after a full reconcile is
-/// what the agent holds, and a later transient (a relist's pages) stays
-/// under the first sync's high-water mark instead of adding to it.
+/// buffers and the reconciler's reserved room when it ends; given back,
+/// the resident set after a full reconcile is what the agent holds, and
+/// a later transient (a relist's pages) stays under the first sync's
+/// high-water mark instead of adding to it.
 pub fn give_back_free_pages() -> Duration {
     let started = Instant::now();
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    // SAFETY: mi_collect only walks the allocator's own free lists.
     unsafe {
-        libc::malloc_trim(0);
+        libmimalloc_sys::mi_collect(true);
     }
     started.elapsed()
 }

@@ -23,8 +23,11 @@ fn clean(args: &CleanupArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[global_allocator]
+static HEAP: sluice::heap::Allocator = sluice::heap::Allocator {};
+
 fn main() -> ExitCode {
-    sluice::heap::arenas();
+    sluice::heap::configure();
     match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
