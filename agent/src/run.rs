@@ -234,8 +234,40 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     ));
     let metrics = Arc::new(Metrics::new());
 
-    let (mut datapath, maps) = Datapath::load_logging(root, &sizes, args.datapath_log_level)
-        .context("loading the datapath")?;
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+    // The source starts first: its lists stream in (decoded, queued for
+    // the sync task) while the programs load and the verifier checks
+    // them, about 0.6 s of one CPU (docs/performance.md, issue 17).
+    let (tx, rx) = mpsc::channel(1024);
+    match &args.source {
+        Source::Kube => {
+            let client = kube_client(args.kubeconfig.as_deref()).await?;
+            tasks.spawn(sources::kube::run(
+                client,
+                node_name.clone(),
+                tx,
+                health.clone(),
+                metrics.clone(),
+            ));
+        }
+        Source::Dir(dir) => {
+            info!(dir = %dir.display(), "reading manifests from a directory");
+            tasks.spawn(sources::dir::run(
+                dir.clone(),
+                args.dir_poll_interval.0,
+                tx,
+                health.clone(),
+                metrics.clone(),
+                shutdown_rx.clone(),
+            ));
+        }
+    }
+
+    let (mut datapath, maps) = tokio::task::block_in_place(|| {
+        Datapath::load_logging(root, &sizes, args.datapath_log_level)
+    })
+    .context("loading the datapath")?;
     let datapath_logger = datapath.take_logger();
     let mut reconciler = Reconciler::new(MapWriter::new(maps), &sizes, args.drain_timeout.0)
         .context("adopting the pinned maps")?;
@@ -296,9 +328,6 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         backends = reconciler.programmed().backends.len(),
         "datapath loaded; adopted what the maps hold"
     );
-
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let mut tasks = JoinSet::new();
 
     let admin = Admin {
         health: health.clone(),
@@ -398,7 +427,6 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         health.clone(),
         shutdown_rx.clone(),
     ));
-    let (tx, rx) = mpsc::channel(1024);
     let sync = Sync::new(
         SyncConfig {
             translate,
@@ -415,24 +443,6 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     .with_local_interfaces(ifaces_rx)
     .with_node_addresses(node_addrs_tx);
     let mut sync_task = tokio::spawn(sync.run(rx, shutdown_rx.clone()));
-
-    match &args.source {
-        Source::Kube => {
-            let client = kube_client(args.kubeconfig.as_deref()).await?;
-            tasks.spawn(sources::kube::run(client, node_name, tx, health, metrics));
-        }
-        Source::Dir(dir) => {
-            info!(dir = %dir.display(), "reading manifests from a directory");
-            tasks.spawn(sources::dir::run(
-                dir.clone(),
-                args.dir_poll_interval.0,
-                tx,
-                health,
-                metrics.clone(),
-                shutdown_rx.clone(),
-            ));
-        }
-    }
 
     tokio::select! {
         r = next_signal() => r?,
