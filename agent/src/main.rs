@@ -23,6 +23,9 @@ fn clean(args: &CleanupArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+// `--features system-alloc`: glibc's malloc, for heap profilers that
+// intercept it (heaptrack; docs/performance.md).
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static HEAP: sluice::heap::Allocator = sluice::heap::Allocator {};
 

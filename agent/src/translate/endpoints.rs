@@ -60,7 +60,7 @@ pub(super) fn collect<'a>(
         let Some(sp) = slice
             .ports
             .iter()
-            .find(|p| p.name == port_name && p.proto == proto)
+            .find(|p| *p.name == *port_name && p.proto == proto)
         else {
             continue;
         };

@@ -266,7 +266,7 @@ pub fn translate_service(
         let name = ServicePortName::new(
             key.namespace.clone(),
             key.name.clone(),
-            crate::model::intern(&port.port_name()),
+            port.port_name(),
             port.proto,
         );
         if !seen.insert(name.clone()) {

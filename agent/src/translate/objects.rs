@@ -269,8 +269,10 @@ impl ServiceType {
 /// One TCP or UDP port of a service.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PortInfo {
-    /// The port's name; empty when unnamed.
-    pub name: String,
+    /// The port's name; empty when unnamed. Interned: most services name
+    /// their ports alike (`http`), and a `String` each was an allocation
+    /// of every service and slice (docs/performance.md, issue 17).
+    pub name: Arc<str>,
     pub proto: Proto,
     pub port: u16,
     /// The node port, if one is allocated.
@@ -280,9 +282,9 @@ pub struct PortInfo {
 impl PortInfo {
     /// The name `ServicePortName` uses: the port's name, or its number
     /// when unnamed.
-    pub fn port_name(&self) -> String {
+    pub fn port_name(&self) -> Arc<str> {
         if self.name.is_empty() {
-            self.port.to_string()
+            crate::model::intern(&self.port.to_string())
         } else {
             self.name.clone()
         }
@@ -632,7 +634,7 @@ fn parse_ports(spec: &ServiceSpec, problems: &mut Problems) -> Vec<PortInfo> {
 }
 
 fn parse_port(index: usize, p: &ServicePort, problems: &mut Problems) -> Option<PortInfo> {
-    let name = p.name.clone().unwrap_or_default();
+    let name = crate::model::intern(p.name.as_deref().unwrap_or_default());
     // Named only for a problem.
     let what = || {
         if name.is_empty() {
@@ -867,8 +869,8 @@ impl Conditions {
 /// One port of an EndpointSlice.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SlicePort {
-    /// Matches `PortInfo::name`; empty when unnamed.
-    pub name: String,
+    /// Matches `PortInfo::name`; empty when unnamed. Interned.
+    pub name: Arc<str>,
     pub proto: Proto,
     pub port: u16,
 }
@@ -1105,7 +1107,7 @@ impl SliceInfo {
             Vec::with_capacity(slice.ports.as_ref().map_or(0, Vec::len));
         for p in slice.ports.iter().flatten() {
             // The API documents an unset name as the empty string.
-            let name = p.name.clone().unwrap_or_default();
+            let name = crate::model::intern(p.name.as_deref().unwrap_or_default());
             let proto = match parse_proto(p.protocol.as_deref()) {
                 Ok(proto) => proto,
                 Err(other) => {
@@ -1560,7 +1562,7 @@ mod tests {
         let kept: Vec<_> = info
             .ports
             .iter()
-            .map(|p| (p.name.as_str(), p.proto))
+            .map(|p| (&*p.name, p.proto))
             .collect();
         assert_eq!(
             kept,
@@ -1623,7 +1625,7 @@ mod tests {
         assert!(info.cluster_ips.is_empty());
         assert_eq!(*info.external_ips(), [ip("1.2.3.4")]);
         assert_eq!(info.ports.len(), 1);
-        assert_eq!(info.ports[0].name, "c");
+        assert_eq!(&*info.ports[0].name, "c");
         let reasons: Vec<_> = info.problems().iter().map(|p| p.reason).collect();
         assert_eq!(
             reasons,
@@ -1822,7 +1824,7 @@ mod tests {
             vec![e],
         );
         let info = SliceInfo::from_slice(&s).unwrap().unwrap();
-        assert_eq!(info.ports[0].name, "");
+        assert_eq!(&*info.ports[0].name, "");
         let strs = |h: &[Arc<str>]| h.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(
             strs(info.endpoints.get(0).unwrap().zone_hints()),
