@@ -217,6 +217,35 @@ async fn next_signal() -> Result<()> {
     Ok(())
 }
 
+/// Runs the sync task (the one writer of the maps) on a thread of its
+/// own, in a single-threaded runtime: its reconciles block as long as
+/// they write, and on the shared runtime each one moved that worker's
+/// other tasks elsewhere (`block_in_place`), so the reconciler's
+/// allocations went to a new thread's heap each time. On one thread
+/// they stay in one heap (docs/performance.md, issue 17). The receiver
+/// says when it ended (an error if it could not start or panicked).
+fn spawn_sync(
+    sync: Sync,
+    rx: mpsc::Receiver<sources::Envelope>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<tokio::sync::oneshot::Receiver<()>> {
+    let (ended_tx, ended_rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("sluice-sync".into())
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt.block_on(sync.run(rx, shutdown)),
+                Err(e) => tracing::error!(error = %e, "no runtime for the sync task"),
+            }
+            let _ = ended_tx.send(());
+        })
+        .context("starting the sync thread")?;
+    Ok(ended_rx)
+}
+
 pub async fn agent(args: AgentArgs) -> Result<()> {
     unblock_termination_signals();
     let node_name = args.hostname_override.clone().unwrap_or_else(hostname);
@@ -442,13 +471,14 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     )
     .with_local_interfaces(ifaces_rx)
     .with_node_addresses(node_addrs_tx);
-    let mut sync_task = tokio::spawn(sync.run(rx, shutdown_rx.clone()));
+    let mut sync_task = spawn_sync(sync, rx, shutdown_rx.clone())?;
 
     tokio::select! {
         r = next_signal() => r?,
         ended = &mut sync_task => {
             tasks.abort_all();
-            return Err(anyhow!("the sync task ended unexpectedly ({ended:?})"));
+            let how = if ended.is_ok() { "returned" } else { "panicked" };
+            return Err(anyhow!("the sync task ended unexpectedly (it {how})"));
         }
     }
     info!("shutting down; the datapath stays attached and keeps forwarding");

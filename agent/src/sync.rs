@@ -227,7 +227,7 @@ impl<W: MapWrites> Sync<W> {
     /// reconcile, scan conntrack when due.
     fn step(&mut self, due: &mut Due) {
         if !self.stores.all_synced() {
-            tokio::task::block_in_place(|| self.program_listed());
+            self.program_listed();
             return;
         }
         let now = Instant::now();
@@ -255,7 +255,7 @@ impl<W: MapWrites> Sync<W> {
             || !self.unsynced.is_empty();
         // The problem report walks every stored object: after the map
         // writes, so that it never delays a change reaching the maps.
-        let ok = !work || tokio::task::block_in_place(|| self.reconcile(full));
+        let ok = !work || self.reconcile(full);
         self.desired.forget_translations();
         if translated {
             if let Some(tx) = &self.node_addrs {
