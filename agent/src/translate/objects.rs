@@ -1559,11 +1559,7 @@ mod tests {
             ],
         );
         let info = ServiceInfo::from_service(&svc).unwrap().unwrap();
-        let kept: Vec<_> = info
-            .ports
-            .iter()
-            .map(|p| (&*p.name, p.proto))
-            .collect();
+        let kept: Vec<_> = info.ports.iter().map(|p| (&*p.name, p.proto)).collect();
         assert_eq!(
             kept,
             vec![
