@@ -968,34 +968,33 @@ impl<W: MapWrites> Reconciler<W> {
             return;
         }
         let errors = report.errors.len();
-        let want = service_nets(desired);
-        if self.programmed.service_nets == want
-            && self.programmed.svcnet_summary_v4 == svcnet_summary(want.keys())
+        // The desired entries are walked, never collected: at 100,000
+        // services a map of them, a list of both sides' keys and the
+        // cluster IPs' set were 7.7 MB at the agent's peak, the end of
+        // its first sync (docs/performance.md, issue 17).
+        let want = || service_nets(desired);
+        let programmed = &self.programmed.service_nets;
+        if programmed.iter().map(|(k, v)| (*k, *v)).eq(want())
+            && self.programmed.svcnet_summary_v4 == svcnet_summary(want().map(|(k, _)| k))
         {
             self.nets_synced = Some(version);
             return;
         }
         // The summary widens first (what is programmed and what comes),
         // so a new cluster IP is never outside it while it is in the LPM.
-        let both: Vec<SourceRange> = self
-            .programmed
-            .service_nets
-            .keys()
-            .chain(want.keys())
-            .copied()
-            .collect();
-        self.sync_svcnet_summary(svcnet_summary(both.iter()), report);
+        let widened = svcnet_summary(programmed.keys().copied().chain(want().map(|(k, _)| k)));
+        self.sync_svcnet_summary(widened, report);
         let (mut left_out, mut added) = (0, 0);
-        for (net, kind) in &want {
-            if self.programmed.service_nets.get(net) == Some(kind) {
+        for (net, kind) in want() {
+            if self.programmed.service_nets.get(&net) == Some(&kind) {
                 continue;
             }
-            match self.writer.put(Entry::ServiceNet(*net, *kind)) {
+            match self.writer.put(Entry::ServiceNet(net, kind)) {
                 Ok(()) => {
-                    self.programmed.service_nets.insert(*net, *kind);
+                    self.programmed.service_nets.insert(net, kind);
                     added += 1;
                 }
-                Err(WriteError::Full { .. }) if *kind == SVCNET_CLUSTER_IP => left_out += 1,
+                Err(WriteError::Full { .. }) if kind == SVCNET_CLUSTER_IP => left_out += 1,
                 Err(e) => report.errors.push(e),
             }
         }
@@ -1003,7 +1002,7 @@ impl<W: MapWrites> Reconciler<W> {
             .programmed
             .service_nets
             .keys()
-            .filter(|net| !want.contains_key(net))
+            .filter(|net| wanted_net(desired, net).is_none())
             .copied()
             .collect();
         for net in stale {
@@ -1021,7 +1020,7 @@ impl<W: MapWrites> Reconciler<W> {
         }
         // Then it narrows to what the LPM holds (a cluster IP left out
         // of a full map needs no cover).
-        let summary = svcnet_summary(self.programmed.service_nets.keys());
+        let summary = svcnet_summary(self.programmed.service_nets.keys().copied());
         self.sync_svcnet_summary(summary, report);
         report.service_nets_left_out = left_out;
         if left_out != self.nets_left_out {
@@ -1358,30 +1357,57 @@ impl<W: MapWrites> Reconciler<W> {
 /// The `sl_svcnetsum4` value for IPv4 service nets among `nets`; with
 /// none, a written summary of no prefix (no address can be in an empty
 /// `sl_svcnet4`, so every packet skips its lookup).
-fn svcnet_summary<'a>(nets: impl Iterator<Item = &'a SourceRange>) -> SvcnetSummary4 {
+fn svcnet_summary(nets: impl Iterator<Item = SourceRange>) -> SvcnetSummary4 {
     let mut v4: Vec<([u8; 4], u8)> = nets
         .filter_map(|(ip, len)| match ip {
-            std::net::IpAddr::V4(a) => Some((a.octets(), *len)),
+            std::net::IpAddr::V4(a) => Some((a.octets(), len)),
             std::net::IpAddr::V6(_) => None,
         })
         .collect();
     SvcnetSummary4::of(&mut v4)
 }
 
-/// The entries of `sl_svcnet4`/`sl_svcnet6` for `desired`: each service
-/// CIDR, and each cluster IP as a host route (a cluster IP wins over a
-/// CIDR of the same address and length).
-pub fn service_nets(desired: &DesiredState) -> BTreeMap<SourceRange, u8> {
-    let mut out: BTreeMap<SourceRange, u8> = desired
-        .service_cidrs
+/// The entries of `sl_svcnet4`/`sl_svcnet6` for `desired`, in key
+/// order: each service CIDR, and each cluster IP as a host route (a
+/// cluster IP wins over a CIDR of the same address and length). Both
+/// sets are sorted: merged as they are walked.
+pub fn service_nets(desired: &DesiredState) -> impl Iterator<Item = (SourceRange, u8)> + '_ {
+    let mut cidrs = desired.service_cidrs.iter().copied().peekable();
+    let mut hosts = desired
+        .cluster_ips
         .iter()
-        .map(|net| (*net, SVCNET_CIDR))
-        .collect();
-    for ip in &desired.cluster_ips {
-        let len = if ip.is_ipv4() { 32 } else { 128 };
-        out.insert((*ip, len), SVCNET_CLUSTER_IP);
+        .map(|ip| (*ip, host_len(ip)))
+        .peekable();
+    std::iter::from_fn(move || match (cidrs.peek(), hosts.peek()) {
+        (None, None) => None,
+        (Some(c), Some(h)) if c == h => {
+            cidrs.next();
+            hosts.next().map(|h| (h, SVCNET_CLUSTER_IP))
+        }
+        (Some(c), Some(h)) if h < c => hosts.next().map(|h| (h, SVCNET_CLUSTER_IP)),
+        (Some(_), _) => cidrs.next().map(|c| (c, SVCNET_CIDR)),
+        (None, Some(_)) => hosts.next().map(|h| (h, SVCNET_CLUSTER_IP)),
+    })
+}
+
+/// The kind `service_nets(desired)` gives `net`, if it gives it at all.
+fn wanted_net(desired: &DesiredState, (ip, len): &SourceRange) -> Option<u8> {
+    if *len == host_len(ip) && desired.cluster_ips.contains(ip) {
+        return Some(SVCNET_CLUSTER_IP);
     }
-    out
+    desired
+        .service_cidrs
+        .contains(&(*ip, *len))
+        .then_some(SVCNET_CIDR)
+}
+
+/// The prefix length of a host route to `ip`.
+fn host_len(ip: &std::net::IpAddr) -> u8 {
+    if ip.is_ipv4() {
+        32
+    } else {
+        128
+    }
 }
 
 #[cfg(test)]
@@ -1405,15 +1431,24 @@ mod service_net_tests {
             .into(),
             ..DesiredState::default()
         };
-        let got = service_nets(&desired);
-        let want: BTreeMap<SourceRange, u8> = [
+        let got: Vec<(SourceRange, u8)> = service_nets(&desired).collect();
+        let want: Vec<(SourceRange, u8)> = vec![
             (("10.96.0.0".parse().unwrap(), 16), SVCNET_CIDR),
             (("10.96.0.1".parse().unwrap(), 32), SVCNET_CLUSTER_IP),
             (("10.200.0.1".parse().unwrap(), 32), SVCNET_CLUSTER_IP),
             (("fd00:96::".parse().unwrap(), 108), SVCNET_CIDR),
             (("fd00:96::a".parse().unwrap(), 128), SVCNET_CLUSTER_IP),
-        ]
-        .into();
-        assert_eq!(got, want);
+        ];
+        assert_eq!(got, want, "merged in key order, a cluster IP over its CIDR");
+        for (net, kind) in &want {
+            assert_eq!(wanted_net(&desired, net), Some(*kind), "{net:?}");
+        }
+        for net in [
+            ("10.96.0.0".parse().unwrap(), 32),
+            ("10.200.0.1".parse().unwrap(), 24),
+            ("fd00:96::a".parse().unwrap(), 108),
+        ] {
+            assert_eq!(wanted_net(&desired, &net), None, "{net:?}");
+        }
     }
 }
