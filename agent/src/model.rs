@@ -8,12 +8,15 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+/// The pool of [`intern`]ed strings.
+static POOL: Mutex<Option<HashSet<Arc<str>>>> = Mutex::new(None);
+
 /// One shared copy of a string that many objects repeat and that the
 /// cluster has few of (namespaces, port names, node and zone names): every
-/// holder keeps a pointer, not a copy. Interned strings live as long as the
-/// process, so unbounded sets (object names) are never interned.
+/// holder keeps a pointer, not a copy. Unbounded sets (object names) are
+/// never interned; what no object holds any more goes at the next full
+/// resync ([`prune_interned`]).
 pub fn intern(s: &str) -> Arc<str> {
-    static POOL: Mutex<Option<HashSet<Arc<str>>>> = Mutex::new(None);
     let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
     let pool = pool.get_or_insert_with(HashSet::new);
     if let Some(s) = pool.get(s) {
@@ -22,6 +25,19 @@ pub fn intern(s: &str) -> Arc<str> {
     let shared: Arc<str> = Arc::from(s);
     pool.insert(shared.clone());
     shared
+}
+
+/// Drops the interned strings that only the pool still holds (port names
+/// of slices long gone, say: a slice may name its ports anything), and
+/// says how many went. A later `intern` of one makes a new copy.
+pub fn prune_interned() -> usize {
+    let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(pool) = pool.as_mut() else {
+        return 0;
+    };
+    let before = pool.len();
+    pool.retain(|s| Arc::strong_count(s) > 1);
+    before - pool.len()
 }
 
 pub use sluice_common::{BackendState, FrontendKind};
@@ -325,5 +341,24 @@ impl PartialEq for DesiredState {
             && self.local_ifaces == other.local_ifaces
             && self.service_cidrs == other.service_cidrs
             && self.cluster_ips == other.cluster_ips
+    }
+}
+
+#[cfg(test)]
+mod intern_tests {
+    use super::*;
+
+    #[test]
+    fn a_pruned_pool_keeps_what_objects_hold_and_drops_the_rest() {
+        let held = intern("intern-test-held");
+        assert!(Arc::ptr_eq(&held, &intern("intern-test-held")), "one copy");
+        drop(intern("intern-test-gone"));
+        // (A sync test's full reconcile may prune at the same time: the
+        // pool's content is what is checked, not the count.)
+        prune_interned();
+        let pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+        let pool = pool.as_ref().expect("the pool exists");
+        assert!(pool.contains("intern-test-held"), "held by an object");
+        assert!(!pool.contains("intern-test-gone"), "only the pool held it");
     }
 }

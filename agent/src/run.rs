@@ -223,7 +223,8 @@ async fn next_signal() -> Result<()> {
 /// other tasks elsewhere (`block_in_place`), so the reconciler's
 /// allocations went to a new thread's heap each time. On one thread
 /// they stay in one heap (docs/performance.md, issue 17). The receiver
-/// says when it ended (an error if it could not start or panicked).
+/// says when it ended: `Ok` when it returned, an error when it could
+/// not start or panicked.
 fn spawn_sync(
     sync: Sync,
     rx: mpsc::Receiver<sources::Envelope>,
@@ -238,7 +239,8 @@ fn spawn_sync(
                 .build()
             {
                 Ok(rt) => rt.block_on(sync.run(rx, shutdown)),
-                Err(e) => tracing::error!(error = %e, "no runtime for the sync task"),
+                // `ended_tx` dropped unsent: not started.
+                Err(e) => return tracing::error!(error = %e, "no runtime for the sync task"),
             }
             let _ = ended_tx.send(());
         })
@@ -293,10 +295,10 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         }
     }
 
-    let (mut datapath, maps) = tokio::task::block_in_place(|| {
-        Datapath::load_logging(root, &sizes, args.datapath_log_level)
-    })
-    .context("loading the datapath")?;
+    // On `main`'s own thread (not a runtime worker): the workers decode
+    // the lists meanwhile.
+    let (mut datapath, maps) = Datapath::load_logging(root, &sizes, args.datapath_log_level)
+        .context("loading the datapath")?;
     let datapath_logger = datapath.take_logger();
     let mut reconciler = Reconciler::new(MapWriter::new(maps), &sizes, args.drain_timeout.0)
         .context("adopting the pinned maps")?;
@@ -477,7 +479,11 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         r = next_signal() => r?,
         ended = &mut sync_task => {
             tasks.abort_all();
-            let how = if ended.is_ok() { "returned" } else { "panicked" };
+            let how = if ended.is_ok() {
+                "returned"
+            } else {
+                "panicked or could not start; see above"
+            };
             return Err(anyhow!("the sync task ended unexpectedly (it {how})"));
         }
     }
@@ -486,7 +492,16 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     tokio::select! {
         _ = &mut sync_task => {}
         _ = next_signal() => warn!("second signal: exiting now"),
-        _ = tokio::time::sleep(Duration::from_secs(10)) => warn!("sync task did not stop in 10s"),
+        _ = tokio::time::sleep(Duration::from_secs(10)) => {
+            // It stops between steps: exiting now would cut a reconcile
+            // between two writes (the write order keeps the maps usable,
+            // as after a SIGKILL, but the step is worth finishing).
+            warn!("sync task did not stop in 10s: waiting for its current step (a second signal exits now)");
+            tokio::select! {
+                _ = &mut sync_task => {}
+                _ = next_signal() => warn!("second signal: exiting now"),
+            }
+        }
     }
     tasks.abort_all();
     Ok(())

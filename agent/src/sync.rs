@@ -299,8 +299,12 @@ impl<W: MapWrites> Sync<W> {
             }
             if full {
                 due.resync = Instant::now() + self.config.resync_interval;
+                let pruned = crate::model::prune_interned();
                 let took = heap::give_back_free_pages();
-                debug!(?took, "free heap pages given back after a full reconcile");
+                debug!(
+                    ?took,
+                    pruned, "free heap pages given back after a full reconcile"
+                );
             }
         }
         // Scan again after the GC interval, or sooner while backends

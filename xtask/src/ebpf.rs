@@ -41,7 +41,14 @@ fn common_args_in(cmd: &mut std::process::Command, dir: &str) {
         .env(
             "CARGO_ENCODED_RUSTFLAGS",
             "-Cdebuginfo=2\u{1f}-Clink-arg=--btf",
-        );
+        )
+        // The workspace's release profile builds the agent with fat LTO
+        // in one codegen unit (`lto` cannot be set per package): the eBPF
+        // object and its `core` keep cargo's defaults, as they were built
+        // and measured before that (`sluice-ebpf`'s own codegen-units
+        // override still applies).
+        .env("CARGO_PROFILE_RELEASE_LTO", "false")
+        .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16");
 }
 
 /// Builds the eBPF object; cargo's own change tracking picks up source

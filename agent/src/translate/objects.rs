@@ -634,7 +634,7 @@ fn parse_ports(spec: &ServiceSpec, problems: &mut Problems) -> Vec<PortInfo> {
 }
 
 fn parse_port(index: usize, p: &ServicePort, problems: &mut Problems) -> Option<PortInfo> {
-    let name = crate::model::intern(p.name.as_deref().unwrap_or_default());
+    let name = p.name.as_deref().unwrap_or_default();
     // Named only for a problem.
     let what = || {
         if name.is_empty() {
@@ -680,7 +680,8 @@ fn parse_port(index: usize, p: &ServicePort, problems: &mut Problems) -> Option<
         }
     };
     Some(PortInfo {
-        name,
+        // Interned once valid: a refused port's name stays out of the pool.
+        name: crate::model::intern(name),
         proto,
         port,
         node_port,
@@ -1107,7 +1108,7 @@ impl SliceInfo {
             Vec::with_capacity(slice.ports.as_ref().map_or(0, Vec::len));
         for p in slice.ports.iter().flatten() {
             // The API documents an unset name as the empty string.
-            let name = crate::model::intern(p.name.as_deref().unwrap_or_default());
+            let name = p.name.as_deref().unwrap_or_default();
             let proto = match parse_proto(p.protocol.as_deref()) {
                 Ok(proto) => proto,
                 Err(other) => {
@@ -1128,13 +1129,16 @@ impl SliceInfo {
                 );
                 continue;
             };
-            if ports.iter().any(|o| o.name == name && o.proto == proto) {
+            if ports.iter().any(|o| *o.name == *name && o.proto == proto) {
                 problems.push(
                     ProblemReason::Duplicate,
                     format!("port {name:?}/{proto} appears more than once, later one skipped"),
                 );
                 continue;
             }
+            // Interned once valid: a refused port's name stays out of the
+            // pool.
+            let name = crate::model::intern(name);
             ports.push(SlicePort { name, proto, port });
         }
 
