@@ -113,11 +113,8 @@ impl<K4: Copy + Eq + std::hash::Hash, K6: Copy + Eq + std::hash::Hash> PodFlows<
         } else {
             Legacy::Unknown
         };
-        if set_in_map && !trusted {
-            Action::Clear
-        } else {
-            Action::None
-        }
+        // A clear bit stays clear until a scan; a set one stays if trusted.
+        self.toward(trusted)
     }
 
     /// Whether the bit is set in the map (so that a frontend left to the
@@ -151,14 +148,10 @@ impl<K4: Copy + Eq + std::hash::Hash, K6: Copy + Eq + std::hash::Hash> PodFlows<
     /// frontends left to the TC path programmed.
     pub fn step(&mut self, left: usize, ct4: &[(K4, CtEntry)], ct6: &[(K6, CtEntry)]) -> Action {
         if !self.allowed || left > 0 || pod_flows(ct4) || pod_flows(ct6) {
-            return if self.set {
-                Action::Clear
-            } else {
-                Action::None
-            };
+            return self.toward(false);
         }
         let (v4, v6) = match &self.legacy {
-            Legacy::Done => return if self.set { Action::None } else { Action::Set },
+            Legacy::Done => return self.toward(true),
             Legacy::Unknown => (unmarked(ct4, |_| true), unmarked(ct6, |_| true)),
             Legacy::Waiting { v4, v6 } => (
                 unmarked(ct4, |k| v4.contains(k)),
@@ -167,13 +160,18 @@ impl<K4: Copy + Eq + std::hash::Hash, K6: Copy + Eq + std::hash::Hash> PodFlows<
         };
         if v4.is_empty() && v6.is_empty() {
             self.legacy = Legacy::Done;
-            return if self.set { Action::None } else { Action::Set };
+            return self.toward(true);
         }
         self.legacy = Legacy::Waiting { v4, v6 };
-        if self.set {
-            Action::Clear
-        } else {
-            Action::None
+        self.toward(false)
+    }
+
+    /// What brings the bit from where the map holds it to `set`.
+    fn toward(&self, set: bool) -> Action {
+        match (self.set, set) {
+            (false, true) => Action::Set,
+            (true, false) => Action::Clear,
+            _ => Action::None,
         }
     }
 
@@ -255,12 +253,19 @@ mod tests {
         assert_eq!(p.step(0, &ct4, &[]), Action::Set);
     }
 
-    #[test]
-    fn a_marked_flow_keeps_the_bit_clear_while_it_lives() {
+    /// A fresh agent's record after its first scan set the bit (no flow
+    /// on the TC path).
+    fn with_the_bit_set() -> Flows {
         let mut p = Flows::new();
         p.start(true, false, true, 0);
         assert_eq!(p.step(0, &[], &[]), Action::Set);
         p.written(Action::Set);
+        p
+    }
+
+    #[test]
+    fn a_marked_flow_keeps_the_bit_clear_while_it_lives() {
+        let mut p = with_the_bit_set();
         // One began while the bit was set: the datapath took it away.
         assert!(p.taken_away());
         assert!(!p.taken_away(), "once");
@@ -280,10 +285,7 @@ mod tests {
 
     #[test]
     fn a_frontend_left_to_tc_keeps_the_bit_clear() {
-        let mut p = Flows::new();
-        p.start(true, false, true, 0);
-        assert_eq!(p.step(0, &[], &[]), Action::Set);
-        p.written(Action::Set);
+        let mut p = with_the_bit_set();
         // The reconciler clears it before writing such a frontend...
         assert!(p.must_clear());
         p.written(Action::Clear);
