@@ -218,8 +218,8 @@ pub fn ether_type(ctx: &TcContext) -> Option<[u8; 2]> {
 }
 
 /// Whether an IPv4 frame may carry SCTP: its protocol byte says so, or is
-/// not in the linear data (then `sctp::ports` looks). Spares every other
-/// packet the call.
+/// not in the linear data (then `sctp::ports` looks). `sctp::ports`
+/// asks it, to spare every other packet its BPF call.
 #[inline(always)]
 pub fn may_be_sctp4(ctx: &TcContext) -> bool {
     let start = ctx.data();

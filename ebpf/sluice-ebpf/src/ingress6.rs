@@ -313,6 +313,7 @@ fn record(
     let scratch = maps::scratch().ok_or(Error::Dangling)?;
     let e = &mut scratch.ct;
     let flow = &s.flow;
+    let mark = if pod { CT_F_POD } else { 0 };
     e.last_seen_ns = crate::clock::now();
     e.backend_id = backend_id;
     e.svc_id = svc_id;
@@ -321,7 +322,7 @@ fn record(
     e.nat_port = flow.dport;
     e.peer_port = flow.sport;
     e.kind = CtKind::Reply as u8;
-    e.flags = if pod { CT_F_POD } else { 0 };
+    e.flags = mark;
     e._pad = [0; 2];
     // The reply key: backend -> client.
     let key = &mut s.ct_key;
@@ -337,7 +338,7 @@ fn record(
     e.nat_port = 0;
     e.peer_port = 0;
     e.kind = CtKind::Forward as u8;
-    e.flags = tcp_bits_of(flow.proto, flow.tcp_flags) | if pod { CT_F_POD } else { 0 };
+    e.flags = tcp_bits_of(flow.proto, flow.tcp_flags) | mark;
     flow.ct_key_into(key);
     if !reply_ok || CONNTRACK_V6.insert(&*key, &*e, BPF_ANY as u64).is_err() {
         count(Stat::CtInsertFailed);

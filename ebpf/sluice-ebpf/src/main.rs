@@ -86,11 +86,7 @@ pub fn sl_ingress(ctx: TcContext) -> i32 {
     if flow::ether_type(&ctx) == Some(ETH_P_IPV6) {
         return jump(&ctx, PROG_INGRESS6);
     }
-    let sctp = if flow::may_be_sctp4(&ctx) {
-        sctp::ports(ctx.skb.skb)
-    } else {
-        0
-    };
+    let sctp = sctp::ports(&ctx);
     let code = match ingress::handle(&ctx) {
         Ok(Verdict::HandOver) => hand_over(&ctx, HANDOVER_INGRESS),
         other => settle(other).code(),
@@ -121,11 +117,7 @@ fn egress(ctx: &TcContext) -> i32 {
     if flow::ether_type(ctx) == Some(ETH_P_IPV6) {
         return jump(ctx, PROG_EGRESS6);
     }
-    let sctp = if flow::may_be_sctp4(ctx) {
-        sctp::ports(ctx.skb.skb)
-    } else {
-        0
-    };
+    let sctp = sctp::ports(ctx);
     let code = match egress::handle(ctx) {
         Ok(Verdict::HandOver) => hand_over(ctx, HANDOVER_EGRESS),
         other => settle(other).code(),

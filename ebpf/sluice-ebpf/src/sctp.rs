@@ -155,9 +155,20 @@ fn locate(ctx: &TcContext, ext: bool) -> Option<(usize, usize)> {
 
 /// The ports of an SCTP packet as the program found it, packed with
 /// their offset for `fix`: `l4_off << 32 | ports`; 0 for anything else.
-/// For the IPv4 programs (see `locate`); `ports6` in the IPv6 ones.
+/// For the IPv4 programs (see `locate`); `ports6` in the IPv6 ones. The
+/// BPF call is made only for a frame that may be SCTP
+/// (`flow::may_be_sctp4`): every other packet is spared it.
+#[inline(always)]
+pub fn ports(ctx: &TcContext) -> u64 {
+    if crate::flow::may_be_sctp4(ctx) {
+        ports_v4(ctx.skb.skb)
+    } else {
+        0
+    }
+}
+
 #[inline(never)]
-pub fn ports(skb: *mut __sk_buff) -> u64 {
+fn ports_v4(skb: *mut __sk_buff) -> u64 {
     ports_at(skb, false)
 }
 
