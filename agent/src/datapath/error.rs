@@ -53,6 +53,10 @@ pub enum DatapathError {
         #[source]
         source: io::Error,
     },
+    /// A write of the agent's own (`sl_config`) while adopting or
+    /// configuring the datapath.
+    #[error(transparent)]
+    Write(#[from] WriteError),
 }
 
 /// Failures of single map writes. `Full` is reported per map so that the

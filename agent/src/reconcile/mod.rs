@@ -274,31 +274,26 @@ impl<W: MapWrites> Reconciler<W> {
             // First start (all zero), or pins another release wrote and this
             // one migrated: the seed and the rest are kept.
             let fresh = config.abi_version == 0;
-            writer
-                .write_config(&Config {
-                    abi_version: ABI_VERSION,
-                    hash_seed: if fresh {
-                        random_seed()
-                    } else {
-                        config.hash_seed
-                    },
-                    snat_port_min: if fresh {
-                        sluice_common::config::SNAT_PORT_MIN
-                    } else {
-                        config.snat_port_min
-                    },
-                    snat_port_max: if fresh {
-                        sluice_common::config::SNAT_PORT_MAX
-                    } else {
-                        config.snat_port_max
-                    },
-                    _pad: config.flags(),
-                    netns_cookie: config.netns_cookie,
-                })
-                .map_err(|e| DatapathError::Io {
-                    path: sluice_common::maps::CONFIG.into(),
-                    source: std::io::Error::other(e),
-                })?;
+            writer.write_config(&Config {
+                abi_version: ABI_VERSION,
+                hash_seed: if fresh {
+                    random_seed()
+                } else {
+                    config.hash_seed
+                },
+                snat_port_min: if fresh {
+                    sluice_common::config::SNAT_PORT_MIN
+                } else {
+                    config.snat_port_min
+                },
+                snat_port_max: if fresh {
+                    sluice_common::config::SNAT_PORT_MAX
+                } else {
+                    config.snat_port_max
+                },
+                _pad: config.flags(),
+                netns_cookie: config.netns_cookie,
+            })?;
         }
         let (programmed, foreign) = writer.state()?;
         let ids = Ids::adopt(&programmed);
@@ -366,10 +361,7 @@ impl<W: MapWrites> Reconciler<W> {
         config.set_flags(flags);
         self.writer
             .write_config(&config)
-            .map_err(|e| DatapathError::Io {
-                path: sluice_common::maps::CONFIG.into(),
-                source: std::io::Error::other(e),
-            })
+            .map_err(DatapathError::from)
     }
 
     /// Whether `CFG_F_PODS_ON_SOCKETS` may be set: the socket programs serve
@@ -390,10 +382,7 @@ impl<W: MapWrites> Reconciler<W> {
         if set && action == pods::Action::None && self.pod_flows_in_maps()? {
             action = pods::Action::Clear;
         }
-        self.write_pods_bit(action).map_err(|e| DatapathError::Io {
-            path: sluice_common::maps::CONFIG.into(),
-            source: std::io::Error::other(e),
-        })
+        self.write_pods_bit(action).map_err(DatapathError::from)
     }
 
     /// Sets `CFG_F_PODS_ON_SOCKETS`, then reads conntrack once more: a pod's
@@ -464,10 +453,7 @@ impl<W: MapWrites> Reconciler<W> {
         config.set_flags(flags);
         self.writer
             .write_config(&config)
-            .map_err(|e| DatapathError::Io {
-                path: sluice_common::maps::CONFIG.into(),
-                source: std::io::Error::other(e),
-            })
+            .map_err(DatapathError::from)
     }
 
     /// What the maps hold.
