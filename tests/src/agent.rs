@@ -369,7 +369,10 @@ impl Drop for Agent {
                 self.log_tail()
             );
         }
-        let _ = fs::remove_file(&self.log);
+        // `SLUICE_KEEP_AGENT_LOGS` keeps them for a look after the run.
+        if std::env::var_os("SLUICE_KEEP_AGENT_LOGS").is_none() {
+            let _ = fs::remove_file(&self.log);
+        }
     }
 }
 

@@ -134,6 +134,12 @@ impl Stream {
         })
     }
 
+    /// The client's end of the connection (its port names its conntrack
+    /// entries), if the socket still knows it.
+    pub fn local(&self) -> Option<SocketAddr> {
+        self.writer.local_addr().ok()
+    }
+
     /// Sends one line and expects it back.
     pub fn ping(&mut self) -> Result<()> {
         self.seq += 1;

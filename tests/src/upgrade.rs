@@ -286,15 +286,22 @@ impl Flows {
     /// Every flow still works and affinity holds (no agent needed).
     pub fn check_flows(&mut self, step: &str, topo: &Topology) -> Result<()> {
         for (i, s) in self.streams.iter_mut().enumerate() {
-            s.ping()
-                .with_context(|| format!("{step}: stream {i} to {} broke", s.backend))?;
+            let from = s.local();
+            s.ping().with_context(|| {
+                format!("{step}: stream {i} from {from:?} to {} broke", s.backend)
+            })?;
         }
         for (i, u) in self.udp.iter().enumerate() {
             u.check().with_context(|| format!("{step}: UDP flow {i}"))?;
         }
         for (i, s) in self.edge.iter_mut().enumerate() {
-            s.ping()
-                .with_context(|| format!("{step}: NodePort stream {i} to {} broke", s.backend))?;
+            let from = s.local();
+            s.ping().with_context(|| {
+                format!(
+                    "{step}: NodePort stream {i} from {from:?} to {} broke",
+                    s.backend
+                )
+            })?;
         }
         let client = &topo.clients[0].ns;
         for _ in 0..5 {

@@ -54,7 +54,21 @@ fn crash_at(point: &str, then: Then) -> Result<()> {
     );
     flows
         .check_flows(&format!("no agent after a crash at {point}"), &topo)
-        .context("the node must keep forwarding")?;
+        .with_context(|| {
+            // What the pins hold (read by this release's CLI, which knows
+            // the staged layout too) and what the agent did before it died.
+            let show = |args: &[&str]| {
+                agent
+                    .cli(args)
+                    .unwrap_or_else(|e| format!("sluice {args:?}: {e:#}"))
+            };
+            format!(
+                "the node must keep forwarding\n--- sluice status ---\n{}\n--- sluice ct list ---\n{}\n--- the crashed agent's log ---\n{}",
+                show(&["status", "--json"]),
+                show(&["ct", "list"]),
+                agent.log_tail()
+            )
+        })?;
 
     let (next, step) = match then {
         Then::SameRelease => (&probe, "the same release restarted"),
