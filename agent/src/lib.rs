@@ -7,6 +7,7 @@ pub mod cli;
 pub mod conntrack;
 pub mod datapath;
 pub mod devices;
+pub mod fast_hash;
 pub mod few;
 pub mod health;
 pub mod healthcheck;

@@ -2,11 +2,13 @@
 //! produces it. Plain data, independent of both Kubernetes and BPF types.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet},
     fmt,
     net::IpAddr,
     sync::{Arc, Mutex},
 };
+
+use crate::fast_hash::HashSet;
 
 /// The pool of [`intern`]ed strings.
 static POOL: Mutex<Option<HashSet<Arc<str>>>> = Mutex::new(None);
@@ -18,7 +20,7 @@ static POOL: Mutex<Option<HashSet<Arc<str>>>> = Mutex::new(None);
 /// resync ([`prune_interned`]).
 pub fn intern(s: &str) -> Arc<str> {
     let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
-    let pool = pool.get_or_insert_with(HashSet::new);
+    let pool = pool.get_or_insert_with(HashSet::default);
     if let Some(s) = pool.get(s) {
         return s.clone();
     }

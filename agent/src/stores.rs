@@ -2,11 +2,12 @@
 //! could not use, and which services an update touched.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet},
     sync::Arc,
 };
 
 use crate::{
+    fast_hash::HashSet,
     few::Few,
     heap::compact,
     sources::{Change, Converted, Kind, Update},

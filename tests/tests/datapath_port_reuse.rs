@@ -7,6 +7,15 @@
 //! (the client would never see its connection established). netfilter
 //! handles it (a new connection replaces a closed entry); so must sluice,
 //! in both families, whether the old connection ended with a RST or FINs.
+//!
+//! Source-port sharing between live connections: Linux lets connect()
+//! give one local port to several connections with different peers, so a
+//! client may hold two live connections from one port to two services
+//! whose backend is the same. After DNAT both would have one 4-tuple; the
+//! backend could not tell them apart, and the second's reply entry would
+//! take the first's replies. netfilter remaps the second connection's
+//! source port; sluice leaves the first flow alone and masquerades the
+//! second (the node's address and an SNAT port make its tuple unique).
 
 use std::{
     io::{BufRead, BufReader, Read},
@@ -16,6 +25,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use sluice::model::{BackendState, Proto};
+use sluice_common::Stat;
 use sluice_tests::{
     lb::{cluster_ips, Lb},
     servers, Netns, Topology,
@@ -24,6 +34,8 @@ use socket2::{Domain, Socket, Type};
 
 const VIP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 96, 0, 61);
 const VIP6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x61);
+const OTHER: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 96, 0, 62);
+const OTHER6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x62);
 
 /// Connects from local port `port` to `to`, reads the greeting, and
 /// closes with a RST (`reset`) or a FIN.
@@ -116,4 +128,104 @@ fn v6_a_port_reused_after_a_reset_service_connection_reaches_the_backend_directl
 #[test]
 fn v6_a_port_reused_after_a_closed_service_connection_reaches_the_backend_directly() -> Result<()> {
     reuse(true, false)
+}
+
+/// A live connection from local port `port` to `to` (the port may be
+/// shared with other connections to other peers); the greeting read.
+fn connect_from(ns: &Netns, port: u16, to: SocketAddr) -> Result<(std::net::TcpStream, String)> {
+    Ok(ns.run(move || -> std::io::Result<_> {
+        let domain = if to.is_ipv6() {
+            Domain::IPV6
+        } else {
+            Domain::IPV4
+        };
+        let socket = Socket::new(domain, Type::STREAM, None)?;
+        socket.set_reuse_address(true)?;
+        let local: SocketAddr = if to.is_ipv6() {
+            (std::net::Ipv6Addr::UNSPECIFIED, port).into()
+        } else {
+            (std::net::Ipv4Addr::UNSPECIFIED, port).into()
+        };
+        socket.bind(&local.into())?;
+        socket.connect_timeout(&to.into(), Duration::from_secs(3))?;
+        socket.set_read_timeout(Some(Duration::from_secs(3)))?;
+        let stream: std::net::TcpStream = socket.into();
+        let mut greeting = String::new();
+        BufReader::new(&stream).read_line(&mut greeting)?;
+        Ok((stream, greeting.trim().to_owned()))
+    })??)
+}
+
+/// One line out and the same line back.
+fn echo(stream: &std::net::TcpStream, line: &str) -> Result<()> {
+    use std::io::Write;
+    (&mut &*stream).write_all(format!("{line}\n").as_bytes())?;
+    let mut back = String::new();
+    BufReader::new(stream).read_line(&mut back)?;
+    anyhow::ensure!(back.trim() == line, "sent {line:?}, got {back:?}");
+    Ok(())
+}
+
+fn shared(v6: bool) -> Result<()> {
+    let topo = Topology::new(1, 1)?;
+    if v6 {
+        topo.wait_ipv6_ready()?;
+    }
+    let b = &topo.backends[0];
+    // The greeting names the backend and the source address it saw.
+    let _server = if v6 {
+        servers::tcp_whoami6(&b.ns, 8080, &b.name)?
+    } else {
+        servers::tcp_whoami(&b.ns, 8080, &b.name)?
+    };
+    let mut lb = Lb::load(&topo)?;
+    let (first, second) = if v6 {
+        (IpAddr::V6(VIP6), IpAddr::V6(OTHER6))
+    } else {
+        (IpAddr::V4(VIP), IpAddr::V4(OTHER))
+    };
+    let backend = [(b.addr(v6), 8080, BackendState::Active)];
+    lb.set(cluster_ips("web", &[first], 80, Proto::Tcp, &backend));
+    lb.set(cluster_ips("api", &[second], 80, Proto::Tcp, &backend));
+    let client = &topo.clients[0];
+    let as_is = format!("{} {}", b.name, client.addr(v6));
+    let clashes = lb.stat(Stat::TupleClash)?;
+    let ports = [42_000u16, 42_001];
+    for port in ports {
+        let (a, hello) = connect_from(&client.ns, port, SocketAddr::new(first, 80))?;
+        assert_eq!(
+            hello, as_is,
+            "the first connection keeps the client's address"
+        );
+        echo(&a, "one").context("the first connection, alone")?;
+        let (c, hello) = connect_from(&client.ns, port, SocketAddr::new(second, 80))
+            .with_context(|| format!("a second live connection from port {port}"))?;
+        assert!(
+            hello.starts_with(&b.name) && hello != as_is,
+            "the second connection reaches the backend masqueraded: {hello:?}"
+        );
+        for round in 0..3 {
+            echo(&a, &format!("first {round}")).with_context(|| {
+                format!("the first connection from port {port}, after the second")
+            })?;
+            echo(&c, &format!("second {round}"))
+                .with_context(|| format!("the second connection from port {port}"))?;
+        }
+    }
+    assert_eq!(
+        lb.stat(Stat::TupleClash)? - clashes,
+        ports.len() as u64,
+        "one clash counted per shared port"
+    );
+    Ok(())
+}
+
+#[test]
+fn two_live_connections_from_one_port_to_two_services_on_one_backend_both_work() -> Result<()> {
+    shared(false)
+}
+
+#[test]
+fn v6_two_live_connections_from_one_port_to_two_services_on_one_backend_both_work() -> Result<()> {
+    shared(true)
 }

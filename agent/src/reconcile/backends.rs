@@ -11,7 +11,7 @@
 //! rebuild exactly, go to a small hash map beside it, so no id can make
 //! the table huge and nothing read back is changed.
 
-use std::collections::HashMap;
+use crate::fast_hash::HashMap;
 
 use sluice_common::{Backend, FAMILY_V4, FAMILY_V6};
 
@@ -27,7 +27,7 @@ pub trait BackendLookup {
     fn backend(&self, id: BackendId) -> Option<Backend>;
 }
 
-impl BackendLookup for HashMap<BackendId, Backend> {
+impl<S: std::hash::BuildHasher> BackendLookup for std::collections::HashMap<BackendId, Backend, S> {
     fn backend(&self, id: BackendId) -> Option<Backend> {
         self.get(&id).copied()
     }

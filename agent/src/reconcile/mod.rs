@@ -158,7 +158,7 @@ pub struct Reconciler<W = MapWriter> {
     maglev_fallback: BTreeSet<ServicePortName>,
     /// Which desired service port holds each frontend (the reverse is
     /// each unit's claimed frontends).
-    owners: HashMap<FrontendKey, ServicePortName>,
+    owners: crate::fast_hash::HashMap<FrontendKey, ServicePortName>,
     refused: BTreeMap<ServicePortName, Refusal>,
     foreign: Vec<ServiceKey>,
     ids: Ids,
@@ -304,7 +304,7 @@ impl<W: MapWrites> Reconciler<W> {
             service_entries: FamilyCount::default(),
             maglev_tables: FamilyCount::default(),
             maglev_fallback: BTreeSet::new(),
-            owners: HashMap::new(),
+            owners: Default::default(),
             refused: BTreeMap::new(),
             foreign,
             ids,

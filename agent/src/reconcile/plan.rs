@@ -3,7 +3,7 @@
 //! hold for it now, and which of its draining backends may go.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     fmt,
     net::IpAddr,
 };
@@ -16,6 +16,8 @@ use sluice_common::{
     },
     Backend, BackendState, FAMILY_V4, FAMILY_V6,
 };
+
+use crate::fast_hash::HashMap;
 
 use super::{
     ids::{BackendId, SvcId},
@@ -218,11 +220,11 @@ pub fn plan_desired(
         .collect();
     let wanted = dedup_best(&all);
 
-    let mut by_endpoint: HashMap<Endpoint, BackendId> = HashMap::new();
+    let mut by_endpoint: HashMap<Endpoint, BackendId> = HashMap::default();
     for (id, b) in existing {
         by_endpoint.entry(endpoint_of(b)).or_insert(*id);
     }
-    let mut ids: HashMap<Endpoint, BackendId> = HashMap::new();
+    let mut ids: HashMap<Endpoint, BackendId> = HashMap::default();
     let mut backends = Vec::new();
     for (endpoint, state) in &wanted {
         let current = by_endpoint.get(endpoint).copied();

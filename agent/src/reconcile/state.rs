@@ -4,7 +4,7 @@
 //! another for what should be; the difference is what gets written.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
 };
 
@@ -14,7 +14,10 @@ use super::{
     backends::BackendTable,
     ids::{BackendId, SvcId},
 };
-use crate::model::{Endpoint, FrontendKey};
+use crate::{
+    fast_hash::HashMap,
+    model::{Endpoint, FrontendKey},
+};
 
 /// One frontend: its master entry and its slots.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

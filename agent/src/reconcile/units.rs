@@ -8,7 +8,7 @@
 //! by name hold it in about half their memory at 100,000 service ports
 //! (docs/performance.md, issue 17). A record with nothing left goes.
 
-use std::collections::HashMap;
+use crate::fast_hash::HashMap;
 
 use super::{
     ids::{BackendId, Ids, SvcId},

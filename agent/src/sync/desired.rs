@@ -2,7 +2,9 @@
 //! service for the sync task: no service port's desired state beyond the
 //! reconcile at hand.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::fast_hash::HashMap;
 
 use super::ports::PortsByService;
 use crate::{

@@ -7,12 +7,12 @@
 //! process; reading one is two lock-free loads.
 
 use std::{
-    collections::HashMap,
     num::NonZeroU32,
     sync::{Mutex, OnceLock},
 };
 
 use super::objects::Place;
+use crate::fast_hash::HashMap;
 
 const CHUNK_BITS: u32 = 12;
 const CHUNK: usize = 1 << CHUNK_BITS;
@@ -69,7 +69,7 @@ pub fn intern(place: Place) -> Option<PlaceId> {
         return None;
     }
     let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
-    let pool = pool.get_or_insert_with(HashMap::new);
+    let pool = pool.get_or_insert_with(HashMap::default);
     if let Some(id) = pool.get(&place) {
         return Some(*id);
     }

@@ -132,6 +132,10 @@ pub enum Stat {
     /// frontend checks source ranges (the source address is not chosen
     /// yet), or the datagram belongs to a flow the TC path tracks.
     SockLeftToTc = 58,
+    /// A new flow's tuple after DNAT was a live flow's of another frontend
+    /// (one client port shared by connections to two services on one
+    /// backend): the new flow was masqueraded, the live one kept.
+    TupleClash = 59,
 }
 
 /// Number of counters in `sl_stats` (its `max_entries`, fixed since ABI 4:
@@ -142,7 +146,7 @@ pub const STAT_COUNT: u32 = 23;
 pub const STATS2_MAX: u32 = 64;
 
 /// Number of counters in all.
-pub const STAT_TOTAL: usize = 40;
+pub const STAT_TOTAL: usize = 41;
 
 const _: () = assert!(STAT_TOTAL <= (STAT_COUNT + STATS2_MAX) as usize);
 
@@ -201,6 +205,7 @@ impl Stat {
         Stat::TtlExpired,
         Stat::SockPodConnect,
         Stat::SockLeftToTc,
+        Stat::TupleClash,
     ];
 
     /// The counter with index `i`, if any.
@@ -251,6 +256,7 @@ impl Stat {
             Stat::TtlExpired => "ttl_expired",
             Stat::SockPodConnect => "sock_pod_connect",
             Stat::SockLeftToTc => "sock_left_to_tc",
+            Stat::TupleClash => "tuple_clash",
         }
     }
 }

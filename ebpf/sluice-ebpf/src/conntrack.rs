@@ -4,7 +4,7 @@ use sluice_common::{
     conntrack::{
         CT_F_RST, CT_F_RX_CLOSING, CT_F_SEEN_REPLY, CT_F_SYN, CT_F_TX_CLOSING, CT_REFRESH_NS,
     },
-    Ct6Key, CtEntry, CtKind, IPPROTO_SCTP, IPPROTO_TCP,
+    Ct4Key, Ct6Key, CtEntry, CtKind, IPPROTO_SCTP, IPPROTO_TCP,
 };
 
 use crate::{
@@ -112,6 +112,72 @@ pub fn reused_reply(flow: &Flow4, entry: *mut CtEntry) -> bool {
         let _ = CONNTRACK_V4.remove(flow.ct_key());
     }
     ended
+}
+
+/// Whether a new flow to `backend`:`port` would take the reply tuple of
+/// a live flow of another frontend: Linux gives one local port to several
+/// connections with different peers, so a client may hold live
+/// connections from one port to two services whose backend is the same,
+/// and after DNAT both have one tuple. The live flow keeps it (netfilter
+/// would remap the new connection's source port; the caller masquerades
+/// it). A reply entry of the same frontend (the flow itself, reselected),
+/// or of a flow that has begun to end or lost its forward entry, is not a
+/// clash: the new flow replaces it. A separate BPF function, called for
+/// new flows only.
+#[inline(never)]
+pub fn clashes4(flow: &Flow4, backend: [u8; 4], port: u16) -> bool {
+    let key = Ct4Key::new(backend, flow.src, port, flow.sport, flow.proto);
+    let Some(entry) = CONNTRACK_V4.get_ptr(&key) else {
+        return false;
+    };
+    // SAFETY: pointer from a successful lookup; fields copied at once.
+    let (kind, flags, nat_addr, nat_port, forward_key) = unsafe {
+        (
+            (*entry).kind,
+            (*entry).flags,
+            (*entry).nat_addr,
+            (*entry).nat_port,
+            (*entry).forward_key_of_reply(flow.proto),
+        )
+    };
+    if kind != CtKind::Reply as u8
+        || (nat_addr == v4_in_16(flow.dst) && nat_port == flow.dport)
+        || flags & ENDING != 0
+    {
+        return false;
+    }
+    CONNTRACK_V4
+        .get_ptr(&forward_key)
+        // SAFETY: pointer from a successful lookup; one byte read.
+        .is_some_and(|fwd| unsafe { (*fwd).flags } & ENDING == 0)
+}
+
+/// `clashes4` for IPv6 (`key`: scratch space, clobbered).
+#[allow(clippy::needless_borrows_for_generic_args)]
+#[inline(never)]
+pub fn clashes6(flow: &Flow6, backend: &[u8; 16], port: u16, key: &mut Ct6Key) -> bool {
+    key.src = *backend;
+    key.dst = flow.src;
+    key.sport = port;
+    key.dport = flow.sport;
+    key.proto = flow.proto;
+    key._pad = [0; 3];
+    let Some(entry) = CONNTRACK_V6.get_ptr(&*key) else {
+        return false;
+    };
+    // SAFETY: pointer from a successful lookup; fields read at once.
+    let (kind, flags, nat_port) = unsafe { ((*entry).kind, (*entry).flags, (*entry).nat_port) };
+    // SAFETY: as above.
+    let same_frontend = nat_port == flow.dport && unsafe { (*entry).nat_addr } == flow.dst;
+    if kind != CtKind::Reply as u8 || same_frontend || flags & ENDING != 0 {
+        return false;
+    }
+    // SAFETY: as above.
+    *key = unsafe { (*entry).forward_key6_of_reply(flow.proto) };
+    CONNTRACK_V6
+        .get_ptr(&*key)
+        // SAFETY: pointer from a successful lookup; one byte read.
+        .is_some_and(|fwd| unsafe { (*fwd).flags } & ENDING == 0)
 }
 
 /// `reused_reply` for IPv6 (`key`: scratch space, the reply entry's key

@@ -302,6 +302,20 @@ fn new_flow(
     if master.flags & SVC_F_SNAT != 0 || masquerade || backend_addr == flow.src {
         return snat::new_flow(ctx.skb.skb, flow, &nf);
     }
+    // A live flow of another frontend holds the tuple this one would
+    // have after DNAT (a client port shared across two services on one
+    // backend): this one is masqueraded instead.
+    if crate::conntrack::clashes4(flow, backend_addr, backend.port) {
+        count(Stat::TupleClash);
+        events::ingress4(
+            Stat::TupleClash,
+            ctx.skb.skb,
+            flow,
+            master.svc_id,
+            backend_id,
+        );
+        return snat::new_flow(ctx.skb.skb, flow, &nf);
+    }
     // A pod's flow on the TC path: its replies need reverse NAT on the
     // pod's device (marked `CT_F_POD`; `CFG_F_PODS_ON_SOCKETS` goes).
     // SAFETY: reading the context's ingress device.

@@ -274,6 +274,12 @@ fn try_new_flow(
     if master.flags & SVC_F_SNAT != 0 || masquerade || same_addr(&backend.addr, &s.flow.src) {
         return Ok(snat6::new_flow(skb, s, master.svc_id, backend_id, h));
     }
+    // A live flow of another frontend holds this one's tuple after DNAT
+    // (see `ingress.rs`): masqueraded instead.
+    if crate::conntrack::clashes6(&s.flow, &backend.addr, backend.port, &mut s.ct_key) {
+        count(Stat::TupleClash);
+        return Ok(snat6::new_flow(skb, s, master.svc_id, backend_id, h));
+    }
     // A pod's flow on the TC path (see `ingress.rs`).
     // SAFETY: reading the context's ingress device.
     let ifindex = unsafe { (*skb).ingress_ifindex };
