@@ -127,7 +127,7 @@ pub fn reused_reply(flow: &Flow4, entry: *mut CtEntry) -> bool {
 #[inline(never)]
 pub fn clashes4(flow: &Flow4, backend: [u8; 4], port: u16) -> bool {
     let key = Ct4Key::new(backend, flow.src, port, flow.sport, flow.proto);
-    let Some(entry) = CONNTRACK_V4.get_ptr(&key) else {
+    let Some(entry) = CONNTRACK_V4.get_ptr(key) else {
         return false;
     };
     // SAFETY: pointer from a successful lookup; fields copied at once.
@@ -147,7 +147,7 @@ pub fn clashes4(flow: &Flow4, backend: [u8; 4], port: u16) -> bool {
         return false;
     }
     CONNTRACK_V4
-        .get_ptr(&forward_key)
+        .get_ptr(forward_key)
         // SAFETY: pointer from a successful lookup; one byte read.
         .is_some_and(|fwd| unsafe { (*fwd).flags } & ENDING == 0)
 }
