@@ -101,6 +101,26 @@ impl Stream {
         Self::connect_ext(ns, addr, None)
     }
 
+    /// `connect` from local port `port`.
+    pub fn connect_from(ns: &Netns, port: u16, addr: impl Into<SocketAddr>) -> Result<Self> {
+        let addr = addr.into();
+        let stream = ns
+            .run(move || -> io::Result<TcpStream> {
+                let socket =
+                    Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+                let local: SocketAddr = if addr.is_ipv6() {
+                    (std::net::Ipv6Addr::UNSPECIFIED, port).into()
+                } else {
+                    (std::net::Ipv4Addr::UNSPECIFIED, port).into()
+                };
+                socket.bind(&local.into())?;
+                socket.connect_timeout(&addr.into(), TIMEOUT)?;
+                Ok(socket.into())
+            })?
+            .with_context(|| format!("connecting to {addr} from port {port}"))?;
+        Self::greeted(stream)
+    }
+
     /// `connect`, the connection's packets carrying the IPv6 extension
     /// headers `ext` (`ext_headers`).
     pub fn connect_ext(
@@ -121,6 +141,11 @@ impl Stream {
                 Ok(socket.into())
             })?
             .with_context(|| format!("connecting to {addr}"))?;
+        Self::greeted(stream)
+    }
+
+    /// Reads the backend's greeting of a connected stream.
+    fn greeted(stream: TcpStream) -> Result<Self> {
         stream.set_read_timeout(Some(TIMEOUT))?;
         let writer = stream.try_clone()?;
         let mut reader = BufReader::new(stream);

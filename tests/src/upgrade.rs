@@ -27,6 +27,13 @@ pub const NODE_PORT: u16 = 30080;
 const BACKENDS: usize = 3;
 /// Flows of each kind that must sit on the terminating backend.
 const ON_TERMINATING: usize = 2;
+/// The long-lived flows' local ports, below the ephemeral range: Linux
+/// gives an ephemeral port to connections with different peers, and a
+/// connect loop's connection to another service on the same backend
+/// from a long-lived flow's port would clash with it after DNAT. Main
+/// masquerades such a connection (`tuple_clash`, tested on its own in
+/// `datapath_port_reuse`); 0.1.0, which these tests also run, does not.
+const LONG_LIVED_PORTS: u16 = 20_000;
 
 fn service(name: &str, ip: Ipv4Addr, port: u16, proto: &str, extra: &str) -> String {
     format!(
@@ -132,10 +139,10 @@ pub struct UdpFlow {
 }
 
 impl UdpFlow {
-    fn open(topo: &Topology) -> Result<Self> {
+    fn open(topo: &Topology, port: u16) -> Result<Self> {
         let ns = &topo.clients[0].ns;
-        let socket = ns.run(|| -> std::io::Result<UdpSocket> {
-            let s = UdpSocket::bind("0.0.0.0:0")?;
+        let socket = ns.run(move || -> std::io::Result<UdpSocket> {
+            let s = UdpSocket::bind(("0.0.0.0", port))?;
             s.connect(SocketAddrV4::new(DNS, 53))?;
             s.set_read_timeout(Some(Duration::from_secs(2)))?;
             Ok(s)
@@ -245,10 +252,18 @@ impl Flows {
                 break;
             }
             if a < ON_TERMINATING || streams.len() < 6 {
-                streams.push(Stream::connect(client, SocketAddrV4::new(WEB, 80))?);
+                let port = LONG_LIVED_PORTS + streams.len() as u16;
+                streams.push(Stream::connect_from(
+                    client,
+                    port,
+                    SocketAddrV4::new(WEB, 80),
+                )?);
             }
             if b < ON_TERMINATING || udp.len() < 6 {
-                udp.push(UdpFlow::open(topo)?);
+                udp.push(UdpFlow::open(
+                    topo,
+                    LONG_LIVED_PORTS + 500 + udp.len() as u16,
+                )?);
             }
             if c < ON_TERMINATING || edge.len() < 4 {
                 edge.push(Stream::connect(external, edge_addr).context("NodePort from outside")?);
