@@ -99,6 +99,7 @@ fn reuse(v6: bool, reset: bool) -> Result<()> {
     ));
     let (service, direct) = (SocketAddr::new(vip, 80), SocketAddr::new(backend, 8080));
     let client = &topo.clients[0];
+    let clashes = lb.stat(Stat::TupleClash)?;
     for port in [41_000u16, 41_001, 41_002] {
         assert_eq!(greet_from(&client.ns, port, service, reset)?, b.name);
         let again = greet_from(&client.ns, port, direct, reset)
@@ -107,6 +108,11 @@ fn reuse(v6: bool, reset: bool) -> Result<()> {
         // And back through the service from the same port.
         assert_eq!(greet_from(&client.ns, port, service, reset)?, b.name);
     }
+    assert_eq!(
+        lb.stat(Stat::TupleClash)?,
+        clashes,
+        "a port reused after its flow closed is no clash"
+    );
     Ok(())
 }
 
@@ -190,8 +196,9 @@ fn shared(v6: bool) -> Result<()> {
     let client = &topo.clients[0];
     let as_is = format!("{} {}", b.name, client.addr(v6));
     let clashes = lb.stat(Stat::TupleClash)?;
-    let ports = [42_000u16, 42_001];
-    for port in ports {
+    // Each order of the two services, from a port of its own.
+    let ports = [(42_000u16, first, second), (42_001, second, first)];
+    for (port, first, second) in ports {
         let (a, hello) = connect_from(&client.ns, port, SocketAddr::new(first, 80))?;
         assert_eq!(
             hello, as_is,

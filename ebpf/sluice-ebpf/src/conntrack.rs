@@ -2,7 +2,8 @@
 
 use sluice_common::{
     conntrack::{
-        CT_F_RST, CT_F_RX_CLOSING, CT_F_SEEN_REPLY, CT_F_SYN, CT_F_TX_CLOSING, CT_REFRESH_NS,
+        CT_F_RST, CT_F_RX_CLOSING, CT_F_SEEN_REPLY, CT_F_SNAT, CT_F_SYN, CT_F_TX_CLOSING,
+        CT_REFRESH_NS,
     },
     Ct4Key, Ct6Key, CtEntry, CtKind, IPPROTO_SCTP, IPPROTO_TCP,
 };
@@ -120,10 +121,12 @@ pub fn reused_reply(flow: &Flow4, entry: *mut CtEntry) -> bool {
 /// connections from one port to two services whose backend is the same,
 /// and after DNAT both have one tuple. The live flow keeps it (netfilter
 /// would remap the new connection's source port; the caller masquerades
-/// it). A reply entry of the same frontend (the flow itself, reselected),
-/// or of a flow that has begun to end or lost its forward entry, is not a
-/// clash: the new flow replaces it. A separate BPF function, called for
-/// new flows only.
+/// it). Not a clash, and the new flow replaces the entry: a reply entry of
+/// the same frontend (the flow itself, reselected), of a flow that is
+/// over (a RST, or a FIN each way: a half-closed flow still needs its
+/// replies), or a stale one whose forward entry is gone or now belongs to
+/// another flow (another backend, or masqueraded). A separate BPF
+/// function, called for new flows only.
 #[inline(never)]
 pub fn clashes4(flow: &Flow4, backend: [u8; 4], port: u16) -> bool {
     let key = Ct4Key::new(backend, flow.src, port, flow.sport, flow.proto);
@@ -131,25 +134,26 @@ pub fn clashes4(flow: &Flow4, backend: [u8; 4], port: u16) -> bool {
         return false;
     };
     // SAFETY: pointer from a successful lookup; fields copied at once.
-    let (kind, flags, nat_addr, nat_port, forward_key) = unsafe {
+    let (kind, flags, backend_id, nat_addr, nat_port, forward_key) = unsafe {
         (
             (*entry).kind,
             (*entry).flags,
+            (*entry).backend_id,
             (*entry).nat_addr,
             (*entry).nat_port,
             (*entry).forward_key_of_reply(flow.proto),
         )
     };
     if kind != CtKind::Reply as u8
+        || flags & CT_F_SNAT != 0
         || (nat_addr == v4_in_16(flow.dst) && nat_port == flow.dport)
-        || flags & ENDING != 0
     {
         return false;
     }
     CONNTRACK_V4
         .get_ptr(forward_key)
-        // SAFETY: pointer from a successful lookup; one byte read.
-        .is_some_and(|fwd| unsafe { (*fwd).flags } & ENDING == 0)
+        // SAFETY: pointer from a successful lookup; fields read at once.
+        .is_some_and(|fwd| unsafe { live_forward(&*fwd, backend_id, flags) })
 }
 
 /// `clashes4` for IPv6 (`key`: scratch space, clobbered).
@@ -166,18 +170,39 @@ pub fn clashes6(flow: &Flow6, backend: &[u8; 16], port: u16, key: &mut Ct6Key) -
         return false;
     };
     // SAFETY: pointer from a successful lookup; fields read at once.
-    let (kind, flags, nat_port) = unsafe { ((*entry).kind, (*entry).flags, (*entry).nat_port) };
+    let (kind, flags, backend_id, nat_port) = unsafe {
+        (
+            (*entry).kind,
+            (*entry).flags,
+            (*entry).backend_id,
+            (*entry).nat_port,
+        )
+    };
     // SAFETY: as above.
     let same_frontend = nat_port == flow.dport && unsafe { (*entry).nat_addr } == flow.dst;
-    if kind != CtKind::Reply as u8 || same_frontend || flags & ENDING != 0 {
+    if kind != CtKind::Reply as u8 || flags & CT_F_SNAT != 0 || same_frontend {
         return false;
     }
     // SAFETY: as above.
     *key = unsafe { (*entry).forward_key6_of_reply(flow.proto) };
     CONNTRACK_V6
         .get_ptr(&*key)
-        // SAFETY: pointer from a successful lookup; one byte read.
-        .is_some_and(|fwd| unsafe { (*fwd).flags } & ENDING == 0)
+        // SAFETY: pointer from a successful lookup; fields read at once.
+        .is_some_and(|fwd| unsafe { live_forward(&*fwd, backend_id, flags) })
+}
+
+/// Whether `fwd` is the live forward entry of the flow whose reply entry
+/// names `backend_id` and carries `reply_flags`: the same flow (a forward
+/// entry to that backend, not masqueraded) that is not over.
+#[inline(always)]
+fn live_forward(fwd: &CtEntry, backend_id: u32, reply_flags: u8) -> bool {
+    const BOTH_FINS: u8 = CT_F_TX_CLOSING | CT_F_RX_CLOSING;
+    let flags = fwd.flags | reply_flags;
+    fwd.kind == CtKind::Forward as u8
+        && fwd.backend_id == backend_id
+        && fwd.flags & CT_F_SNAT == 0
+        && flags & CT_F_RST == 0
+        && flags & BOTH_FINS != BOTH_FINS
 }
 
 /// `reused_reply` for IPv6 (`key`: scratch space, the reply entry's key

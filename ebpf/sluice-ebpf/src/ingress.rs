@@ -22,8 +22,11 @@
 //!    unreachable) or drop. A source inside the cluster (`sl_local4`) takes
 //!    the frontend's internal scope when it has one (externalTrafficPolicy
 //!    Local short-circuit). SNAT when the frontend asks for it, when it
-//!    masquerades sources outside the cluster and this is one, or when the
-//!    client is its own backend (hairpin).
+//!    masquerades sources outside the cluster and this is one, when the
+//!    client is its own backend (hairpin), or when a live flow of another
+//!    frontend holds the tuple this one would have after DNAT (one client
+//!    port shared by connections to two services on one backend:
+//!    `conntrack::clashes4`, counted `tuple_clash`).
 
 use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
 use sluice_common::{

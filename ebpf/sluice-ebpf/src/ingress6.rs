@@ -278,6 +278,7 @@ fn try_new_flow(
     // (see `ingress.rs`): masqueraded instead.
     if crate::conntrack::clashes6(&s.flow, &backend.addr, backend.port, &mut s.ct_key) {
         count(Stat::TupleClash);
+        events::ingress6(Stat::TupleClash, skb, &s.flow, master.svc_id, backend_id);
         return Ok(snat6::new_flow(skb, s, master.svc_id, backend_id, h));
     }
     // A pod's flow on the TC path (see `ingress.rs`).
