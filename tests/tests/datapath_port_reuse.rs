@@ -236,3 +236,66 @@ fn two_live_connections_from_one_port_to_two_services_on_one_backend_both_work()
 fn v6_two_live_connections_from_one_port_to_two_services_on_one_backend_both_work() -> Result<()> {
     shared(true)
 }
+
+/// A reply entry left behind by a reselection: the client's flow from a
+/// port was reset, the same tuple came back after its backend left the
+/// service and went to the other backend. The first backend's reply entry
+/// now names a forward entry that is another flow's; a direct connection
+/// from that port to the first backend must not be taken for it.
+fn stale_after_reselection(v6: bool) -> Result<()> {
+    let topo = Topology::new(1, 2)?;
+    if v6 {
+        topo.wait_ipv6_ready()?;
+    }
+    let (b1, b2) = (&topo.backends[0], &topo.backends[1]);
+    let mut servers = Vec::new();
+    for b in [b1, b2] {
+        servers.push(if v6 {
+            servers::tcp_greeter6(&b.ns, 8080, &b.name)?
+        } else {
+            servers::tcp_greeter(&b.ns, 8080, &b.name)?
+        });
+    }
+    let mut lb = Lb::load(&topo)?;
+    let vip = if v6 {
+        IpAddr::V6(VIP6)
+    } else {
+        IpAddr::V4(VIP)
+    };
+    let service = SocketAddr::new(vip, 80);
+    let client = &topo.clients[0];
+    let port = 43_000;
+    lb.set(cluster_ips(
+        "web",
+        &[vip],
+        80,
+        Proto::Tcp,
+        &[(b1.addr(v6), 8080, BackendState::Active)],
+    ));
+    assert_eq!(greet_from(&client.ns, port, service, true)?, b1.name);
+    lb.set(cluster_ips(
+        "web",
+        &[vip],
+        80,
+        Proto::Tcp,
+        &[(b2.addr(v6), 8080, BackendState::Active)],
+    ));
+    // The same tuple again, reselected to the other backend, kept open.
+    let (live, hello) = connect_from(&client.ns, port, service)?;
+    assert_eq!(hello, b2.name);
+    let direct = greet_from(&client.ns, port, SocketAddr::new(b1.addr(v6), 8080), true)
+        .context("a direct connection to the first backend from the reselected flow's port")?;
+    assert_eq!(direct, b1.name);
+    echo(&live, "still").context("the reselected flow, after the direct one")?;
+    Ok(())
+}
+
+#[test]
+fn a_reply_entry_left_by_a_reselection_does_not_take_a_direct_connection() -> Result<()> {
+    stale_after_reselection(false)
+}
+
+#[test]
+fn v6_a_reply_entry_left_by_a_reselection_does_not_take_a_direct_connection() -> Result<()> {
+    stale_after_reselection(true)
+}

@@ -94,7 +94,8 @@ const ENDING: u8 = CT_F_RST | CT_F_TX_CLOSING | CT_F_RX_CLOSING;
 /// tuple: the client reused its port towards the backend's own address
 /// after a service connection to the same backend had closed (RST or FIN
 /// from either side; the forward entry carries both sides' bits) or its
-/// forward entry was gone. The stale reply entry is then removed and the
+/// forward entry was gone or is now another flow's (reselected to another
+/// backend, or masqueraded). The stale reply entry is then removed and the
 /// packet must pass untranslated, as netfilter lets a new connection
 /// replace a closed one. A SYN-ACK of a live flow (a retransmission during
 /// its handshake) is not: it is translated as before. A separate BPF
@@ -102,13 +103,20 @@ const ENDING: u8 = CT_F_RST | CT_F_TX_CLOSING | CT_F_RX_CLOSING;
 #[inline(never)]
 pub fn reused_reply(flow: &Flow4, entry: *mut CtEntry) -> bool {
     // SAFETY: the caller found the entry; fields are copied at once.
-    let (flags, forward_key) =
-        unsafe { ((*entry).flags, (*entry).forward_key_of_reply(flow.proto)) };
+    let (flags, backend_id, forward_key) = unsafe {
+        (
+            (*entry).flags,
+            (*entry).backend_id,
+            (*entry).forward_key_of_reply(flow.proto),
+        )
+    };
     let ended = flags & ENDING != 0
         || CONNTRACK_V4
             .get_ptr(forward_key)
-            // SAFETY: pointer from a successful lookup; one byte read.
-            .is_none_or(|fwd| unsafe { (*fwd).flags } & ENDING != 0);
+            // SAFETY: pointer from a successful lookup; fields read at once.
+            .is_none_or(|fwd| unsafe {
+                !same_flow(&*fwd, backend_id) || (*fwd).flags & ENDING != 0
+            });
     if ended {
         let _ = CONNTRACK_V4.remove(flow.ct_key());
     }
@@ -198,11 +206,16 @@ pub fn clashes6(flow: &Flow6, backend: &[u8; 16], port: u16, key: &mut Ct6Key) -
 fn live_forward(fwd: &CtEntry, backend_id: u32, reply_flags: u8) -> bool {
     const BOTH_FINS: u8 = CT_F_TX_CLOSING | CT_F_RX_CLOSING;
     let flags = fwd.flags | reply_flags;
-    fwd.kind == CtKind::Forward as u8
-        && fwd.backend_id == backend_id
-        && fwd.flags & CT_F_SNAT == 0
-        && flags & CT_F_RST == 0
-        && flags & BOTH_FINS != BOTH_FINS
+    same_flow(fwd, backend_id) && flags & CT_F_RST == 0 && flags & BOTH_FINS != BOTH_FINS
+}
+
+/// Whether `fwd`, found under the forward key a reply entry names, is
+/// that flow's forward entry: one to the reply entry's backend, not
+/// masqueraded. After a reselection (the client reused the tuple and the
+/// flow went to another backend) the old backend's reply entry is stale.
+#[inline(always)]
+fn same_flow(fwd: &CtEntry, backend_id: u32) -> bool {
+    fwd.kind == CtKind::Forward as u8 && fwd.backend_id == backend_id && fwd.flags & CT_F_SNAT == 0
 }
 
 /// `reused_reply` for IPv6 (`key`: scratch space, the reply entry's key
@@ -212,15 +225,17 @@ fn live_forward(fwd: &CtEntry, backend_id: u32, reply_flags: u8) -> bool {
 #[inline(never)]
 pub fn reused_reply6(flow: &Flow6, entry: *mut CtEntry, key: &mut Ct6Key) -> bool {
     // SAFETY: as in `reused_reply`.
-    let flags = unsafe { (*entry).flags };
+    let (flags, backend_id) = unsafe { ((*entry).flags, (*entry).backend_id) };
     let mut ended = flags & ENDING != 0;
     if !ended {
         // SAFETY: as in `reused_reply`.
         *key = unsafe { (*entry).forward_key6_of_reply(flow.proto) };
         ended = CONNTRACK_V6
             .get_ptr(&*key)
-            // SAFETY: pointer from a successful lookup; one byte read.
-            .is_none_or(|fwd| unsafe { (*fwd).flags } & ENDING != 0);
+            // SAFETY: pointer from a successful lookup; fields read at once.
+            .is_none_or(|fwd| unsafe {
+                !same_flow(&*fwd, backend_id) || (*fwd).flags & ENDING != 0
+            });
     }
     if ended {
         flow.ct_key_into(key);
