@@ -40,36 +40,16 @@ const OTHER6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0
 /// Connects from local port `port` to `to`, reads the greeting, and
 /// closes with a RST (`reset`) or a FIN.
 fn greet_from(ns: &Netns, port: u16, to: SocketAddr, reset: bool) -> Result<String> {
-    Ok(ns.run(move || -> std::io::Result<String> {
-        let domain = if to.is_ipv6() {
-            Domain::IPV6
-        } else {
-            Domain::IPV4
-        };
-        let socket = Socket::new(domain, Type::STREAM, None)?;
-        socket.set_reuse_address(true)?;
-        let local: SocketAddr = if to.is_ipv6() {
-            (std::net::Ipv6Addr::UNSPECIFIED, port).into()
-        } else {
-            (std::net::Ipv4Addr::UNSPECIFIED, port).into()
-        };
-        socket.bind(&local.into())?;
-        socket.connect_timeout(&to.into(), Duration::from_secs(3))?;
-        socket.set_read_timeout(Some(Duration::from_secs(3)))?;
-        if reset {
-            socket.set_linger(Some(Duration::ZERO))?;
-        }
-        let stream: std::net::TcpStream = socket.into();
-        let mut greeting = String::new();
-        BufReader::new(&stream).read_line(&mut greeting)?;
-        if !reset {
-            // Both FINs before the socket goes: the old flow is closed.
-            stream.shutdown(std::net::Shutdown::Write)?;
-            let mut rest = Vec::new();
-            (&stream).read_to_end(&mut rest)?;
-        }
-        Ok(greeting.trim().to_owned())
-    })??)
+    let (stream, greeting) = connect_from(ns, port, to)?;
+    if reset {
+        socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO))?;
+    } else {
+        // Both FINs before the socket goes: the old flow is closed.
+        stream.shutdown(std::net::Shutdown::Write)?;
+        let mut rest = Vec::new();
+        (&stream).read_to_end(&mut rest)?;
+    }
+    Ok(greeting)
 }
 
 fn reuse(v6: bool, reset: bool) -> Result<()> {
