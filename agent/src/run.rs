@@ -257,6 +257,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         conntrack: args.conntrack_map_size,
         affinity: args.affinity_map_size,
         maglev: args.maglev_map_size,
+        preallocate: args.preallocate_maps,
     };
     let root = &args.bpf.bpf_root;
     let health = Arc::new(Health::new(

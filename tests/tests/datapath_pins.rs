@@ -266,6 +266,94 @@ fn a_resized_conntrack_map_is_migrated_with_its_flows() -> Result<()> {
     Ok(())
 }
 
+/// `flags` of the pinned map `name`.
+fn pinned_flags(topo: &Topology, name: &str) -> Result<u32> {
+    Ok(aya::maps::MapInfo::from_pin(topo.bpf.path().join(name))?.map_flags())
+}
+
+#[test]
+fn preallocating_the_service_maps_and_back_migrates_them_with_their_flows() -> Result<()> {
+    let topo = Topology::new(1, 2)?;
+    let _servers = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let _servers6 = topo
+        .backends
+        .iter()
+        .map(|b| servers::tcp_greeter6(&b.ns, 8080, &b.name))
+        .collect::<Result<Vec<_>>>()?;
+    let mut lb = Lb::load(&topo)?;
+    let backends: Vec<_> = topo
+        .backends
+        .iter()
+        .map(|b| (b.ip, 8080, BackendState::Active))
+        .collect();
+    let backends6: Vec<_> = topo
+        .backends
+        .iter()
+        .map(|b| (b.ip6, 8080, BackendState::Active))
+        .collect();
+    lb.set(cluster_ip("web", VIP, 80, Proto::Tcp, &backends));
+    lb.set(cluster_ip6("web6", VIP6, 80, Proto::Tcp, &backends6));
+    let ns = &topo.clients[0].ns;
+    let mut streams = (0..4)
+        .map(|_| Stream::connect(ns, vip(VIP, 80)))
+        .chain((0..4).map(|_| Stream::connect(ns, vip6(VIP6, 80))))
+        .collect::<Result<Vec<_>>>()?;
+    for s in &mut streams {
+        s.ping()?;
+    }
+    let programmed = lb.reconciler.programmed().clone();
+    const MAPS: [&str; 3] = ["sl_svc4", "sl_svc6", "sl_backends"];
+    for name in MAPS {
+        assert_eq!(
+            pinned_flags(&topo, name)?,
+            1,
+            "{name} starts unpreallocated"
+        );
+    }
+
+    for preallocate in [true, false] {
+        drop(lb);
+        let sizes = MapSizes {
+            preallocate,
+            ..MapSizes::default()
+        };
+        lb = Lb::load_with(&topo, sizes, Duration::from_secs(60))?;
+        for name in MAPS {
+            assert_eq!(
+                pinned_flags(&topo, name)?,
+                u32::from(!preallocate),
+                "{name}: BPF_F_NO_PREALLOC is off exactly when preallocated ({preallocate})"
+            );
+        }
+        assert_eq!(
+            pinned_flags(&topo, "sl_maglev4")?,
+            1,
+            "the Maglev tables stay unpreallocated (64 KiB each)"
+        );
+        assert!(
+            !topo.bpf.path().join("migrate").exists(),
+            "staging removed once finished"
+        );
+        assert_eq!(
+            lb.reconciler.programmed(),
+            &programmed,
+            "services, backends and ids carried over (preallocated: {preallocate})"
+        );
+        for (i, s) in streams.iter_mut().enumerate() {
+            s.ping().with_context(|| {
+                format!("stream {i} survives the migration (preallocated: {preallocate})")
+            })?;
+        }
+        clients::tcp_hello(ns, vip(VIP, 80))?;
+        clients::tcp_hello(ns, vip6(VIP6, 80))?;
+    }
+    Ok(())
+}
+
 #[test]
 fn a_service_that_does_not_fit_is_refused_whole_and_others_keep_working() -> Result<()> {
     let topo = Topology::new(1, 1)?;

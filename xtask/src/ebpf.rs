@@ -55,7 +55,15 @@ fn common_args_in(cmd: &mut std::process::Command, dir: &str) {
 /// edits, and the copy is only rewritten when the bytes changed (so the
 /// agent is only re-embedded when needed).
 pub fn build(tc: &Toolchain) -> Result<()> {
-    build_variant(tc, &[], "ebpf", &object_path())
+    build_variant(tc, &[], "ebpf", &object_path())?;
+    // The same programs with the service and backend maps preallocated
+    // (`sluice agent --preallocate-maps`).
+    build_variant(
+        tc,
+        &["prealloc"],
+        "ebpf-prealloc",
+        &root().join("target/bpf/sluice-prealloc.bpf.o"),
+    )
 }
 
 /// Builds the object with `features` (in `target/<dir>`) to `dest`.

@@ -109,6 +109,7 @@ mod tests {
             conntrack: 1000,
             affinity: 50,
             maglev: 4,
+            preallocate: false,
         };
         let got = fill_ratios(
             &[

@@ -6,7 +6,7 @@
 use std::{collections::HashMap, io, os::fd::BorrowedFd};
 
 use object::{Object, ObjectSection};
-use sluice_common::abi::{Capacity, MapDecl, NO_PREALLOC_FLAG};
+use sluice_common::abi::{Capacity, MapDecl, NO_PREALLOC_FLAG, PREALLOCATABLE};
 
 use super::{
     btf::{Btf, BtfError, Layout, MapDef},
@@ -83,7 +83,7 @@ pub fn wanted(decl: &MapDecl, sizes: &MapSizes, def: Option<&MapDef>) -> Shape {
         key_size: decl.key_size as u32,
         value_size: decl.value_size as u32,
         max_entries: capacity(decl, sizes),
-        flags: if decl.no_prealloc {
+        flags: if decl.no_prealloc && !(sizes.preallocate && PREALLOCATABLE.contains(&decl.name)) {
             NO_PREALLOC_FLAG
         } else {
             0

@@ -20,10 +20,11 @@ use super::{
     links::TC_PROGRAMS,
     log::{LogLevel, Logger},
     migrate::Migration,
-    DatapathError, Maps, BPF_OBJECT, LINKS_DIR,
+    DatapathError, Maps, BPF_OBJECT, BPF_OBJECT_PREALLOC, LINKS_DIR,
 };
 
-/// Capacities of the sized maps (the `--*-map-size` flags).
+/// Capacities of the sized maps (the `--*-map-size` flags), and whether
+/// the preallocatable ones are preallocated (`--preallocate-maps`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapSizes {
     pub services: u32,
@@ -31,6 +32,9 @@ pub struct MapSizes {
     pub conntrack: u32,
     pub affinity: u32,
     pub maglev: u32,
+    /// `sluice_common::abi::PREALLOCATABLE` created without
+    /// `BPF_F_NO_PREALLOC` (from the object built with that feature).
+    pub preallocate: bool,
 }
 
 impl Default for MapSizes {
@@ -41,6 +45,7 @@ impl Default for MapSizes {
             conntrack: names::DEFAULT_CONNTRACK_MAX,
             affinity: names::DEFAULT_AFFINITY_MAX,
             maglev: names::MAGLEV_MAX,
+            preallocate: false,
         }
     }
 }
@@ -58,6 +63,16 @@ pub struct Datapath {
 /// `statfs` magic of bpffs.
 pub(crate) const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
+/// The embedded eBPF object these sizes load: the one whose
+/// preallocatable maps are preallocated, or the default one.
+pub fn object(sizes: &MapSizes) -> &'static [u8] {
+    if sizes.preallocate {
+        BPF_OBJECT_PREALLOC
+    } else {
+        BPF_OBJECT
+    }
+}
+
 impl Datapath {
     /// Loads the programs, reusing the maps pinned under `root` (creating
     /// and pinning them on first start). Nothing is attached yet.
@@ -72,13 +87,14 @@ impl Datapath {
         sizes: &MapSizes,
         log_level: LogLevel,
     ) -> Result<(Self, Maps), DatapathError> {
-        if BPF_OBJECT.is_empty() {
+        let object = object(sizes);
+        if object.is_empty() {
             return Err(DatapathError::NoObject);
         }
         prepare_root(root)?;
         // Pins of another layout (an upgrade, a rollback, a resize) get new
         // maps staged beside them, filled from the old ones.
-        let mut migration = Migration::begin(root, sizes, BPF_OBJECT)?;
+        let mut migration = Migration::begin(root, sizes, object)?;
 
         let mut loader = EbpfLoader::new();
         let level = log_level.aya();
@@ -88,7 +104,7 @@ impl Datapath {
                 .map_max_entries(decl.name, layout::capacity(decl, sizes))
                 .map_pin_path(decl.name, migration.pin_path(decl.name));
         }
-        let mut ebpf = loader.load(BPF_OBJECT)?;
+        let mut ebpf = loader.load(object)?;
         for name in TC_PROGRAMS {
             let program: &mut SchedClassifier = ebpf
                 .program_mut(name)

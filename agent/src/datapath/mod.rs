@@ -37,6 +37,12 @@ pub use xdp::{detach_xdp, xdp_devices, XdpMode, PROGRAM as XDP_PROGRAM};
 pub static BPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sluice.bpf.o"));
 
+/// The same object built with the `prealloc` feature: the maps of
+/// `sluice_common::abi::PREALLOCATABLE` preallocated
+/// (`--preallocate-maps`).
+pub static BPF_OBJECT_PREALLOC: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sluice-prealloc.bpf.o"));
+
 /// Default bpffs directory for one agent instance's pins.
 pub const DEFAULT_BPF_ROOT: &str = "/sys/fs/bpf/sluice";
 

@@ -90,6 +90,12 @@ const fn decl(
 /// `BPF_F_NO_PREALLOC`.
 pub const NO_PREALLOC_FLAG: u32 = 1;
 
+/// The maps `--preallocate-maps` creates preallocated (their kernel
+/// memory taken whole at creation, each write then a copy into a
+/// preallocated element instead of an allocation): the ones a first sync
+/// fills with an entry per backend and slot.
+pub const PREALLOCATABLE: [&str; 3] = [names::SERVICES_V4, names::SERVICES_V6, names::BACKENDS];
+
 /// Every map the agent pins, in the order it creates them. (The per-CPU
 /// scratch maps are per program generation and never pinned.)
 pub const MAPS: [MapDecl; 26] = [

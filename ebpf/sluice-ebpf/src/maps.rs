@@ -27,12 +27,25 @@ use sluice_common::{
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
 
+/// The flags of the maps an operator may preallocate
+/// (`sluice_common::abi::PREALLOCATABLE`): the object built with the
+/// `prealloc` feature (`--preallocate-maps`) creates them preallocated.
+const PREALLOCATABLE: usize = if cfg!(feature = "prealloc") {
+    0
+} else {
+    NO_PREALLOC
+};
+
 #[btf_map(name = "sl_svc4")]
-pub static SERVICES_V4: HashMap<Svc4Key, SvcValue, { DEFAULT_SERVICES_MAX as usize }, NO_PREALLOC> =
-    HashMap::new();
+pub static SERVICES_V4: HashMap<
+    Svc4Key,
+    SvcValue,
+    { DEFAULT_SERVICES_MAX as usize },
+    PREALLOCATABLE,
+> = HashMap::new();
 
 #[btf_map(name = "sl_backends")]
-pub static BACKENDS: HashMap<u32, Backend, { DEFAULT_BACKENDS_MAX as usize }, NO_PREALLOC> =
+pub static BACKENDS: HashMap<u32, Backend, { DEFAULT_BACKENDS_MAX as usize }, PREALLOCATABLE> =
     HashMap::new();
 
 #[btf_map(name = "sl_ct4")]
@@ -40,8 +53,12 @@ pub static CONNTRACK_V4: LruHashMap<Ct4Key, CtEntry, { DEFAULT_CONNTRACK_MAX as 
     LruHashMap::new();
 
 #[btf_map(name = "sl_svc6")]
-pub static SERVICES_V6: HashMap<Svc6Key, SvcValue, { DEFAULT_SERVICES_MAX as usize }, NO_PREALLOC> =
-    HashMap::new();
+pub static SERVICES_V6: HashMap<
+    Svc6Key,
+    SvcValue,
+    { DEFAULT_SERVICES_MAX as usize },
+    PREALLOCATABLE,
+> = HashMap::new();
 
 #[btf_map(name = "sl_ct6")]
 pub static CONNTRACK_V6: LruHashMap<Ct6Key, CtEntry, { DEFAULT_CONNTRACK_MAX as usize }> =

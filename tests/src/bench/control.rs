@@ -264,6 +264,8 @@ pub enum AgentSource {
     /// `--source kube`: the test API server (`crate::apiserver`), list and
     /// watch over HTTP as from a real kube-apiserver.
     Kube,
+    /// `Kube`, with `--preallocate-maps`.
+    KubePrealloc,
 }
 
 /// The objects of a run, held where the agent reads them.
@@ -289,7 +291,7 @@ impl Feed {
                 let arg = format!("dir:{}", dir.path().display());
                 Ok((Feed::Dir(dir), arg))
             }
-            AgentSource::Kube => {
+            AgentSource::Kube | AgentSource::KubePrealloc => {
                 let server = ApiServer::start_in(&topo.node)?;
                 for i in 0..set.n {
                     server.apply_json(service_json(set, i))?;
@@ -369,6 +371,9 @@ pub fn agent_run(
         sizes.backends.to_string(),
     ];
     args.extend(feed.extra_args());
+    if source == AgentSource::KubePrealloc {
+        args.push("--preallocate-maps".to_owned());
+    }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // Building the binary (a no-op when up to date) is not timed.
     crate::agent::binary()?;

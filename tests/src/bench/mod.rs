@@ -154,7 +154,11 @@ impl Config {
             churn_rates: vec![250, 500, 1000, 2000, 4000],
             churn_rate_window: Duration::from_secs(4),
             control_only: false,
-            agent_sources: vec![AgentSource::Dir, AgentSource::Kube],
+            agent_sources: vec![
+                AgentSource::Dir,
+                AgentSource::Kube,
+                AgentSource::KubePrealloc,
+            ],
             seed: 0x5eed,
             out,
             events_rounds: 5,
@@ -273,6 +277,9 @@ pub struct Control {
     /// The agent fed from a manifest directory (the demo's source).
     #[serde(default)]
     pub agent_dir: Option<AgentRun>,
+    /// The API-fed agent with `--preallocate-maps`.
+    #[serde(default)]
+    pub agent_prealloc: Option<AgentRun>,
     pub reconciler_churn: Option<Churn>,
 }
 
@@ -409,6 +416,7 @@ pub fn map_sizes(max_n: usize) -> MapSizes {
         conntrack: d.conntrack,
         affinity: d.affinity,
         maglev: d.maglev,
+        preallocate: false,
     }
 }
 
@@ -824,6 +832,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
             match source {
                 AgentSource::Dir => control.agent_dir = Some(run),
                 AgentSource::Kube => control.agent = Some(run),
+                AgentSource::KubePrealloc => control.agent_prealloc = Some(run),
             }
         }
     }

@@ -49,7 +49,8 @@ struct Args {
     /// no data-plane rounds.
     #[arg(long)]
     control_only: bool,
-    /// Agent sources to run, comma separated: dir, kube (default both).
+    /// Agent sources to run, comma separated: dir, kube, kube-prealloc (the
+    /// API source with `--preallocate-maps`); default all three.
     #[arg(long, value_delimiter = ',')]
     agent_sources: Vec<String>,
     /// Background endpoint-change rates (changes/s, comma separated) for
@@ -150,7 +151,10 @@ fn main() -> Result<()> {
             .map(|s| match s.as_str() {
                 "dir" => Ok(AgentSource::Dir),
                 "kube" => Ok(AgentSource::Kube),
-                other => Err(anyhow::anyhow!("unknown agent source {other} (dir, kube)")),
+                "kube-prealloc" => Ok(AgentSource::KubePrealloc),
+                other => Err(anyhow::anyhow!(
+                    "unknown agent source {other} (dir, kube, kube-prealloc)"
+                )),
             })
             .collect::<Result<_>>()?;
     }
