@@ -536,8 +536,11 @@ pub fn status(args: &StatusArgs) -> Result<()> {
             100.0 * f.entries as f64 / f64::from(f.capacity)
         };
         println!(
-            "map:       {:<12} {:>8} / {:<8} ({pct:.2}%)",
-            f.map, f.entries, f.capacity
+            "map:       {:<12} {:>8} / {:<8} ({pct:.2}%){}",
+            f.map,
+            f.entries,
+            f.capacity,
+            if f.preallocated { " preallocated" } else { "" }
         );
     }
     println!(

@@ -334,6 +334,20 @@ fn preallocating_the_service_maps_and_back_migrates_them_with_their_flows() -> R
             1,
             "the Maglev tables stay unpreallocated (64 KiB each)"
         );
+        // What `sluice status` prints.
+        let preallocated: std::collections::BTreeSet<&str> =
+            sluice::datapath::map_fill(topo.bpf.path())?
+                .into_iter()
+                .filter(|f| f.preallocated)
+                .map(|f| f.map)
+                .collect();
+        // The object's flags are what the agent expects of the pins.
+        let expected: std::collections::BTreeSet<&str> = if preallocate {
+            sluice_common::abi::PREALLOCATABLE.into_iter().collect()
+        } else {
+            Default::default()
+        };
+        assert_eq!(preallocated, expected, "status names the preallocated maps");
         assert!(
             !topo.bpf.path().join("migrate").exists(),
             "staging removed once finished"
@@ -350,6 +364,18 @@ fn preallocating_the_service_maps_and_back_migrates_them_with_their_flows() -> R
         }
         clients::tcp_hello(ns, vip(VIP, 80))?;
         clients::tcp_hello(ns, vip6(VIP6, 80))?;
+        // A restart with the same choice adopts the pins as they are.
+        drop(lb);
+        let (datapath, _maps) = Datapath::load(topo.bpf.path(), &sizes)?;
+        assert!(
+            !datapath.migrating(),
+            "a restart with the same choice ({preallocate}) migrates nothing"
+        );
+        drop(datapath);
+        lb = Lb::load_with(&topo, sizes, Duration::from_secs(60))?;
+        for s in &mut streams {
+            s.ping()?;
+        }
     }
     Ok(())
 }

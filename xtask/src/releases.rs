@@ -170,7 +170,14 @@ fn build_agent(src: &Path, features: &[&str], object: &Path, dest: &Path) -> Res
     cmd.current_dir(src)
         .args(["build", "--quiet", "-p", "sluice", "--bin", "sluice"])
         .env("CARGO_TARGET_DIR", target_dir())
-        .env("SLUICE_BPF_OBJECT", object);
+        .env("SLUICE_BPF_OBJECT", object)
+        // Its preallocating object beside it; where there is none (the
+        // `abi-probe` build), `--preallocate-maps` refuses to load rather
+        // than load another build's object.
+        .env(
+            "SLUICE_BPF_OBJECT_PREALLOC",
+            object.with_file_name("sluice-prealloc.bpf.o"),
+        );
     if !features.is_empty() {
         cmd.arg("--features").arg(features.join(","));
     }

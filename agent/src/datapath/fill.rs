@@ -6,7 +6,7 @@
 use std::{io, os::fd::AsFd, path::Path};
 
 use sluice_common::{
-    abi::{MapKind, MAPS},
+    abi::{MapKind, MAPS, NO_PREALLOC_FLAG},
     maps as names,
 };
 
@@ -18,6 +18,9 @@ pub struct MapFill {
     pub map: &'static str,
     pub entries: usize,
     pub capacity: u32,
+    /// A hash map created without `BPF_F_NO_PREALLOC` (`--preallocate-maps`
+    /// for the service and backend maps; LRU maps always are).
+    pub preallocated: bool,
 }
 
 /// Fill of every pinned map under `root` that has entries to count.
@@ -53,6 +56,7 @@ pub fn map_fill(root: &Path) -> io::Result<Vec<MapFill>> {
             map: decl.name,
             entries,
             capacity: info.max_entries,
+            preallocated: decl.kind == MapKind::Hash && info.map_flags & NO_PREALLOC_FLAG == 0,
         });
     }
     Ok(out)
