@@ -78,3 +78,82 @@ fn upgrade_and_rollback_across_an_abi_change_keep_every_flow() -> Result<()> {
     eprintln!("connect loops: {connects} connections, none failed");
     Ok(())
 }
+
+/// `--preallocate-maps` turned on and off on a running node, and a rollback
+/// to 0.1.0 (which predates the option) in between: main -> main
+/// preallocated (the three maps migrate) -> 0.1.0 (adopts them as they
+/// are) -> main (migrates them back), with the same flows and loops.
+#[test]
+fn preallocating_the_maps_and_rolling_back_to_0_1_0_keep_every_flow() -> Result<()> {
+    let (topo, servers) = topology()?;
+    let dir = ManifestDir::create()?;
+    let backends: Vec<_> = topo.backends.iter().map(|b| b.ip).collect();
+    dir.write(
+        "all.yaml",
+        &manifests(topo.node_address(0), &backends, None, &[]),
+    )?;
+    let source = format!("dir:{}", dir.path().display());
+
+    let v010 = release_binary("0.1.0")?;
+    let main = binary()?;
+    let flags = |name: &str| -> Result<u32> {
+        Ok(aya::maps::MapInfo::from_pin(topo.bpf.path().join(name))?.map_flags())
+    };
+
+    let mut agent = Agent::start_bin(&main, &topo, &source, &[])?;
+    agent.wait_ready(READY).context("main starts")?;
+    let mut flows = Flows::open(&topo, &dir, servers)?;
+    let begun = std::time::Instant::now();
+    flows.check("main", &topo, &dir, &agent)?;
+
+    // As a DaemonSet sets it; 0.1.0 ignores the variable.
+    let prealloc: &[(&str, &str)] = &[("SLUICE_PREALLOCATE_MAPS", "true")];
+    let steps: [(&str, &std::path::Path, &[(&str, &str)], bool, u32); 3] = [
+        ("main -> main --preallocate-maps", &main, prealloc, true, 0),
+        (
+            "rollback to 0.1.0 on preallocated maps",
+            &v010,
+            &[],
+            false,
+            0,
+        ),
+        (
+            "upgrade 0.1.0 -> main without the option",
+            &main,
+            &[],
+            true,
+            1,
+        ),
+    ];
+    for (step, bin, env, migrates, want_flags) in steps {
+        let migrations = agent.log().matches("migration finished").count();
+        eprintln!("{:?} into the connect loops: {step}", begun.elapsed());
+        agent.replace(&topo.node, bin, env)?;
+        agent
+            .wait_ready(READY)
+            .with_context(|| format!("{step}: agent ready"))?;
+        flows.check(step, &topo, &dir, &agent)?;
+        let now = agent.log().matches("migration finished").count();
+        ensure!(
+            now == migrations + usize::from(migrates),
+            "{step}: {} migrations, expected {}:\n{}",
+            now - migrations,
+            usize::from(migrates),
+            agent.log_tail()
+        );
+        for name in ["sl_svc4", "sl_svc6", "sl_backends"] {
+            ensure!(
+                flags(name)? == want_flags,
+                "{step}: {name} has flags {}, expected {want_flags}",
+                flags(name)?
+            );
+        }
+        ensure!(
+            !topo.bpf.path().join("migrate").exists(),
+            "{step}: migration staging left behind"
+        );
+    }
+    let connects = flows.finish()?;
+    eprintln!("connect loops: {connects} connections, none failed");
+    Ok(())
+}
