@@ -158,6 +158,8 @@ impl MapWriter {
             Run::Backends => (names::BACKENDS, self.maps.backends.map().fd().as_fd()),
             Run::Services4 => (names::SERVICES_V4, self.maps.services_v4.map().fd().as_fd()),
             Run::Services6 => (names::SERVICES_V6, self.maps.services_v6.map().fd().as_fd()),
+            Run::Svcnet4 => (names::SVCNET_V4, self.maps.svcnet_v4.map().fd().as_fd()),
+            Run::Svcnet6 => (names::SVCNET_V6, self.maps.svcnet_v6.map().fd().as_fd()),
         };
         let mut keys = Vec::new();
         let mut values = Vec::new();
@@ -202,6 +204,10 @@ enum Run {
     Backends,
     Services4,
     Services6,
+    /// The service address space (`sl_svcnet4/6`, LPM tries: a first sync
+    /// writes a host route per cluster IP).
+    Svcnet4,
+    Svcnet6,
 }
 
 impl Run {
@@ -210,6 +216,8 @@ impl Run {
             Entry::Backend(..) => Some(Run::Backends),
             Entry::Service(ServiceKey::V4(_), _) => Some(Run::Services4),
             Entry::Service(ServiceKey::V6(_), _) => Some(Run::Services6),
+            Entry::ServiceNet((IpAddr::V4(_), _), _) => Some(Run::Svcnet4),
+            Entry::ServiceNet((IpAddr::V6(_), _), _) => Some(Run::Svcnet6),
             _ => None,
         }
     }
@@ -229,6 +237,15 @@ fn pack(entry: &Entry<'_>, keys: &mut Vec<u8>, values: &mut Vec<u8>) {
         Entry::Service(ServiceKey::V6(k), v) => {
             keys.extend_from_slice(bytes_of(k));
             values.extend_from_slice(bytes_of(*v));
+        }
+        // An LPM key: the prefix length (`u32`), then the address.
+        Entry::ServiceNet((addr, len), kind) => {
+            keys.extend_from_slice(&u32::from(*len).to_ne_bytes());
+            match addr {
+                IpAddr::V4(a) => keys.extend_from_slice(&a.octets()),
+                IpAddr::V6(a) => keys.extend_from_slice(&a.octets()),
+            }
+            values.push(*kind);
         }
         _ => {}
     }

@@ -257,6 +257,9 @@ fn random_seed() -> u32 {
 /// rebuilt with full nodes.
 const COMPACT_AFTER: usize = 4096;
 
+/// Service nets written in one `bpf()` call.
+const NETS_BATCH: usize = 1024;
+
 /// The bits of `Config::flags` that belong to socket-level balancing.
 /// The socket-balancing bits `set_socket_lb` writes (`CFG_F_PODS_ON_SOCKETS`
 /// is `pods.rs`'s).
@@ -971,18 +974,26 @@ impl<W: MapWrites> Reconciler<W> {
         let widened = svcnet_summary(programmed.keys().copied().chain(want().map(|(k, _)| k)));
         self.sync_svcnet_summary(widened, report);
         let (mut left_out, mut added) = (0, 0);
-        for (net, kind) in want() {
-            if self.programmed.service_nets.get(&net) == Some(&kind) {
-                continue;
-            }
-            match self.writer.put(Entry::ServiceNet(net, kind)) {
-                Ok(()) => {
-                    self.programmed.service_nets.insert(net, kind);
-                    added += 1;
+        // In batches: a first sync adds a host route per cluster IP, one
+        // `bpf()` call each before.
+        let mut batch = Vec::with_capacity(NETS_BATCH);
+        let mut nets = want();
+        loop {
+            batch.clear();
+            for (net, kind) in nets.by_ref() {
+                if self.programmed.service_nets.get(&net) != Some(&kind) {
+                    batch.push((net, kind));
+                    if batch.len() == NETS_BATCH {
+                        break;
+                    }
                 }
-                Err(WriteError::Full { .. }) if kind == SVCNET_CLUSTER_IP => left_out += 1,
-                Err(e) => report.errors.push(e),
             }
+            if batch.is_empty() {
+                break;
+            }
+            let (put, out) = self.put_service_nets(&batch, report);
+            added += put;
+            left_out += out;
         }
         let stale: Vec<SourceRange> = self
             .programmed
@@ -1022,6 +1033,40 @@ impl<W: MapWrites> Reconciler<W> {
     }
 
     /// Writes `sl_svcnetsum4` when it changes.
+    /// Puts `nets` in one batch (again after the one that failed); records
+    /// what went in. How many went in, and how many cluster IPs found the
+    /// map full (left out, not an error).
+    fn put_service_nets(
+        &mut self,
+        nets: &[(SourceRange, u8)],
+        report: &mut Report,
+    ) -> (usize, usize) {
+        let entries: Vec<Entry<'_>> = nets
+            .iter()
+            .map(|(net, kind)| Entry::ServiceNet(*net, *kind))
+            .collect();
+        let (mut added, mut left_out, mut start) = (0, 0, 0);
+        while start < entries.len() {
+            let (written, failed) = match self.writer.put_batch(&entries[start..]) {
+                Ok(()) => (entries.len() - start, None),
+                Err((n, e)) => (n, Some(e)),
+            };
+            for (net, kind) in &nets[start..start + written] {
+                self.programmed.service_nets.insert(*net, *kind);
+            }
+            added += written;
+            start += written;
+            if let Some(e) = failed {
+                match e {
+                    WriteError::Full { .. } if nets[start].1 == SVCNET_CLUSTER_IP => left_out += 1,
+                    e => report.errors.push(e),
+                }
+                start += 1;
+            }
+        }
+        (added, left_out)
+    }
+
     fn sync_svcnet_summary(&mut self, summary: SvcnetSummary4, report: &mut Report) {
         if summary == self.programmed.svcnet_summary_v4 {
             return;
