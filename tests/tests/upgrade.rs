@@ -108,24 +108,45 @@ fn preallocating_the_maps_and_rolling_back_to_0_1_0_keep_every_flow() -> Result<
 
     // As a DaemonSet sets it; 0.1.0 ignores the variable.
     let prealloc: &[(&str, &str)] = &[("SLUICE_PREALLOCATE_MAPS", "true")];
-    let steps: [(&str, &std::path::Path, &[(&str, &str)], bool, u32); 3] = [
-        ("main -> main --preallocate-maps", &main, prealloc, true, 0),
-        (
-            "rollback to 0.1.0 on preallocated maps",
-            &v010,
-            &[],
-            false,
-            0,
-        ),
-        (
-            "upgrade 0.1.0 -> main without the option",
-            &main,
-            &[],
-            true,
-            1,
-        ),
+    struct Step<'a> {
+        what: &'a str,
+        bin: &'a std::path::Path,
+        env: &'a [(&'a str, &'a str)],
+        migrates: bool,
+        /// The three maps' flags after it (1: `BPF_F_NO_PREALLOC`).
+        flags: u32,
+    }
+    let steps = [
+        Step {
+            what: "main -> main --preallocate-maps",
+            bin: &main,
+            env: prealloc,
+            migrates: true,
+            flags: 0,
+        },
+        Step {
+            what: "rollback to 0.1.0 on preallocated maps",
+            bin: &v010,
+            env: &[],
+            migrates: false,
+            flags: 0,
+        },
+        Step {
+            what: "upgrade 0.1.0 -> main without the option",
+            bin: &main,
+            env: &[],
+            migrates: true,
+            flags: 1,
+        },
     ];
-    for (step, bin, env, migrates, want_flags) in steps {
+    for Step {
+        what: step,
+        bin,
+        env,
+        migrates,
+        flags: want_flags,
+    } in steps
+    {
         let migrations = agent.log().matches("migration finished").count();
         eprintln!("{:?} into the connect loops: {step}", begun.elapsed());
         agent.replace(&topo.node, bin, env)?;
