@@ -37,7 +37,10 @@ pub fn compact<K: Ord, V>(map: &mut BTreeMap<K, V>) {
 /// day): start to ready 7.40 s with glibc (two arenas), 5.08-5.36 s with
 /// mimalloc, for the same VmHWM (158-160 MB); with mimalloc's default
 /// purge delay (1 s) freed pages outlived the transients that freed them
-/// and VmHWM was 215 MB, and a relist added 34 MB.
+/// and VmHWM was 215 MB, and a relist added 34 MB. mimalloc v2, not v3:
+/// side by side on 2026-11-27 (API agent, 100,000 services, the bench's
+/// VmHWM in MiB) v2 held 140-143 MB where v3 held 149-153 MB, with start
+/// to ready 4.52-4.68 s against 4.73-4.94 s.
 pub type Allocator = mimalloc::MiMalloc;
 
 /// mimalloc's option number of `purge_delay` (its `mi_option_t`; the same
