@@ -91,11 +91,17 @@ pub fn build_variant(tc: &Toolchain, features: &[&str], dir: &str, dest: &Path) 
     Ok(())
 }
 
-/// Clippy on the kernel side, warnings as errors.
+/// Clippy on the kernel side, warnings as errors: the default object and
+/// the preallocating one (`--preallocate-maps`).
 pub fn clippy(tc: &Toolchain) -> Result<()> {
     let mut cmd = tc.cargo();
     cmd.arg("clippy");
     common_args(&mut cmd);
     cmd.args(["--", "-D", "warnings"]);
+    run(&mut cmd)?;
+    let mut cmd = tc.cargo();
+    cmd.arg("clippy");
+    common_args_in(&mut cmd, "ebpf-prealloc");
+    cmd.args(["--features", "prealloc", "--", "-D", "warnings"]);
     run(&mut cmd)
 }
