@@ -1057,8 +1057,13 @@ impl<W: MapWrites> Reconciler<W> {
             added += written;
             start += written;
             if let Some(e) = failed {
+                // The failed entry is the first not written (a count the
+                // kernel reports past the batch is clamped to it).
+                let cluster_ip = nets
+                    .get(start)
+                    .is_some_and(|(_, kind)| *kind == SVCNET_CLUSTER_IP);
                 match e {
-                    WriteError::Full { .. } if nets[start].1 == SVCNET_CLUSTER_IP => left_out += 1,
+                    WriteError::Full { .. } if cluster_ip => left_out += 1,
                     e => report.errors.push(e),
                 }
                 start += 1;
