@@ -189,7 +189,15 @@ pub fn map_update_batch(
     attr[5] = ANY;
     match bpf(BPF_MAP_UPDATE_BATCH, &mut attr) {
         Ok(_) => Ok(()),
-        Err(e) => Err(((attr[4] & 0xffff_ffff) as u32, e)),
+        Err(e) => {
+            // A call refused before the kernel wrote the count back (a
+            // permission, a bad fd, an early allocation failure on older
+            // kernels) leaves ours in place: nothing is known to have
+            // gone in, and the caller's record must not say otherwise
+            // (writing an entry again is harmless, missing one is not).
+            let done = (attr[4] & 0xffff_ffff) as u32;
+            Err((if done >= count { 0 } else { done }, e))
+        }
     }
 }
 

@@ -1032,7 +1032,6 @@ impl<W: MapWrites> Reconciler<W> {
         self.nets_synced = (report.errors.len() == errors).then_some(version);
     }
 
-    /// Writes `sl_svcnetsum4` when it changes.
     /// Puts `nets` in one batch (again after the one that failed); records
     /// what went in. How many went in, and how many cluster IPs found the
     /// map full (left out, not an error).
@@ -1072,6 +1071,7 @@ impl<W: MapWrites> Reconciler<W> {
         (added, left_out)
     }
 
+    /// Writes `sl_svcnetsum4` when it changes.
     fn sync_svcnet_summary(&mut self, summary: SvcnetSummary4, report: &mut Report) {
         if summary == self.programmed.svcnet_summary_v4 {
             return;
