@@ -100,6 +100,27 @@ pub trait MapWrites: MapReads {
         Ok(())
     }
 
+    /// Puts every entry it can, in order: all in one batch, and after an
+    /// entry that fails, the rest as a batch again. The entries that did
+    /// not go in, by index (ascending), with their errors; every other one
+    /// did.
+    fn put_each(&mut self, entries: &[Entry<'_>]) -> Vec<(usize, WriteError)> {
+        let mut failed = Vec::new();
+        let mut start = 0;
+        while start < entries.len() {
+            let Err((n, e)) = self.put_batch(&entries[start..]) else {
+                break;
+            };
+            // A count past the batch is taken as the last entry failing:
+            // writing an entry again is harmless, a record claiming one
+            // the map lacks is not.
+            let at = (start + n).min(entries.len() - 1);
+            failed.push((at, e));
+            start = at + 1;
+        }
+        failed
+    }
+
     /// Writes the config entry (`sl_config`).
     fn write_config(&mut self, config: &Config) -> Result<(), WriteError> {
         self.put(Entry::Config(config))

@@ -1032,7 +1032,7 @@ impl<W: MapWrites> Reconciler<W> {
         self.nets_synced = (report.errors.len() == errors).then_some(version);
     }
 
-    /// Puts `nets` in one batch (again after the one that failed); records
+    /// Puts `nets` (in batches, see `MapWrites::put_each`) and records
     /// what went in. How many went in, and how many cluster IPs found the
     /// map full (left out, not an error).
     fn put_service_nets(
@@ -1044,28 +1044,16 @@ impl<W: MapWrites> Reconciler<W> {
             .iter()
             .map(|(net, kind)| Entry::ServiceNet(*net, *kind))
             .collect();
-        let (mut added, mut left_out, mut start) = (0, 0, 0);
-        while start < entries.len() {
-            let (written, failed) = match self.writer.put_batch(&entries[start..]) {
-                Ok(()) => (entries.len() - start, None),
-                Err((n, e)) => (n, Some(e)),
-            };
-            for (net, kind) in &nets[start..start + written] {
-                self.programmed.service_nets.insert(*net, *kind);
-            }
-            added += written;
-            start += written;
-            if let Some(e) = failed {
-                // The failed entry is the first not written (a count the
-                // kernel reports past the batch is clamped to it).
-                let cluster_ip = nets
-                    .get(start)
-                    .is_some_and(|(_, kind)| *kind == SVCNET_CLUSTER_IP);
-                match e {
-                    WriteError::Full { .. } if cluster_ip => left_out += 1,
-                    e => report.errors.push(e),
+        let mut failed = self.writer.put_each(&entries).into_iter().peekable();
+        let (mut added, mut left_out) = (0, 0);
+        for (i, (net, kind)) in nets.iter().enumerate() {
+            match failed.next_if(|(at, _)| *at == i) {
+                Some((_, WriteError::Full { .. })) if *kind == SVCNET_CLUSTER_IP => left_out += 1,
+                Some((_, e)) => report.errors.push(e),
+                None => {
+                    self.programmed.service_nets.insert(*net, *kind);
+                    added += 1;
                 }
-                start += 1;
             }
         }
         (added, left_out)
@@ -1155,20 +1143,13 @@ impl<W: MapWrites> Reconciler<W> {
             .iter()
             .map(|(bid, b)| Entry::Backend(*bid, b))
             .collect();
-        let mut rest = &changed[..];
-        let mut batch = &entries[..];
-        // One batch; after a failed entry, the rest as a batch again.
-        while !batch.is_empty() {
-            let (written, failed) = match self.writer.put_batch(batch) {
-                Ok(()) => (batch.len(), None),
-                Err((n, e)) => (n, Some(e)),
-            };
-            self.set_backends(&rest[..written]);
-            let skip = written + usize::from(failed.is_some());
-            report.errors.extend(failed);
-            rest = &rest[skip.min(rest.len())..];
-            batch = &batch[skip.min(batch.len())..];
+        let failed = self.writer.put_each(&entries);
+        let mut changed = changed;
+        for (i, _) in failed.iter().rev() {
+            changed.remove(*i);
         }
+        report.errors.extend(failed.into_iter().map(|(_, e)| e));
+        self.set_backends(&changed);
         let mut frontends: Vec<&(FrontendKey, FrontendState)> = plan
             .frontends
             .iter()
