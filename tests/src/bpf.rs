@@ -476,3 +476,10 @@ pub fn ifindex(ns: &Netns, device: &str) -> Result<u32> {
     }
     Ok(index)
 }
+
+/// The `map_flags` of the map pinned at `pin` (`BPF_F_NO_PREALLOC` is 1).
+pub fn pinned_map_flags(pin: &Path) -> Result<u32> {
+    Ok(aya::maps::MapInfo::from_pin(pin)
+        .with_context(|| format!("opening {}", pin.display()))?
+        .map_flags())
+}

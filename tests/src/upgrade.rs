@@ -202,6 +202,62 @@ pub fn topology() -> Result<(Topology, Vec<Server>)> {
     Ok((topo, servers))
 }
 
+/// The manifest directory an upgrade test starts from (the services on
+/// `topo`'s backends), and the agent's `--source` for it.
+pub fn manifest_source(topo: &Topology) -> Result<(ManifestDir, String)> {
+    let dir = ManifestDir::create()?;
+    dir.write(
+        "all.yaml",
+        &manifests(topo.node_address(0), &backend_ips(topo), None, &[]),
+    )?;
+    let source = format!("dir:{}", dir.path().display());
+    Ok((dir, source))
+}
+
+/// One step of a rollout: replaces the running agent by `bin` (with
+/// `env`) as a DaemonSet does, waits for it, checks every flow
+/// (`Flows::check`), and that it migrated the pins exactly when
+/// `migrates` says, leaving no staging behind.
+#[allow(clippy::too_many_arguments)]
+pub fn roll(
+    agent: &mut Agent,
+    flows: &mut Flows,
+    topo: &Topology,
+    dir: &ManifestDir,
+    step: &str,
+    bin: &std::path::Path,
+    env: &[(&str, &str)],
+    migrates: bool,
+) -> Result<()> {
+    let migrations = agent.log().matches("migration finished").count();
+    agent.replace(&topo.node, bin, env)?;
+    agent
+        .wait_ready(READY)
+        .with_context(|| format!("{step}: agent ready"))?;
+    flows.check(step, topo, dir, agent)?;
+    let now = agent.log().matches("migration finished").count();
+    if migrates {
+        ensure!(
+            now == migrations + 1,
+            "{step}: no migration in the log:\n{}",
+            agent.log_tail()
+        );
+    } else {
+        ensure!(
+            now == migrations,
+            "{step}: migrated although the layout is the same"
+        );
+    }
+    ensure!(
+        !topo.bpf.path().join("migrate").exists(),
+        "{step}: migration staging left behind"
+    );
+    Ok(())
+}
+
+/// How long an agent of a rollout may take to be ready.
+const READY: Duration = Duration::from_secs(30);
+
 fn backend_ips(topo: &Topology) -> Vec<Ipv4Addr> {
     topo.backends.iter().map(|b| b.ip).collect()
 }

@@ -268,17 +268,13 @@ fn a_resized_conntrack_map_is_migrated_with_its_flows() -> Result<()> {
 
 /// `flags` of the pinned map `name`.
 fn pinned_flags(topo: &Topology, name: &str) -> Result<u32> {
-    Ok(aya::maps::MapInfo::from_pin(topo.bpf.path().join(name))?.map_flags())
+    sluice_tests::bpf::pinned_map_flags(&topo.bpf.path().join(name))
 }
 
 #[test]
 fn preallocating_the_service_maps_and_back_migrates_them_with_their_flows() -> Result<()> {
     let topo = Topology::new(1, 2)?;
-    let _servers = topo
-        .backends
-        .iter()
-        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
-        .collect::<Result<Vec<_>>>()?;
+    let _servers = servers::tcp_greeters(&topo, 8080)?;
     let _servers6 = topo
         .backends
         .iter()

@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use sluice_tests::{
-    agent::{binary, release_binary, Agent, ManifestDir},
-    upgrade::{manifests, topology, Flows},
+    agent::{binary, release_binary, Agent},
+    bpf::pinned_map_flags,
+    upgrade::{manifest_source, roll, topology, Flows},
 };
 
 const READY: Duration = Duration::from_secs(30);
@@ -23,13 +24,7 @@ const READY: Duration = Duration::from_secs(30);
 #[test]
 fn upgrade_and_rollback_across_an_abi_change_keep_every_flow() -> Result<()> {
     let (topo, servers) = topology()?;
-    let dir = ManifestDir::create()?;
-    let backends: Vec<_> = topo.backends.iter().map(|b| b.ip).collect();
-    dir.write(
-        "all.yaml",
-        &manifests(topo.node_address(0), &backends, None, &[]),
-    )?;
-    let source = format!("dir:{}", dir.path().display());
+    let (dir, source) = manifest_source(&topo)?;
 
     let v010 = release_binary("0.1.0")?;
     let probe = release_binary("abi-probe")?;
@@ -48,31 +43,17 @@ fn upgrade_and_rollback_across_an_abi_change_keep_every_flow() -> Result<()> {
         ("rollback main -> 0.1.0", &v010, false),
     ];
     for (step, bin, migrates) in steps {
-        let migrations = agent.log().matches("migration finished").count();
         eprintln!("{:?} into the connect loops: {step}", begun.elapsed());
-        agent.replace(&topo.node, bin, &[])?;
-        agent
-            .wait_ready(READY)
-            .with_context(|| format!("{step}: agent ready"))?;
-        flows.check(step, &topo, &dir, &agent)?;
-        let now = agent.log().matches("migration finished").count();
-        if migrates {
-            ensure!(
-                now == migrations + 1,
-                "{step}: no migration in the log:\n{}",
-                agent.log_tail()
-            );
-        }
-        if !migrates {
-            ensure!(
-                now == migrations,
-                "{step}: migrated although the layout is the same"
-            );
-        }
-        ensure!(
-            !topo.bpf.path().join("migrate").exists(),
-            "{step}: migration staging left behind"
-        );
+        roll(
+            &mut agent,
+            &mut flows,
+            &topo,
+            &dir,
+            step,
+            bin,
+            &[],
+            migrates,
+        )?;
     }
     let connects = flows.finish()?;
     eprintln!("connect loops: {connects} connections, none failed");
@@ -86,19 +67,10 @@ fn upgrade_and_rollback_across_an_abi_change_keep_every_flow() -> Result<()> {
 #[test]
 fn preallocating_the_maps_and_rolling_back_to_0_1_0_keep_every_flow() -> Result<()> {
     let (topo, servers) = topology()?;
-    let dir = ManifestDir::create()?;
-    let backends: Vec<_> = topo.backends.iter().map(|b| b.ip).collect();
-    dir.write(
-        "all.yaml",
-        &manifests(topo.node_address(0), &backends, None, &[]),
-    )?;
-    let source = format!("dir:{}", dir.path().display());
+    let (dir, source) = manifest_source(&topo)?;
 
     let v010 = release_binary("0.1.0")?;
     let main = binary()?;
-    let flags = |name: &str| -> Result<u32> {
-        Ok(aya::maps::MapInfo::from_pin(topo.bpf.path().join(name))?.map_flags())
-    };
 
     let mut agent = Agent::start_bin(&main, &topo, &source, &[])?;
     agent.wait_ready(READY).context("main starts")?;
@@ -144,35 +116,20 @@ fn preallocating_the_maps_and_rolling_back_to_0_1_0_keep_every_flow() -> Result<
         bin,
         env,
         migrates,
-        flags: want_flags,
+        flags,
     } in steps
     {
-        let migrations = agent.log().matches("migration finished").count();
         eprintln!("{:?} into the connect loops: {step}", begun.elapsed());
-        agent.replace(&topo.node, bin, env)?;
-        agent
-            .wait_ready(READY)
-            .with_context(|| format!("{step}: agent ready"))?;
-        flows.check(step, &topo, &dir, &agent)?;
-        let now = agent.log().matches("migration finished").count();
-        ensure!(
-            now == migrations + usize::from(migrates),
-            "{step}: {} migrations, expected {}:\n{}",
-            now - migrations,
-            usize::from(migrates),
-            agent.log_tail()
-        );
+        roll(
+            &mut agent, &mut flows, &topo, &dir, step, bin, env, migrates,
+        )?;
         for name in ["sl_svc4", "sl_svc6", "sl_backends"] {
+            let pinned = pinned_map_flags(&topo.bpf.path().join(name))?;
             ensure!(
-                flags(name)? == want_flags,
-                "{step}: {name} has flags {}, expected {want_flags}",
-                flags(name)?
+                pinned == flags,
+                "{step}: {name} has flags {pinned}, expected {flags}"
             );
         }
-        ensure!(
-            !topo.bpf.path().join("migrate").exists(),
-            "{step}: migration staging left behind"
-        );
     }
     let connects = flows.finish()?;
     eprintln!("connect loops: {connects} connections, none failed");

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use sluice_tests::{
-    agent::{binary, release_binary, Agent, ManifestDir},
-    upgrade::{manifests, topology, Flows},
+    agent::{binary, release_binary, Agent},
+    upgrade::{manifest_source, topology, Flows},
 };
 
 const READY: Duration = Duration::from_secs(30);
@@ -30,13 +30,7 @@ enum Then {
 
 fn crash_at(point: &str, then: Then) -> Result<()> {
     let (topo, servers) = topology()?;
-    let dir = ManifestDir::create()?;
-    let backends: Vec<_> = topo.backends.iter().map(|b| b.ip).collect();
-    dir.write(
-        "all.yaml",
-        &manifests(topo.node_address(0), &backends, None, &[]),
-    )?;
-    let source = format!("dir:{}", dir.path().display());
+    let (dir, source) = manifest_source(&topo)?;
     let main = binary()?;
     let probe = release_binary("abi-probe")?;
 
