@@ -1,9 +1,6 @@
 //! Building and linting the kernel-side crate.
 
-use std::{
-    fs,
-    path::{Path, PathBuf},
-};
+use std::{fs, path::Path};
 
 use anyhow::{Context, Result};
 
@@ -12,16 +9,7 @@ use crate::{
     toolchain::Toolchain,
 };
 
-/// Where the object lands; the agent embeds it from here.
-pub fn object_path() -> PathBuf {
-    root().join("target/bpf/sluice.bpf.o")
-}
-
 const TARGET: &str = "bpfel-unknown-none";
-
-fn common_args(cmd: &mut std::process::Command) {
-    common_args_in(cmd, "ebpf");
-}
 
 fn common_args_in(cmd: &mut std::process::Command, dir: &str) {
     let target_dir = root().join("target").join(dir);
@@ -51,19 +39,26 @@ fn common_args_in(cmd: &mut std::process::Command, dir: &str) {
         .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16");
 }
 
-/// Builds the eBPF object; cargo's own change tracking picks up source
-/// edits, and the copy is only rewritten when the bytes changed (so the
-/// agent is only re-embedded when needed).
-pub fn build(tc: &Toolchain) -> Result<()> {
-    build_variant(tc, &[], "ebpf", &object_path())?;
-    // The same programs with the service and backend maps preallocated
-    // (`sluice agent --preallocate-maps`).
-    build_variant(
-        tc,
+/// The objects the agent embeds: cargo features, target directory (under
+/// `target/`) and where the object lands. The second has the service and
+/// backend maps preallocated (`sluice agent --preallocate-maps`).
+const OBJECTS: [(&[&str], &str, &str); 2] = [
+    (&[], "ebpf", "target/bpf/sluice.bpf.o"),
+    (
         &["prealloc"],
         "ebpf-prealloc",
-        &root().join("target/bpf/sluice-prealloc.bpf.o"),
-    )
+        "target/bpf/sluice-prealloc.bpf.o",
+    ),
+];
+
+/// Builds the eBPF objects; cargo's own change tracking picks up source
+/// edits, and a copy is only rewritten when the bytes changed (so the
+/// agent is only re-embedded when needed).
+pub fn build(tc: &Toolchain) -> Result<()> {
+    for (features, dir, dest) in OBJECTS {
+        build_variant(tc, features, dir, &root().join(dest))?;
+    }
+    Ok(())
 }
 
 /// Builds the object with `features` (in `target/<dir>`) to `dest`.
@@ -91,17 +86,17 @@ pub fn build_variant(tc: &Toolchain, features: &[&str], dir: &str, dest: &Path) 
     Ok(())
 }
 
-/// Clippy on the kernel side, warnings as errors: the default object and
-/// the preallocating one (`--preallocate-maps`).
+/// Clippy on the kernel side, warnings as errors, as each object is built.
 pub fn clippy(tc: &Toolchain) -> Result<()> {
-    let mut cmd = tc.cargo();
-    cmd.arg("clippy");
-    common_args(&mut cmd);
-    cmd.args(["--", "-D", "warnings"]);
-    run(&mut cmd)?;
-    let mut cmd = tc.cargo();
-    cmd.arg("clippy");
-    common_args_in(&mut cmd, "ebpf-prealloc");
-    cmd.args(["--features", "prealloc", "--", "-D", "warnings"]);
-    run(&mut cmd)
+    for (features, dir, _) in OBJECTS {
+        let mut cmd = tc.cargo();
+        cmd.arg("clippy");
+        common_args_in(&mut cmd, dir);
+        if !features.is_empty() {
+            cmd.arg("--features").arg(features.join(","));
+        }
+        cmd.args(["--", "-D", "warnings"]);
+        run(&mut cmd)?;
+    }
+    Ok(())
 }
