@@ -126,6 +126,19 @@ impl Datapath {
             .map_err(|source| DatapathError::Program { name, source })?;
         load_ipv6_halves(&mut ebpf)?;
         super::cgroup::load(&mut ebpf)?;
+        // Everything that can refuse this object (its maps' types, the
+        // log reader) comes before the copy commits a migration: a
+        // refusal after the commit point would leave a committed
+        // generation that no agent of this build can take up.
+        let maps = Maps::take(&mut ebpf)?;
+        let logger = if log_level == LogLevel::Off {
+            None
+        } else {
+            Some(
+                aya_log::EbpfLogger::init_with_logger(&mut ebpf, super::log::Forward)
+                    .map_err(DatapathError::Log)?,
+            )
+        };
         migration.copy()?;
         if migration.pending() {
             let name = names::HANDOVER;
@@ -136,15 +149,6 @@ impl Datapath {
                 _ => return Err(DatapathError::MissingMap(name)),
             }
         }
-        let maps = Maps::take(&mut ebpf)?;
-        let logger = if log_level == LogLevel::Off {
-            None
-        } else {
-            Some(
-                aya_log::EbpfLogger::init_with_logger(&mut ebpf, super::log::Forward)
-                    .map_err(DatapathError::Log)?,
-            )
-        };
         Ok((
             Self {
                 ebpf,
