@@ -265,6 +265,18 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_PREALLOCATE_MAPS")]
     pub preallocate_maps: bool,
 
+    /// Host routing, as Cilium's BPF host routing: a service packet that
+    /// the TC path sends to a backend behind one of this node's veth or
+    /// netkit devices (a local pod), without SNAT, is handed straight into
+    /// that pod's network namespace (`bpf_redirect_peer`), skipping the
+    /// node's IP stack for that direction: faster, but the node's
+    /// netfilter (iptables FORWARD and POSTROUTING rules, nf_conntrack)
+    /// never sees those packets, only their replies. Leave it off where
+    /// iptables rules on the node filter or count pod traffic (a CNI's
+    /// NetworkPolicy in iptables, a `ctstate INVALID` drop).
+    #[arg(long, env = "SLUICE_HOST_ROUTING")]
+    pub host_routing: bool,
+
     /// /healthz fails when a change has waited this long to reach the maps.
     #[arg(long, env = "SLUICE_HEALTHZ_MAX_PENDING", default_value = "30s")]
     pub healthz_max_pending: HumanDuration,

@@ -461,6 +461,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     let devices = attached_devices(root);
     let xdp = xdp_devices(root);
     let socket_lb = socket_lb_mode(root, &config);
+    let host_routing = config.flags() & sluice_common::config::CFG_F_HOST_ROUTING != 0;
     let agent = http_get(&args.healthz_url);
 
     if args.json {
@@ -484,6 +485,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
             "devices": devices,
             "xdp_devices": xdp,
             "socket_lb": socket_lb,
+            "host_routing": host_routing,
             "datapath": counters,
             "events": match (events_on, tracing) {
                 (true, true) => "all",
@@ -553,6 +555,14 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     } else {
         println!("socket lb: {socket_lb}");
     }
+    println!(
+        "routing:   {}",
+        if host_routing {
+            "host (DNATed packets to local pods skip the node's IP stack)"
+        } else {
+            "stack"
+        }
+    );
     let line: Vec<String> = counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!("datapath:  {}", line.join(" "));
     if events_on {

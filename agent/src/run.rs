@@ -307,6 +307,11 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         sluice_common::config::CFG_F_EVENTS_MASK,
         args.monitor_events.flags(args.monitor_trace_sample),
     )?;
+    let host_routing = sluice_common::config::CFG_F_HOST_ROUTING;
+    reconciler.set_config_flags(
+        host_routing,
+        if args.host_routing { host_routing } else { 0 },
+    )?;
     let socket_lb = args.socket_lb.mode;
     if args.socket_lb.legacy {
         warn!(

@@ -24,6 +24,7 @@ use aya::{
 use tracing::{info, warn};
 
 use super::{Datapath, DatapathError, LINKS_DIR};
+use sluice_common::maps as names;
 
 /// The two attach points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,7 +169,39 @@ impl Datapath {
                 source: io::Error::other(e),
             })?;
         }
+        self.note_peer(device)?;
         Ok(outcome)
+    }
+
+    /// Enters `device` in this program generation's `sl_peer_devs` if it
+    /// is a veth or netkit device (a pod's, whose peer `bpf_redirect_peer`
+    /// can deliver to), and takes it out otherwise (an ifindex the kernel
+    /// gave to another kind of device since).
+    fn note_peer(&mut self, device: &str) -> Result<(), DatapathError> {
+        let index = ifindex(device);
+        if index == 0 {
+            return Ok(());
+        }
+        let name = names::PEER_DEVS;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(DatapathError::MissingMap(name))?;
+        let mut devs: aya::maps::HashMap<_, u32, u8> = aya::maps::HashMap::try_from(map)
+            .map_err(|source| DatapathError::Map { name, source })?;
+        let peer = matches!(
+            crate::netdev::driver(device).as_deref(),
+            Some("veth" | "netkit")
+        );
+        let result = if peer {
+            devs.insert(index, 1, 0)
+        } else {
+            match devs.remove(&index) {
+                Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+                other => other,
+            }
+        };
+        result.map_err(|source| DatapathError::Map { name, source })
     }
 }
 

@@ -23,7 +23,7 @@ pub struct Config {
     /// so a rename would make every rollback to it migrate `sl_config`.
     /// A bit may be given a meaning whose zero is the 0.1.0 behaviour.
     /// Bits 0-7: datapath events (`sluice monitor`); 8-15: socket-level
-    /// balancing; 16-23: XDP; 24-31: unassigned.
+    /// balancing; 16-23: XDP; 24: host routing; 25-31: unassigned.
     pub _pad: u32,
     /// Network namespace cookie of the node (`SO_NETNS_COOKIE`): the
     /// socket-level programs act on sockets of this namespace, and on
@@ -70,6 +70,15 @@ pub const CFG_F_SOCK_PODS_LOCAL: u32 = 1 << 9;
 /// existed while it was clear have gone. Without it (0.1.0 never sets
 /// it), `sl_egress_pod` does what `sl_egress` does.
 pub const CFG_F_PODS_ON_SOCKETS: u32 = 1 << 10;
+
+/// `--host-routing`: a packet `sl_ingress` DNATs to a backend behind one
+/// of the pods' devices (`sl_peer_devs`), without SNAT, is handed into
+/// that pod's network namespace at once (`bpf_redirect_peer`, its TTL
+/// decremented and its MAC addresses from the FIB), past the node's IP
+/// stack: no routing, no netfilter of the node for that direction. Its
+/// replies take the usual way. Without it (0.1.0 never sets it), the
+/// packet goes on to the node's stack.
+pub const CFG_F_HOST_ROUTING: u32 = 1 << 24;
 
 /// Default SNAT port range.
 pub const SNAT_PORT_MIN: u16 = 61_000;

@@ -85,6 +85,13 @@ pub const EVENTS: &str = "sl_events";
 pub const XDP_DEVS: &str = "sl_xdp_devs";
 /// Capacity of `sl_xdp_devs`.
 pub const XDP_DEVS_MAX: u32 = 64;
+/// The pods' devices a DNATed packet may be handed to directly
+/// (`--host-routing`): hash, ifindex `u32` -> `u8` 1, every veth or
+/// netkit device the agent attached to (a `bpf_redirect_peer` target).
+/// Not pinned: the agent fills the map of the programs it loads.
+pub const PEER_DEVS: &str = "sl_peer_devs";
+/// Capacity of `sl_peer_devs`.
+pub const PEER_DEVS_MAX: u32 = 16_384;
 /// Array of `u64` words: the frontend-address filter (`filter.rs`). Not
 /// pinned: the agent fills the map of the programs it loads.
 pub const FE_FILTER: &str = "sl_fe_filter";

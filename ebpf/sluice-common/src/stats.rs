@@ -136,6 +136,9 @@ pub enum Stat {
     /// (one client port shared by connections to two services on one
     /// backend): the new flow was masqueraded, the live one kept.
     TupleClash = 59,
+    /// A DNATed packet was handed straight into its backend's pod
+    /// (`--host-routing`, `bpf_redirect_peer`), past the node's IP stack.
+    HostRouted = 60,
 }
 
 /// Number of counters in `sl_stats` (its `max_entries`, fixed since ABI 4:
@@ -146,7 +149,7 @@ pub const STAT_COUNT: u32 = 23;
 pub const STATS2_MAX: u32 = 64;
 
 /// Number of counters in all.
-pub const STAT_TOTAL: usize = 41;
+pub const STAT_TOTAL: usize = 42;
 
 const _: () = assert!(STAT_TOTAL <= (STAT_COUNT + STATS2_MAX) as usize);
 
@@ -206,6 +209,7 @@ impl Stat {
         Stat::SockPodConnect,
         Stat::SockLeftToTc,
         Stat::TupleClash,
+        Stat::HostRouted,
     ];
 
     /// The counter with index `i`, if any.
@@ -257,6 +261,7 @@ impl Stat {
             Stat::SockPodConnect => "sock_pod_connect",
             Stat::SockLeftToTc => "sock_left_to_tc",
             Stat::TupleClash => "tuple_clash",
+            Stat::HostRouted => "host_routed",
         }
     }
 }

@@ -47,7 +47,7 @@ use crate::{
     hash, icmp,
     maps::{self, count, CONNTRACK_V4},
     nat::{self, Side},
-    reject,
+    reject, route,
     select::{
         candidates, judge, orphan_snat_segment, pick4, remember4, Pick, Tracked, PICK_AFFINITY,
     },
@@ -135,7 +135,12 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
                         return snat::forward(ctx.skb.skb, &flow, backend_id, entry);
                     }
                     nat::rewrite(ctx, &flow, Side::Dst, backend.addr_v4(), backend.port)?;
-                    return Ok(Verdict::Next);
+                    return Ok(route::to_pod4(
+                        ctx.skb.skb,
+                        route::ports(flow.proto, flow.sport, backend.port),
+                        u32::from_ne_bytes(flow.src),
+                        u32::from_ne_bytes(backend.addr_v4()),
+                    ));
                 }
                 Tracked::Reset if !flow.later => {
                     count(Stat::StaleReset);
@@ -330,5 +335,10 @@ fn new_flow(
         maps::pod_flow_recorded();
     }
     nat::rewrite(ctx, flow, Side::Dst, backend_addr, backend.port)?;
-    Ok(Verdict::Next)
+    Ok(route::to_pod4(
+        ctx.skb.skb,
+        route::ports(flow.proto, flow.sport, backend.port),
+        u32::from_ne_bytes(flow.src),
+        u32::from_ne_bytes(backend_addr),
+    ))
 }

@@ -38,7 +38,7 @@ use crate::{
     frag, icmp6,
     maps::{self, count, Scratch6, CONNTRACK_V6},
     nat::Side,
-    nat6, reject6,
+    nat6, reject6, route,
     select::{
         candidates, judge, orphan_snat_segment, pick6, remember6, Pick, Tracked, PICK_AFFINITY,
     },
@@ -138,7 +138,12 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
                         return snat6::forward(skb, s, backend_id, entry);
                     }
                     nat6::rewrite(skb, flow, Side::Dst, &backend.addr, backend.port)?;
-                    return Ok(Verdict::Next);
+                    return Ok(route::to_pod6(
+                        skb,
+                        route::ports(flow.proto, flow.sport, backend.port),
+                        &flow.src,
+                        &backend.addr,
+                    ));
                 }
                 Tracked::Reset if !flow.later() => {
                     count(Stat::StaleReset);
@@ -290,7 +295,12 @@ fn try_new_flow(
         maps::pod_flow_recorded();
     }
     nat6::rewrite(skb, &s.flow, Side::Dst, &backend.addr, backend.port)?;
-    Ok(Verdict::Next)
+    Ok(route::to_pod6(
+        skb,
+        route::ports(s.flow.proto, s.flow.sport, backend.port),
+        &s.flow.src,
+        &backend.addr,
+    ))
 }
 
 /// The flow hash with the node's seed. A separate BPF function: the hash

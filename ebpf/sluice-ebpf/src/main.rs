@@ -52,6 +52,7 @@ mod nat;
 mod nat6;
 mod reject;
 mod reject6;
+mod route;
 mod sctp;
 mod select;
 mod snat;

@@ -228,6 +228,27 @@ pub fn scratch() -> Option<&'static mut Scratch> {
 #[btf_map(name = "sl_xdp_devs")]
 pub static XDP_DEVS: DevMapHash<{ sluice_common::maps::XDP_DEVS_MAX as usize }> = DevMapHash::new();
 
+/// The pods' devices a DNATed packet may be handed to with
+/// `bpf_redirect_peer` (`route.rs`). Not pinned, as `sl_xdp_devs`: the
+/// agent enters every veth or netkit device it attaches to.
+#[btf_map(name = "sl_peer_devs")]
+pub static PEER_DEVS: HashMap<
+    u32,
+    u8,
+    { sluice_common::maps::PEER_DEVS_MAX as usize },
+    NO_PREALLOC,
+> = HashMap::new();
+
+/// Whether `--host-routing` is on (`CFG_F_HOST_ROUTING`): one array slot,
+/// one bit.
+#[inline(always)]
+pub fn host_routing() -> bool {
+    // SAFETY: array slot 0 always exists; one field read at once.
+    CONFIG
+        .get_ptr(0)
+        .is_some_and(|p| unsafe { (*p).flags() } & sluice_common::config::CFG_F_HOST_ROUTING != 0)
+}
+
 /// The frontend-address filter (`sluice_common::filter`). Not pinned:
 /// each program generation has its own, which the agent fills before it
 /// attaches the programs.
@@ -310,6 +331,7 @@ const _: () = assert!(same("sl_svcnet4", names::SVCNET_V4));
 const _: () = assert!(same("sl_svcnet6", names::SVCNET_V6));
 const _: () = assert!(same("sl_events", names::EVENTS));
 const _: () = assert!(same("sl_xdp_devs", names::XDP_DEVS));
+const _: () = assert!(same("sl_peer_devs", names::PEER_DEVS));
 const _: () = assert!(same("sl_svcnetsum4", names::SVCNET_SUMMARY_V4));
 const _: () = assert!(same("sl_fe_filter", names::FE_FILTER));
 const _: () = assert!(same("sl_port_filter", names::PORT_FILTER));
