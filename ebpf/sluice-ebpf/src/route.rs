@@ -63,7 +63,7 @@ pub fn to_pod4(skb: *mut __sk_buff, ports: u64, src: u32, dst: u32) -> Verdict {
         return Verdict::Next;
     }
     let (out, dmac, smac) = (p.ifindex, p.dmac, p.smac);
-    if maps::PEER_DEVS.get_ptr(&out).is_none() {
+    if maps::PEER_DEVS.get_ptr(out).is_none() {
         return Verdict::Next;
     }
     let ctx = &TcContext::new(skb);
@@ -122,7 +122,7 @@ pub fn to_pod6(skb: *mut __sk_buff, ports: u64, src: &[u8; 16], dst: &[u8; 16]) 
         return Verdict::Next;
     }
     let (out, dmac, smac) = (p.ifindex, p.dmac, p.smac);
-    if maps::PEER_DEVS.get_ptr(&out).is_none() {
+    if maps::PEER_DEVS.get_ptr(out).is_none() {
         return Verdict::Next;
     }
     let ctx = &TcContext::new(skb);
