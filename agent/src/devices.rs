@@ -30,6 +30,11 @@ pub struct Devices {
     /// The pods' devices (`--pod-devices`), given only when the socket
     /// programs serve every pod: their egress runs `sl_egress_pod`.
     pod_patterns: Vec<String>,
+    /// The pods' devices host routing takes packets from and hands them
+    /// to (`--host-routing`; empty without it).
+    peer_patterns: Vec<String>,
+    /// Devices host routing cannot use (not veth or netkit), reported once.
+    not_peers: BTreeSet<String>,
     /// Attached device name -> ifindex at attach time.
     attached: BTreeMap<String, u32>,
     failing: BTreeMap<String, String>,
@@ -122,6 +127,8 @@ impl Devices {
             datapath,
             patterns,
             pod_patterns: Vec::new(),
+            peer_patterns: Vec::new(),
+            not_peers: BTreeSet::new(),
             attached: BTreeMap::new(),
             failing: BTreeMap::new(),
             local: None,
@@ -135,6 +142,32 @@ impl Devices {
     pub fn with_pod_devices(mut self, patterns: Vec<String>) -> Self {
         self.pod_patterns = patterns;
         self
+    }
+
+    /// Enters the devices `patterns` match, as they are attached, in the
+    /// programs' `sl_peer_devs` (`--host-routing`).
+    pub fn with_host_routing(mut self, patterns: Vec<String>) -> Self {
+        self.peer_patterns = patterns;
+        self
+    }
+
+    /// Lets host routing use `name` if it is one of the pods' devices. A
+    /// failure is reported, not fatal: packets then take the node's stack.
+    fn route_into(&mut self, name: &str) {
+        if !self.peer_patterns.iter().any(|p| netdev::glob(p, name)) {
+            return;
+        }
+        match self.datapath.route_into(name) {
+            Ok(true) => {
+                self.not_peers.remove(name);
+            }
+            Ok(false) => {
+                if self.not_peers.insert(name.to_owned()) {
+                    warn!(device = %name, "not a veth or netkit device: host routing leaves its packets to the node's stack");
+                }
+            }
+            Err(e) => warn!(device = %name, error = %e, "cannot enter the device for host routing"),
+        }
     }
 
     /// What `name` faces, by `--pod-devices`.
@@ -262,6 +295,7 @@ impl Devices {
                     info!(device = %name, ?how, ?facing, "attached");
                     self.attached.insert(name.clone(), *index);
                     self.failing.remove(name);
+                    self.route_into(name);
                 }
                 Err(e) => {
                     let msg = e.to_string();

@@ -118,6 +118,31 @@ fn local_detector(args: &AgentArgs) -> Result<LocalDetector> {
     }
 }
 
+/// The devices host routing takes packets from and hands them to
+/// (`--host-routing`): `--pod-devices`, or the pods' devices of
+/// `--detect-local-mode InterfaceNamePrefix`, whatever `--socket-lb` is.
+fn host_routing_devices(args: &AgentArgs, local: &LocalDetector) -> Vec<String> {
+    if !args.host_routing {
+        return Vec::new();
+    }
+    let mut patterns: Vec<String> = args
+        .pod_devices
+        .iter()
+        .map(|p| p.trim())
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if let LocalDetector::InterfaceNamePrefix(prefix) = local {
+        patterns.push(format!("{prefix}*"));
+    }
+    if patterns.is_empty() {
+        warn!("--host-routing without --pod-devices (or --detect-local-mode InterfaceNamePrefix): no device is known as a pod's, every packet takes the node's stack");
+    } else {
+        info!(devices = ?patterns, "host routing: DNATed packets between these devices skip the node's IP stack");
+    }
+    patterns
+}
+
 /// The pods' devices whose egress runs `sl_egress_pod` (`--pod-devices`,
 /// or the pods' devices of interface-based local-traffic detection): none
 /// unless the socket programs serve every pod (`--socket-lb=all`; for
@@ -407,7 +432,9 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         info!(cgroup = %cgroup.display(), mode = socket_lb.name(), "socket-level balancing attached");
     }
     let (ifaces_tx, ifaces_rx) = watch::channel(BTreeSet::new());
-    let mut devices = Devices::new(datapath, args.devices.clone()).with_pod_devices(pod_devices);
+    let mut devices = Devices::new(datapath, args.devices.clone())
+        .with_pod_devices(pod_devices)
+        .with_host_routing(host_routing_devices(&args, &local));
     if local.by_interface() {
         devices = devices.with_local_interfaces(local.clone(), ifaces_tx);
     }

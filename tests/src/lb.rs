@@ -56,6 +56,30 @@ impl Lb {
         })
     }
 
+    /// Turns host routing (`--host-routing`) on between the topology's
+    /// pods' devices (its clients' and backends' veths), or off.
+    pub fn host_routing(&mut self, topo: &Topology, on: bool) -> Result<()> {
+        let bit = sluice_common::config::CFG_F_HOST_ROUTING;
+        if on {
+            let pods: Vec<String> = topo
+                .clients
+                .iter()
+                .chain(&topo.backends)
+                .map(|p| p.host_if.clone())
+                .collect();
+            let datapath = &mut self.datapath;
+            topo.node.run(|| -> Result<()> {
+                for dev in &pods {
+                    anyhow::ensure!(datapath.route_into(dev)?, "{dev} is not a veth");
+                }
+                Ok(())
+            })??;
+        }
+        self.reconciler
+            .set_config_flags(bit, if on { bit } else { 0 })?;
+        Ok(())
+    }
+
     /// Sets (or replaces) one service port and reconciles.
     pub fn set(&mut self, svc: (ServicePortName, DesiredService)) -> Report {
         self.desired.services.insert(svc.0, svc.1);

@@ -53,6 +53,7 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
                 "direct",
                 "sluice",
                 "sluice-sock",
+                "sluice-host-routing",
                 "sluice-passthrough",
                 "tc-floor",
                 "iptables-legacy",

@@ -6,12 +6,19 @@
 //! routing hands over. The client still talks to the service address
 //! (the replies take the stack and their reverse NAT as before).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4},
+    time::Duration,
+};
 
 use anyhow::{ensure, Result};
-use sluice::model::{BackendState, Proto};
-use sluice_common::{config::CFG_F_HOST_ROUTING, Stat};
+use sluice::{
+    datapath::Maps,
+    model::{BackendState, Proto},
+};
+use sluice_common::Stat;
 use sluice_tests::{
+    agent::{yaml, Agent, ManifestDir},
     clients,
     lb::{cluster_ip, cluster_ip6, vip, vip6, Lb},
     netns, servers, Topology,
@@ -45,12 +52,6 @@ fn forward_reset(topo: &Topology, backend: IpAddr) -> Result<()> {
     Ok(())
 }
 
-fn host_routing(lb: &mut Lb, on: bool) -> Result<()> {
-    let bits = if on { CFG_F_HOST_ROUTING } else { 0 };
-    lb.reconciler.set_config_flags(CFG_F_HOST_ROUTING, bits)?;
-    Ok(())
-}
-
 #[test]
 fn host_routing_hands_service_packets_to_a_local_pod_past_the_node_stack() -> Result<()> {
     let topo = Topology::new(1, 1)?;
@@ -75,7 +76,10 @@ fn host_routing_hands_service_packets_to_a_local_pod_past_the_node_stack() -> Re
     );
     assert_eq!(lb.stat(Stat::HostRouted)?, 0, "off: nothing host-routed");
 
-    host_routing(&mut lb, true)?;
+    // No neighbour entry for the backend: the first packet leaves it to
+    // the kernel (`bpf_redirect_neigh`), the next ones go to the peer.
+    netns::run(topo.node.command("ip").args(["neigh", "flush", "all"]))?;
+    lb.host_routing(&topo, true)?;
     for _ in 0..3 {
         assert_eq!(clients::tcp_hello(client, vip(VIP, 80))?, backend.name);
     }
@@ -85,7 +89,7 @@ fn host_routing_hands_service_packets_to_a_local_pod_past_the_node_stack() -> Re
         "every connection's packets towards the backend were handed over ({routed})"
     );
 
-    host_routing(&mut lb, false)?;
+    lb.host_routing(&topo, false)?;
     assert!(
         clients::tcp_hello(client, vip(VIP, 80)).is_err(),
         "off again: the stack, and its rule, are back in the path"
@@ -116,8 +120,9 @@ fn host_routing_serves_ipv6_the_same_way() -> Result<()> {
         clients::tcp_hello(client, vip6(VIP6, 80)).is_err(),
         "through the node's stack the FORWARD rule resets the connection"
     );
+    assert_eq!(lb.stat(Stat::HostRouted)?, 0, "off: nothing host-routed");
 
-    host_routing(&mut lb, true)?;
+    lb.host_routing(&topo, true)?;
     for _ in 0..3 {
         assert_eq!(clients::tcp_hello(client, vip6(VIP6, 80))?, backend.name);
     }
@@ -125,6 +130,83 @@ fn host_routing_serves_ipv6_the_same_way() -> Result<()> {
     assert!(
         routed >= 6,
         "every connection's packets towards the backend were handed over ({routed})"
+    );
+
+    lb.host_routing(&topo, false)?;
+    assert!(
+        clients::tcp_hello(client, vip6(VIP6, 80)).is_err(),
+        "off again: the stack, and its rule, are back in the path"
+    );
+    Ok(())
+}
+
+/// The agent's side: `--host-routing` with `--pod-devices` enters the
+/// pods' veths and sets the bit (`sluice status` says so); a pod reaching
+/// a service on a local pod is host-routed, an outside client reaching a
+/// node port on that pod is not (its packets came in through the uplink,
+/// not a pod's device: the node's stack, and its FORWARD rule, see them).
+#[test]
+fn the_agent_host_routes_only_between_its_pods_devices() -> Result<()> {
+    let mut topo = Topology::new(1, 1)?;
+    topo.add_external()?;
+    let _servers = servers::tcp_greeters(&topo, 8080)?;
+    let backend = topo.backends[0].ip;
+    let dir = ManifestDir::create()?;
+    dir.write(
+        "node.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-1\nstatus:\n  addresses:\n  - type: InternalIP\n    address: {}\n",
+            topo.node_address(0)
+        ),
+    )?;
+    dir.write("web.yaml", &yaml::service("web", VIP, 80, 8080))?;
+    dir.write(
+        "web-1.yaml",
+        &yaml::slice("web-1", "web", 8080, &[(backend, yaml::READY)]),
+    )?;
+    let node_port = yaml::service("np", Ipv4Addr::new(10, 96, 0, 91), 80, 8080).replace(
+        "type: ClusterIP",
+        "type: NodePort\n  externalTrafficPolicy: Local",
+    ) + "    nodePort: 30141\n";
+    dir.write("np.yaml", &node_port)?;
+    dir.write(
+        "np-1.yaml",
+        &yaml::slice("np-1", "np", 8080, &[(backend, yaml::READY)]),
+    )?;
+    let mut agent = Agent::start(
+        &topo,
+        &format!("dir:{}", dir.path().display()),
+        &[
+            "--host-routing",
+            "--pod-devices",
+            "c*,b*",
+            "--socket-lb",
+            "off",
+            "--cluster-cidr",
+            "10.0.0.0/8",
+        ],
+    )?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    let status = agent.cli(&["status"])?;
+    ensure!(status.contains("routing:   host"), "{status}");
+
+    forward_reset(&topo, IpAddr::V4(backend))?;
+    let client = &topo.clients[0].ns;
+    for _ in 0..3 {
+        ensure!(clients::tcp_hello(client, vip(VIP, 80))? == "backend-0");
+    }
+    let routed = Maps::open_pinned(topo.bpf.path())?.stat(Stat::HostRouted)?;
+    ensure!(routed >= 6, "host-routed packets: {routed}");
+
+    let outside = &topo.externals[0].ns;
+    let np = SocketAddrV4::new(topo.node_address(0), 30141);
+    ensure!(
+        clients::tcp_hello(outside, np).is_err(),
+        "an outside client's packets take the node's stack (and its FORWARD rule)"
+    );
+    ensure!(
+        Maps::open_pinned(topo.bpf.path())?.stat(Stat::HostRouted)? == routed,
+        "nothing from the uplink was host-routed"
     );
     Ok(())
 }

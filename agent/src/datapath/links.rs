@@ -14,6 +14,7 @@ use std::{
 };
 
 use aya::{
+    maps::DevMapHash,
     programs::{
         links::{FdLink, LinkError, PinnedLink},
         tc::{SchedClassifierLink, TcAttachOptions},
@@ -169,39 +170,38 @@ impl Datapath {
                 source: io::Error::other(e),
             })?;
         }
-        self.note_peer(device)?;
         Ok(outcome)
     }
 
-    /// Enters `device` in this program generation's `sl_peer_devs` if it
-    /// is a veth or netkit device (a pod's, whose peer `bpf_redirect_peer`
-    /// can deliver to), and takes it out otherwise (an ifindex the kernel
-    /// gave to another kind of device since).
-    fn note_peer(&mut self, device: &str) -> Result<(), DatapathError> {
+    /// Lets host routing (`--host-routing`) take packets from `device`
+    /// and hand them to it: enters it in this program generation's
+    /// `sl_peer_devs` if it is a veth or netkit device (whose peer, in a
+    /// pod's namespace, `bpf_redirect_peer` delivers to). False, and
+    /// nothing entered, for another kind of device.
+    pub fn route_into(&mut self, device: &str) -> Result<bool, DatapathError> {
         let index = ifindex(device);
         if index == 0 {
-            return Ok(());
+            return Err(DatapathError::NoDevice(device.to_owned()));
+        }
+        if !matches!(
+            crate::netdev::driver(device).as_deref(),
+            Some("veth" | "netkit")
+        ) {
+            return Ok(false);
         }
         let name = names::PEER_DEVS;
         let map = self
             .ebpf
             .map_mut(name)
             .ok_or(DatapathError::MissingMap(name))?;
-        let mut devs: aya::maps::HashMap<_, u32, u8> = aya::maps::HashMap::try_from(map)
-            .map_err(|source| DatapathError::Map { name, source })?;
-        let peer = matches!(
-            crate::netdev::driver(device).as_deref(),
-            Some("veth" | "netkit")
-        );
-        let result = if peer {
-            devs.insert(index, 1, 0)
-        } else {
-            match devs.remove(&index) {
-                Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-                other => other,
-            }
-        };
-        result.map_err(|source| DatapathError::Map { name, source })
+        let mut devs: DevMapHash<_> =
+            DevMapHash::try_from(map).map_err(|source| DatapathError::Map { name, source })?;
+        devs.insert(index, index, None, 0)
+            .map_err(|e| DatapathError::Io {
+                path: PathBuf::from(name),
+                source: io::Error::other(e),
+            })?;
+        Ok(true)
     }
 }
 

@@ -85,9 +85,9 @@ pub const EVENTS: &str = "sl_events";
 pub const XDP_DEVS: &str = "sl_xdp_devs";
 /// Capacity of `sl_xdp_devs`.
 pub const XDP_DEVS_MAX: u32 = 64;
-/// The pods' devices a DNATed packet may be handed to directly
-/// (`--host-routing`): hash, ifindex `u32` -> `u8` 1, every veth or
-/// netkit device the agent attached to (a `bpf_redirect_peer` target).
+/// The pods' devices host routing takes packets from and hands them to
+/// (`--host-routing`): a devmap hash, ifindex -> ifindex, the veth and
+/// netkit devices among `--pod-devices` (`bpf_redirect_peer` targets).
 /// Not pinned: the agent fills the map of the programs it loads.
 pub const PEER_DEVS: &str = "sl_peer_devs";
 /// Capacity of `sl_peer_devs`.

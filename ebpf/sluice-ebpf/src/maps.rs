@@ -228,16 +228,14 @@ pub fn scratch() -> Option<&'static mut Scratch> {
 #[btf_map(name = "sl_xdp_devs")]
 pub static XDP_DEVS: DevMapHash<{ sluice_common::maps::XDP_DEVS_MAX as usize }> = DevMapHash::new();
 
-/// The pods' devices a DNATed packet may be handed to with
-/// `bpf_redirect_peer` (`route.rs`). Not pinned, as `sl_xdp_devs`: the
-/// agent enters every veth or netkit device it attaches to.
+/// The pods' devices host routing may take a packet from and hand one to
+/// with `bpf_redirect_peer` (`route.rs`). Not pinned, as `sl_xdp_devs`: the
+/// agent enters the veth and netkit devices among `--pod-devices` as it
+/// attaches them. A devmap: the kernel drops the entry of a device that
+/// goes away, so an ifindex never names another device here.
 #[btf_map(name = "sl_peer_devs")]
-pub static PEER_DEVS: HashMap<
-    u32,
-    u8,
-    { sluice_common::maps::PEER_DEVS_MAX as usize },
-    NO_PREALLOC,
-> = HashMap::new();
+pub static PEER_DEVS: DevMapHash<{ sluice_common::maps::PEER_DEVS_MAX as usize }> =
+    DevMapHash::new();
 
 /// Whether `--host-routing` is on (`CFG_F_HOST_ROUTING`): one array slot,
 /// one bit.

@@ -1,17 +1,27 @@
 //! Host routing (`--host-routing`, `CFG_F_HOST_ROUTING`): a packet that
-//! `sl_ingress` has DNATed to a backend without SNAT, whose route leaves
-//! through one of the pods' devices (`sl_peer_devs`), is handed straight
-//! into that pod's network namespace with `bpf_redirect_peer`, as a router
-//! would deliver it (TTL or hop limit decremented, MAC addresses from the
-//! FIB) but without the node's IP stack: no routing, no netfilter, no
-//! backlog queue. Only a resolved neighbour qualifies; anything else (no
-//! route, no neighbour yet, another device, a TTL about to expire) goes on
-//! to the stack as without the option. Replies take the usual way (their
-//! reverse NAT is on the client's device).
+//! `sl_ingress` has DNATed to a backend without SNAT, that came from one
+//! of the pods' devices (`sl_peer_devs`) and whose route leaves through
+//! another, is handed straight into that pod's network namespace with
+//! `bpf_redirect_peer`, as a router would deliver it (TTL or hop limit
+//! decremented, MAC addresses from the FIB) but without the node's IP
+//! stack: no routing, no netfilter, no backlog queue. A neighbour not
+//! resolved yet is left to the kernel (`bpf_redirect_neigh` out of the
+//! pod's device, past the stack too). Anything else (no route, another
+//! device, a TTL about to expire) goes on to the stack as without the
+//! option. Replies take the usual way (their reverse NAT is on the
+//! client's device).
+//!
+//! Only pod to pod: a client from outside the cluster would have its
+//! replies masqueraded by a CNI's iptables rules once the node's conntrack
+//! saw them without their request. The devices are the pods' by the
+//! operator's word (`--pod-devices`) and veth or netkit by the agent's
+//! check: `bpf_redirect_peer` returns `TC_ACT_REDIRECT` whatever the
+//! device, and the kernel drops the packet later if it has no peer in
+//! another namespace.
 
 use aya_ebpf::{
-    bindings::{__sk_buff, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_REDIRECT},
-    helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect_peer},
+    bindings::{__sk_buff, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_REDIRECT},
+    helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect_neigh, bpf_redirect_peer},
     programs::TcContext,
 };
 
@@ -31,7 +41,9 @@ pub fn ports(proto: u8, sport: u16, dport: u16) -> u64 {
 /// `ports`): handed to its pod, or `Next`.
 #[inline(never)]
 pub fn to_pod4(skb: *mut __sk_buff, ports: u64, src: u32, dst: u32) -> Verdict {
-    if !maps::host_routing() {
+    // SAFETY: reading the context's device.
+    let ingress = unsafe { (*skb).ifindex };
+    if !maps::host_routing() || maps::PEER_DEVS.get_ifindex(ingress).is_none() {
         return Verdict::Next;
     }
     let Some(scratch) = maps::scratch() else {
@@ -45,8 +57,6 @@ pub fn to_pod4(skb: *mut __sk_buff, ports: u64, src: u32, dst: u32) -> Verdict {
     p.l4_protocol = (ports >> 32) as u8;
     p.sport = ((ports >> 16) as u16).to_be();
     p.dport = (ports as u16).to_be();
-    // SAFETY: reading the context's device.
-    let ingress = unsafe { (*skb).ifindex };
     p.ifindex = ingress;
     p.__bindgen_anon_3.ipv4_src = src;
     p.__bindgen_anon_4.ipv4_dst = dst;
@@ -59,11 +69,12 @@ pub fn to_pod4(skb: *mut __sk_buff, ports: u64, src: u32, dst: u32) -> Verdict {
             0,
         )
     };
-    if ret != BPF_FIB_LKUP_RET_SUCCESS as i64 || p.ifindex == ingress {
+    let resolved = ret == BPF_FIB_LKUP_RET_SUCCESS as i64;
+    if !(resolved || ret == BPF_FIB_LKUP_RET_NO_NEIGH as i64) || p.ifindex == ingress {
         return Verdict::Next;
     }
     let (out, dmac, smac) = (p.ifindex, p.dmac, p.smac);
-    if maps::PEER_DEVS.get_ptr(out).is_none() {
+    if maps::PEER_DEVS.get_ifindex(out).is_none() {
         return Verdict::Next;
     }
     let ctx = &TcContext::new(skb);
@@ -84,13 +95,15 @@ pub fn to_pod4(skb: *mut __sk_buff, ports: u64, src: u32, dst: u32) -> Verdict {
     {
         return Verdict::Next;
     }
-    redirect(ctx, out, &dmac, &smac)
+    redirect(ctx, out, resolved.then_some((&dmac, &smac)))
 }
 
 /// `to_pod4` for an IPv6 packet.
 #[inline(never)]
 pub fn to_pod6(skb: *mut __sk_buff, ports: u64, src: &[u8; 16], dst: &[u8; 16]) -> Verdict {
-    if !maps::host_routing() {
+    // SAFETY: reading the context's device.
+    let ingress = unsafe { (*skb).ifindex };
+    if !maps::host_routing() || maps::PEER_DEVS.get_ifindex(ingress).is_none() {
         return Verdict::Next;
     }
     let Some(scratch) = maps::scratch() else {
@@ -104,8 +117,6 @@ pub fn to_pod6(skb: *mut __sk_buff, ports: u64, src: &[u8; 16], dst: &[u8; 16]) 
     p.l4_protocol = (ports >> 32) as u8;
     p.sport = ((ports >> 16) as u16).to_be();
     p.dport = (ports as u16).to_be();
-    // SAFETY: reading the context's device.
-    let ingress = unsafe { (*skb).ifindex };
     p.ifindex = ingress;
     p.__bindgen_anon_3.ipv6_src = words(src);
     p.__bindgen_anon_4.ipv6_dst = words(dst);
@@ -118,11 +129,12 @@ pub fn to_pod6(skb: *mut __sk_buff, ports: u64, src: &[u8; 16], dst: &[u8; 16]) 
             0,
         )
     };
-    if ret != BPF_FIB_LKUP_RET_SUCCESS as i64 || p.ifindex == ingress {
+    let resolved = ret == BPF_FIB_LKUP_RET_SUCCESS as i64;
+    if !(resolved || ret == BPF_FIB_LKUP_RET_NO_NEIGH as i64) || p.ifindex == ingress {
         return Verdict::Next;
     }
     let (out, dmac, smac) = (p.ifindex, p.dmac, p.smac);
-    if maps::PEER_DEVS.get_ptr(out).is_none() {
+    if maps::PEER_DEVS.get_ifindex(out).is_none() {
         return Verdict::Next;
     }
     let ctx = &TcContext::new(skb);
@@ -132,17 +144,28 @@ pub fn to_pod6(skb: *mut __sk_buff, ports: u64, src: &[u8; 16], dst: &[u8; 16]) 
     if hops <= 1 || ctx.store(ETH_LEN + 7, &(hops - 1), 0).is_err() {
         return Verdict::Next;
     }
-    redirect(ctx, out, &dmac, &smac)
+    redirect(ctx, out, resolved.then_some((&dmac, &smac)))
 }
 
-/// New L2 addresses, then into the peer of `out`.
+/// With the neighbour's address (`macs`: destination, source): new L2
+/// addresses, then into the peer of `out`. Without (no neighbour entry
+/// yet, as for a pod that nothing on the node has talked to): out of `out`
+/// with the kernel resolving it (`bpf_redirect_neigh`), which also skips
+/// the node's IP stack, and creates the entry the next packets use.
 #[inline(always)]
-fn redirect(ctx: &TcContext, out: u32, dmac: &[u8; 6], smac: &[u8; 6]) -> Verdict {
-    if ctx.store(0, dmac, 0).is_err() || ctx.store(6, smac, 0).is_err() {
-        return Verdict::Next;
-    }
-    // SAFETY: a helper call on the running program's packet.
-    if unsafe { bpf_redirect_peer(out, 0) } == TC_ACT_REDIRECT as i64 {
+fn redirect(ctx: &TcContext, out: u32, macs: Option<(&[u8; 6], &[u8; 6])>) -> Verdict {
+    let ret = match macs {
+        Some((dmac, smac)) => {
+            if ctx.store(0, dmac, 0).is_err() || ctx.store(6, smac, 0).is_err() {
+                return Verdict::Next;
+            }
+            // SAFETY: a helper call on the running program's packet.
+            unsafe { bpf_redirect_peer(out, 0) }
+        }
+        // SAFETY: NULL params: the helper does its own lookup and resolution.
+        None => unsafe { bpf_redirect_neigh(out, core::ptr::null_mut(), 0, 0) },
+    };
+    if ret == TC_ACT_REDIRECT as i64 {
         maps::count(sluice_common::Stat::HostRouted);
         Verdict::Redirect
     } else {

@@ -42,6 +42,10 @@ pub enum Variant {
     /// attached to, so its connections are sent to a backend at
     /// connect() and the TC programs see plain pod-to-pod packets.
     SluiceSock,
+    /// `sluice` with host routing (`--host-routing`): a service packet
+    /// DNATed to a local pod goes into the pod's namespace at once
+    /// (`bpf_redirect_peer`), past the node's IP stack.
+    SluiceHostRouting,
     /// sluice attached and programmed like `sluice`, but the client
     /// connects to the pods directly: what the programs cost traffic that
     /// is not a service's (the goal: within 1% of `direct`).
@@ -57,10 +61,11 @@ pub enum Variant {
 }
 
 impl Variant {
-    pub const ALL: [Variant; 8] = [
+    pub const ALL: [Variant; 9] = [
         Variant::Direct,
         Variant::Sluice,
         Variant::SluiceSock,
+        Variant::SluiceHostRouting,
         Variant::SluicePassthrough,
         Variant::TcFloor,
         Variant::IptablesLegacy,
@@ -73,6 +78,7 @@ impl Variant {
             Variant::Direct => "direct",
             Variant::Sluice => "sluice",
             Variant::SluiceSock => "sluice-sock",
+            Variant::SluiceHostRouting => "sluice-host-routing",
             Variant::SluicePassthrough => "sluice-passthrough",
             Variant::TcFloor => "tc-floor",
             Variant::IptablesLegacy => "iptables-legacy",
@@ -245,6 +251,9 @@ impl Env {
     /// pods' bit set as the agent's first conntrack scan sets it).
     pub fn load_sluice(&mut self, sizes: MapSizes) -> Result<&mut Lb> {
         let mut lb = Lb::load_with(&self.topo, sizes, Duration::from_secs(60))?;
+        if self.variant == Variant::SluiceHostRouting {
+            lb.host_routing(&self.topo, true)?;
+        }
         if self.variant == Variant::SluiceSock {
             let cookie = self.topo.node.run(sluice::datapath::netns_cookie)??;
             lb.reconciler

@@ -792,7 +792,9 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
         check_interrupted()?;
         let programmed = match env.variant {
             Variant::Direct => Ok(()),
-            Variant::Sluice => program_sluice(env, &set, sizes, cfg, &mut control),
+            Variant::Sluice | Variant::SluiceHostRouting => {
+                program_sluice(env, &set, sizes, cfg, &mut control)
+            }
             Variant::SluicePassthrough | Variant::SluiceSock => {
                 program_passthrough(env, &set, sizes)
             }
@@ -934,7 +936,10 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
         if acc.error.is_some()
             || !matches!(
                 env.variant,
-                Variant::Sluice | Variant::SluiceSock | Variant::TcFloor
+                Variant::Sluice
+                    | Variant::SluiceHostRouting
+                    | Variant::SluiceSock
+                    | Variant::TcFloor
             )
         {
             continue;
