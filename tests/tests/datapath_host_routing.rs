@@ -1,10 +1,11 @@
-//! `--host-routing`: a service packet DNATed to a backend behind one of the
-//! node's veths goes straight into the backend's namespace
-//! (`bpf_redirect_peer`), past the node's IP stack. The node's netfilter
-//! proves it: a FORWARD rule that resets every packet towards the backend
-//! stops the connection through the stack and never sees the packets host
-//! routing hands over. The client still talks to the service address
-//! (the replies take the stack and their reverse NAT as before).
+//! `--host-routing`: a service flow between two pods' veths skips the
+//! node's IP stack both ways: the packets DNATed towards the backend and
+//! the backend's replies (reverse-NATed at the backend's device) go
+//! straight into the other pod's namespace (`bpf_redirect_peer`). The
+//! node's netfilter proves it: FORWARD rules that stop every packet to and
+//! from the backend stop the connection through the stack and never see
+//! the packets host routing hands over. The client still talks to the
+//! service address.
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4},
@@ -28,27 +29,26 @@ const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 90);
 const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x90);
 
 /// Resets, in the node's FORWARD chain, every TCP packet routed towards
-/// `backend:8080`.
+/// `backend:8080`, and drops every one routed from it: a flow through the
+/// node's stack cannot pass either way.
 fn forward_reset(topo: &Topology, backend: IpAddr) -> Result<()> {
     let tool = if backend.is_ipv4() {
         "iptables"
     } else {
         "ip6tables"
     };
-    netns::run(topo.node.command(tool).args([
-        "-I",
-        "FORWARD",
-        "-d",
-        &backend.to_string(),
-        "-p",
-        "tcp",
-        "--dport",
-        "8080",
-        "-j",
-        "REJECT",
-        "--reject-with",
-        "tcp-reset",
-    ]))?;
+    let backend = backend.to_string();
+    let to = ["-d", &backend, "-p", "tcp", "--dport", "8080"];
+    let reset = ["-j", "REJECT", "--reject-with", "tcp-reset"];
+    netns::run(
+        topo.node
+            .command(tool)
+            .args(["-I", "FORWARD"])
+            .args(to)
+            .args(reset),
+    )?;
+    let from = ["-s", &backend, "-p", "tcp", "--sport", "8080", "-j", "DROP"];
+    netns::run(topo.node.command(tool).args(["-I", "FORWARD"]).args(from))?;
     Ok(())
 }
 

@@ -30,6 +30,7 @@
 
 use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
 use sluice_common::{
+    config::CFG_F_HOST_ROUTING,
     conntrack::{CT_F_SNAT, CT_REFRESH_NS},
     maps::SVCNET_CLUSTER_IP,
     service::{
@@ -94,6 +95,14 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
     // space (a pod's packet to another pod): what `unserved` would answer,
     // without the hash lookup.
     if !maps::may_be_served_v4(flow.dst) {
+        // A backend's reply to a pod, with host routing: reverse NAT
+        // here, and into the client's pod (`route.rs`).
+        if config.flags() & CFG_F_HOST_ROUTING != 0 {
+            match route::reply4(ctx.skb.skb, &flow) {
+                Verdict::Next => {}
+                done => return Ok(done),
+            }
+        }
         return Ok(outside(snat_port));
     }
     let Some(master) = maps::service(&Svc4Key::new(flow.dst, flow.dport, flow.proto, 0)) else {

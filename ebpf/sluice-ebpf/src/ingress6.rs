@@ -20,6 +20,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use sluice_common::{
+    config::CFG_F_HOST_ROUTING,
     conntrack::{CT_F_POD, CT_F_SNAT, CT_REFRESH_NS},
     hash::flow_hash_v6,
     maps::SVCNET_CLUSTER_IP,
@@ -96,6 +97,13 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     // No frontend has this address: what a miss in `sl_svc6` would
     // answer, without the hash lookup.
     if !maps::may_be_frontend_v6(&s.flow.dst) {
+        // A backend's reply to a pod, with host routing (`route.rs`).
+        if config.flags() & CFG_F_HOST_ROUTING != 0 {
+            match route::reply6(skb, s) {
+                Verdict::Next => {}
+                done => return Ok(done),
+            }
+        }
         return Ok(unserved(skb, s));
     }
     s.flow.svc_key_into(&mut s.svc_key, 0, SCOPE_EXTERNAL);

@@ -1,15 +1,19 @@
-//! Host routing (`--host-routing`, `CFG_F_HOST_ROUTING`): a packet that
-//! `sl_ingress` has DNATed to a backend without SNAT, that came from one
-//! of the pods' devices (`sl_peer_devs`) and whose route leaves through
-//! another, is handed straight into that pod's network namespace with
-//! `bpf_redirect_peer`, as a router would deliver it (TTL or hop limit
-//! decremented, MAC addresses from the FIB) but without the node's IP
-//! stack: no routing, no netfilter, no backlog queue. A neighbour not
-//! resolved yet is left to the kernel (`bpf_redirect_neigh` out of the
-//! pod's device, past the stack too). Anything else (no route, another
-//! device, a TTL about to expire) goes on to the stack as without the
-//! option. Replies take the usual way (their reverse NAT is on the
-//! client's device).
+//! Host routing (`--host-routing`, `CFG_F_HOST_ROUTING`): a service flow
+//! between two of the pods' devices (`sl_peer_devs`) skips the node's IP
+//! stack in both directions.
+//!
+//! - A packet that `sl_ingress` has DNATed to a backend without SNAT
+//!   (`to_pod4`/`to_pod6`), and
+//! - a backend's reply, which `sl_ingress` then reverse-NATs itself where
+//!   `sl_egress` on the client's device would have (`reply4`/`reply6`),
+//!
+//! are handed straight into the other pod's network namespace with
+//! `bpf_redirect_peer`, as a router would deliver them (TTL or hop limit
+//! decremented, MAC addresses from the FIB) but without routing, netfilter
+//! or the backlog queue. A neighbour not resolved yet is left to the kernel
+//! (`bpf_redirect_neigh` out of the pod's device, past the stack too).
+//! Anything else (no route, another device, a TTL about to expire) goes on
+//! to the stack as without the option.
 //!
 //! Only pod to pod: a client from outside the cluster would have its
 //! replies masqueraded by a CNI's iptables rules once the node's conntrack
@@ -24,8 +28,17 @@ use aya_ebpf::{
     helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect_neigh, bpf_redirect_peer},
     programs::TcContext,
 };
+use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat};
 
-use crate::{error::Verdict, headers::ETH_LEN, maps};
+use crate::{
+    conntrack::{note_reply, note_reply6, reused_reply, reused_reply6, v4},
+    error::Verdict,
+    flow::Flow4,
+    headers::{ETH_LEN, TCP_SYN},
+    maps::{self, count, Scratch6, CONNTRACK_V4, CONNTRACK_V6},
+    nat::{self, Side},
+    nat6,
+};
 
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
@@ -37,29 +50,41 @@ pub fn ports(proto: u8, sport: u16, dport: u16) -> u64 {
     (proto as u64) << 32 | (sport as u64) << 16 | dport as u64
 }
 
-/// An IPv4 packet from `src` already rewritten to `dst` (and the ports of
-/// `ports`): handed to its pod, or `Next`.
-#[inline(never)]
-pub fn to_pod4(skb: *mut __sk_buff, ports: u64, src: u32, dst: u32) -> Verdict {
+/// Where the FIB sends a packet: the device, if it is a pod's other than
+/// the one it came in through, and whether its neighbour is resolved (the
+/// MAC addresses are then in `Hop`).
+struct Hop {
+    out: u32,
+    macs: Option<([u8; 6], [u8; 6])>,
+}
+
+/// The packet's device, when host routing is on and it is a pod's.
+#[inline(always)]
+fn from_pod(skb: *mut __sk_buff) -> Option<u32> {
     // SAFETY: reading the context's device.
     let ingress = unsafe { (*skb).ifindex };
-    if !maps::host_routing() || maps::PEER_DEVS.get_ifindex(ingress).is_none() {
-        return Verdict::Next;
-    }
-    let Some(scratch) = maps::scratch() else {
-        return Verdict::Next;
-    };
+    (maps::host_routing() && maps::PEER_DEVS.get_ifindex(ingress).is_some()).then_some(ingress)
+}
+
+/// Asks the FIB for the route of the packet `fill` describes (family and
+/// addresses), entered through `ingress` with `ports`.
+#[inline(always)]
+fn lookup(
+    skb: *mut __sk_buff,
+    ingress: u32,
+    ports: u64,
+    fill: impl FnOnce(&mut aya_ebpf::bindings::bpf_fib_lookup),
+) -> Option<Hop> {
+    let scratch = maps::scratch()?;
     let p = &mut scratch.fib;
-    // SAFETY: all-zero is a valid bpf_fib_lookup; we then set the fields
-    // the IPv4 lookup reads.
+    // SAFETY: all-zero is a valid bpf_fib_lookup; then the fields the
+    // lookup reads.
     *p = unsafe { core::mem::zeroed() };
-    p.family = AF_INET;
     p.l4_protocol = (ports >> 32) as u8;
     p.sport = ((ports >> 16) as u16).to_be();
     p.dport = (ports as u16).to_be();
     p.ifindex = ingress;
-    p.__bindgen_anon_3.ipv4_src = src;
-    p.__bindgen_anon_4.ipv4_dst = dst;
+    fill(p);
     // SAFETY: the helper reads and writes only the struct we pass.
     let ret = unsafe {
         fib_lookup(
@@ -71,102 +96,220 @@ pub fn to_pod4(skb: *mut __sk_buff, ports: u64, src: u32, dst: u32) -> Verdict {
     };
     let resolved = ret == BPF_FIB_LKUP_RET_SUCCESS as i64;
     if !(resolved || ret == BPF_FIB_LKUP_RET_NO_NEIGH as i64) || p.ifindex == ingress {
-        return Verdict::Next;
+        return None;
     }
-    let (out, dmac, smac) = (p.ifindex, p.dmac, p.smac);
-    if maps::PEER_DEVS.get_ifindex(out).is_none() {
+    maps::PEER_DEVS.get_ifindex(p.ifindex)?;
+    Some(Hop {
+        out: p.ifindex,
+        macs: resolved.then_some((p.dmac, p.smac)),
+    })
+}
+
+#[inline(always)]
+fn route4(skb: *mut __sk_buff, ingress: u32, ports: u64, src: u32, dst: u32) -> Option<Hop> {
+    lookup(skb, ingress, ports, |p| {
+        p.family = AF_INET;
+        p.__bindgen_anon_3.ipv4_src = src;
+        p.__bindgen_anon_4.ipv4_dst = dst;
+    })
+}
+
+#[inline(always)]
+fn route6(
+    skb: *mut __sk_buff,
+    ingress: u32,
+    ports: u64,
+    src: &[u8; 16],
+    dst: &[u8; 16],
+) -> Option<Hop> {
+    lookup(skb, ingress, ports, |p| {
+        p.family = AF_INET6;
+        p.__bindgen_anon_3.ipv6_src = words(src);
+        p.__bindgen_anon_4.ipv6_dst = words(dst);
+    })
+}
+
+/// An IPv4 packet from `src` already rewritten to `dst` (and the ports of
+/// `ports`): handed to its pod, or `Next`.
+#[inline(never)]
+pub fn to_pod4(skb: *mut __sk_buff, ports: u64, src: u32, dst: u32) -> Verdict {
+    let Some(ingress) = from_pod(skb) else {
         return Verdict::Next;
-    }
+    };
+    let Some(hop) = route4(skb, ingress, ports, src, dst) else {
+        return Verdict::Next;
+    };
     let ctx = &TcContext::new(skb);
-    let Ok(ttl) = ctx.load::<u8>(ETH_LEN + 8) else {
-        return Verdict::Next;
-    };
-    let Ok(proto) = ctx.load::<u8>(ETH_LEN + 9) else {
-        return Verdict::Next;
-    };
-    if ttl <= 1 {
-        // The stack answers with its ICMP time exceeded.
+    if !decrement_ttl(ctx) {
         return Verdict::Next;
     }
-    let from = u16::from_ne_bytes([ttl, proto]) as u64;
-    let to = u16::from_ne_bytes([ttl - 1, proto]) as u64;
-    if ctx.l3_csum_replace(ETH_LEN + 10, from, to, 2).is_err()
-        || ctx.store(ETH_LEN + 8, &(ttl - 1), 0).is_err()
-    {
-        return Verdict::Next;
-    }
-    redirect(ctx, out, resolved.then_some((&dmac, &smac)))
+    hand_over(ctx, &hop)
 }
 
 /// `to_pod4` for an IPv6 packet.
 #[inline(never)]
 pub fn to_pod6(skb: *mut __sk_buff, ports: u64, src: &[u8; 16], dst: &[u8; 16]) -> Verdict {
-    // SAFETY: reading the context's device.
-    let ingress = unsafe { (*skb).ifindex };
-    if !maps::host_routing() || maps::PEER_DEVS.get_ifindex(ingress).is_none() {
-        return Verdict::Next;
-    }
-    let Some(scratch) = maps::scratch() else {
+    let Some(ingress) = from_pod(skb) else {
         return Verdict::Next;
     };
-    let p = &mut scratch.fib;
-    // SAFETY: all-zero is a valid bpf_fib_lookup; we then set the fields
-    // the IPv6 lookup reads.
-    *p = unsafe { core::mem::zeroed() };
-    p.family = AF_INET6;
-    p.l4_protocol = (ports >> 32) as u8;
-    p.sport = ((ports >> 16) as u16).to_be();
-    p.dport = (ports as u16).to_be();
-    p.ifindex = ingress;
-    p.__bindgen_anon_3.ipv6_src = words(src);
-    p.__bindgen_anon_4.ipv6_dst = words(dst);
-    // SAFETY: the helper reads and writes only the struct we pass.
-    let ret = unsafe {
-        fib_lookup(
-            skb as *mut _,
-            p,
-            core::mem::size_of::<aya_ebpf::bindings::bpf_fib_lookup>() as i32,
-            0,
-        )
+    let Some(hop) = route6(skb, ingress, ports, src, dst) else {
+        return Verdict::Next;
     };
-    let resolved = ret == BPF_FIB_LKUP_RET_SUCCESS as i64;
-    if !(resolved || ret == BPF_FIB_LKUP_RET_NO_NEIGH as i64) || p.ifindex == ingress {
-        return Verdict::Next;
-    }
-    let (out, dmac, smac) = (p.ifindex, p.dmac, p.smac);
-    if maps::PEER_DEVS.get_ifindex(out).is_none() {
-        return Verdict::Next;
-    }
     let ctx = &TcContext::new(skb);
-    let Ok(hops) = ctx.load::<u8>(ETH_LEN + 7) else {
-        return Verdict::Next;
-    };
-    if hops <= 1 || ctx.store(ETH_LEN + 7, &(hops - 1), 0).is_err() {
+    if !decrement_hop_limit(ctx) {
         return Verdict::Next;
     }
-    redirect(ctx, out, resolved.then_some((&dmac, &smac)))
+    hand_over(ctx, &hop)
 }
 
-/// With the neighbour's address (`macs`: destination, source): new L2
-/// addresses, then into the peer of `out`. Without (no neighbour entry
-/// yet, as for a pod that nothing on the node has talked to): out of `out`
-/// with the kernel resolving it (`bpf_redirect_neigh`), which also skips
-/// the node's IP stack, and creates the entry the next packets use.
+/// A packet that no frontend takes, from a pod's device: if it is a
+/// backend's reply of a flow this node DNATed (without SNAT) for a client
+/// behind another pod's device, reverse-NATed here and handed to the
+/// client; otherwise `Next`, untouched. Rewritten only once the route is
+/// known, so a packet that goes on to the stack keeps its addresses for
+/// `sl_egress`.
+#[inline(never)]
+pub fn reply4(skb: *mut __sk_buff, flow: &Flow4) -> Verdict {
+    let Some(ingress) = from_pod(skb) else {
+        return Verdict::Next;
+    };
+    if !maps::may_be_backend_port(flow.sport) {
+        return Verdict::Next;
+    }
+    let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) else {
+        return Verdict::Next;
+    };
+    // SAFETY: pointer from a successful lookup; fields copied at once.
+    let (kind, flags, frontend, port) = unsafe {
+        (
+            (*entry).kind,
+            (*entry).flags,
+            v4(&(*entry).nat_addr),
+            (*entry).nat_port,
+        )
+    };
+    if kind != CtKind::Reply as u8 || flags & CT_F_SNAT != 0 {
+        return Verdict::Next;
+    }
+    if flow.has_tcp_flag(TCP_SYN) && reused_reply(flow, entry) {
+        return Verdict::Next;
+    }
+    let ports = ports(flow.proto, flow.sport, flow.dport);
+    let (src, dst) = (u32::from_ne_bytes(flow.src), u32::from_ne_bytes(flow.dst));
+    let Some(hop) = route4(skb, ingress, ports, src, dst) else {
+        return Verdict::Next;
+    };
+    note_reply(flow, entry);
+    let ctx = &TcContext::new(skb);
+    if nat::rewrite(ctx, flow, Side::Src, frontend, port).is_err() {
+        count(Stat::NatFailed);
+        return Verdict::Drop;
+    }
+    count(Stat::ReplyNat);
+    if flow.later {
+        count(Stat::FragmentTracked);
+    }
+    if !decrement_ttl(ctx) {
+        // Reverse-NATed already: the stack delivers it as it is.
+        return Verdict::Next;
+    }
+    hand_over(ctx, &hop)
+}
+
+/// `reply4` for IPv6 (the flow parsed into `s`).
+#[inline(never)]
+pub fn reply6(skb: *mut __sk_buff, s: &mut Scratch6) -> Verdict {
+    let Some(ingress) = from_pod(skb) else {
+        return Verdict::Next;
+    };
+    if !maps::may_be_backend_port(s.flow.sport) {
+        return Verdict::Next;
+    }
+    s.flow.ct_key_into(&mut s.ct_key);
+    let Some(entry) = CONNTRACK_V6.get_ptr_mut(&s.ct_key) else {
+        return Verdict::Next;
+    };
+    // SAFETY: pointer from a successful lookup; fields copied at once.
+    let (kind, flags, frontend, port) = unsafe {
+        (
+            (*entry).kind,
+            (*entry).flags,
+            (*entry).nat_addr,
+            (*entry).nat_port,
+        )
+    };
+    if kind != CtKind::Reply as u8 || flags & CT_F_SNAT != 0 {
+        return Verdict::Next;
+    }
+    if s.flow.has_tcp_flag(TCP_SYN) && reused_reply6(&s.flow, entry, &mut s.ct_key) {
+        return Verdict::Next;
+    }
+    let ports = ports(s.flow.proto, s.flow.sport, s.flow.dport);
+    let Some(hop) = route6(skb, ingress, ports, &s.flow.src, &s.flow.dst) else {
+        return Verdict::Next;
+    };
+    note_reply6(&s.flow, entry);
+    if nat6::rewrite(skb, &s.flow, Side::Src, &frontend, port).is_err() {
+        count(Stat::NatFailed);
+        return Verdict::Drop;
+    }
+    count(Stat::ReplyNat);
+    if s.flow.later() {
+        count(Stat::FragmentTracked);
+    }
+    let ctx = &TcContext::new(skb);
+    if !decrement_hop_limit(ctx) {
+        return Verdict::Next;
+    }
+    hand_over(ctx, &hop)
+}
+
+/// The IPv4 TTL one less, the header checksum with it; false (nothing
+/// changed) for a TTL the stack must answer (time exceeded) or a failed
+/// helper.
 #[inline(always)]
-fn redirect(ctx: &TcContext, out: u32, macs: Option<(&[u8; 6], &[u8; 6])>) -> Verdict {
-    let ret = match macs {
+fn decrement_ttl(ctx: &TcContext) -> bool {
+    let (Ok(ttl), Ok(proto)) = (ctx.load::<u8>(ETH_LEN + 8), ctx.load::<u8>(ETH_LEN + 9)) else {
+        return false;
+    };
+    if ttl <= 1 {
+        return false;
+    }
+    let from = u16::from_ne_bytes([ttl, proto]) as u64;
+    let to = u16::from_ne_bytes([ttl - 1, proto]) as u64;
+    ctx.l3_csum_replace(ETH_LEN + 10, from, to, 2).is_ok()
+        && ctx.store(ETH_LEN + 8, &(ttl - 1), 0).is_ok()
+}
+
+/// The IPv6 hop limit one less (no header checksum).
+#[inline(always)]
+fn decrement_hop_limit(ctx: &TcContext) -> bool {
+    let Ok(hops) = ctx.load::<u8>(ETH_LEN + 7) else {
+        return false;
+    };
+    hops > 1 && ctx.store(ETH_LEN + 7, &(hops - 1), 0).is_ok()
+}
+
+/// With the neighbour's addresses: new L2 addresses, then into the peer of
+/// the pod's device. Without (no neighbour entry yet, as for a pod nothing
+/// on the node has talked to): out of the pod's device with the kernel
+/// resolving it (`bpf_redirect_neigh`), which skips the node's IP stack as
+/// well and creates the entry the next packets use.
+#[inline(always)]
+fn hand_over(ctx: &TcContext, hop: &Hop) -> Verdict {
+    let ret = match &hop.macs {
         Some((dmac, smac)) => {
             if ctx.store(0, dmac, 0).is_err() || ctx.store(6, smac, 0).is_err() {
                 return Verdict::Next;
             }
             // SAFETY: a helper call on the running program's packet.
-            unsafe { bpf_redirect_peer(out, 0) }
+            unsafe { bpf_redirect_peer(hop.out, 0) }
         }
         // SAFETY: NULL params: the helper does its own lookup and resolution.
-        None => unsafe { bpf_redirect_neigh(out, core::ptr::null_mut(), 0, 0) },
+        None => unsafe { bpf_redirect_neigh(hop.out, core::ptr::null_mut(), 0, 0) },
     };
     if ret == TC_ACT_REDIRECT as i64 {
-        maps::count(sluice_common::Stat::HostRouted);
+        count(Stat::HostRouted);
         Verdict::Redirect
     } else {
         Verdict::Next

@@ -868,10 +868,11 @@ fn events_table(e: &super::events::EventsCost) -> String {
     t
 }
 
-const COLORS: [(&str, &str); 8] = [
+const COLORS: [(&str, &str); 9] = [
     ("direct", "#555555"),
     ("sluice", "#1f77b4"),
     ("sluice-sock", "#17becf"),
+    ("sluice-host-routing", "#393b79"),
     ("sluice-passthrough", "#9467bd"),
     ("tc-floor", "#8c564b"),
     ("iptables-legacy", "#d62728"),
