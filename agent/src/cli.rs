@@ -265,15 +265,18 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_PREALLOCATE_MAPS")]
     pub preallocate_maps: bool,
 
-    /// Host routing, as Cilium's BPF host routing: a service packet that
-    /// the TC path sends to a backend behind one of this node's veth or
-    /// netkit devices (a local pod), without SNAT, is handed straight into
-    /// that pod's network namespace (`bpf_redirect_peer`), skipping the
-    /// node's IP stack for that direction: faster, but the node's
-    /// netfilter (iptables FORWARD and POSTROUTING rules, nf_conntrack)
-    /// never sees those packets, only their replies. Leave it off where
-    /// iptables rules on the node filter or count pod traffic (a CNI's
-    /// NetworkPolicy in iptables, a `ctstate INVALID` drop).
+    /// Host routing, as Cilium's BPF host routing: a service flow between
+    /// two pods of this node (their devices named by `--pod-devices`, or
+    /// by `--detect-local-mode InterfaceNamePrefix`; veth or netkit) skips
+    /// the node's IP stack both ways: the DNATed packets and the backend's
+    /// replies (reverse-NATed at the backend's device) go straight into
+    /// the other pod's network namespace (`bpf_redirect_peer`). Faster, but
+    /// the node's netfilter (iptables FORWARD and POSTROUTING rules,
+    /// nf_conntrack) and any program on the pods' devices' egress never
+    /// see those packets. Leave it off where iptables rules on the node
+    /// filter or count pod traffic (a CNI's NetworkPolicy in iptables, a
+    /// `ctstate INVALID` drop) or a CNI's eBPF policy runs there. Clients
+    /// outside the cluster and SNATed flows always take the stack.
     #[arg(long, env = "SLUICE_HOST_ROUTING")]
     pub host_routing: bool,
 
