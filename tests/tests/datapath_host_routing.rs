@@ -85,9 +85,29 @@ fn host_routing_hands_service_packets_to_a_local_pod_past_the_node_stack() -> Re
     }
     let routed = lb.stat(Stat::HostRouted)?;
     assert!(
-        routed >= 6,
-        "every connection's packets towards the backend were handed over ({routed})"
+        routed >= 12,
+        "every connection's packets both ways were handed over ({routed})"
     );
+
+    // UDP both ways too: the reply comes from the service address.
+    let _dns = servers::udp_greeter(&backend.ns, 8053, &backend.name)?;
+    let report = lb.set(cluster_ip(
+        "dns",
+        VIP,
+        53,
+        Proto::Udp,
+        &[(backend.ip, 8053, BackendState::Active)],
+    ));
+    ensure!(report.errors.is_empty(), "{:?}", report.errors);
+    let b = backend.ip.to_string();
+    for (dir, port) in [("-d", "--dport"), ("-s", "--sport")] {
+        netns::run(topo.node.command("iptables").args([
+            "-I", "FORWARD", dir, &b, "-p", "udp", port, "8053", "-j", "DROP",
+        ]))?;
+    }
+    let (answer, from) = clients::udp_hello(client, vip(VIP, 53))?;
+    assert_eq!(answer, backend.name);
+    assert_eq!(from, std::net::SocketAddr::from(vip(VIP, 53)));
 
     lb.host_routing(&topo, false)?;
     assert!(
@@ -128,8 +148,8 @@ fn host_routing_serves_ipv6_the_same_way() -> Result<()> {
     }
     let routed = lb.stat(Stat::HostRouted)?;
     assert!(
-        routed >= 6,
-        "every connection's packets towards the backend were handed over ({routed})"
+        routed >= 12,
+        "every connection's packets both ways were handed over ({routed})"
     );
 
     lb.host_routing(&topo, false)?;
@@ -196,7 +216,7 @@ fn the_agent_host_routes_only_between_its_pods_devices() -> Result<()> {
         ensure!(clients::tcp_hello(client, vip(VIP, 80))? == "backend-0");
     }
     let routed = Maps::open_pinned(topo.bpf.path())?.stat(Stat::HostRouted)?;
-    ensure!(routed >= 6, "host-routed packets: {routed}");
+    ensure!(routed >= 12, "host-routed packets both ways: {routed}");
 
     let outside = &topo.externals[0].ns;
     let np = SocketAddrV4::new(topo.node_address(0), 30141);

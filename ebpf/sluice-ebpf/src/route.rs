@@ -11,9 +11,10 @@
 //! `bpf_redirect_peer`, as a router would deliver them (TTL or hop limit
 //! decremented, MAC addresses from the FIB) but without routing, netfilter
 //! or the backlog queue. A neighbour not resolved yet is left to the kernel
-//! (`bpf_redirect_neigh` out of the pod's device, past the stack too).
-//! Anything else (no route, another device, a TTL about to expire) goes on
-//! to the stack as without the option.
+//! (`bpf_redirect_neigh`: out of the pod's device, past routing and
+//! netfilter, through the device's egress). Anything else (no route,
+//! another device, a TTL about to expire) goes on to the stack untouched,
+//! as without the option.
 //!
 //! Only pod to pod: a client from outside the cluster would have its
 //! replies masqueraded by a CNI's iptables rules once the node's conntrack
@@ -28,11 +29,12 @@ use aya_ebpf::{
     helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect_neigh, bpf_redirect_peer},
     programs::TcContext,
 };
-use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat};
+use sluice_common::{conntrack::CT_F_SNAT, CtKind, Hook, Stat};
 
 use crate::{
     conntrack::{note_reply, note_reply6, reused_reply, reused_reply6, v4},
     error::Verdict,
+    events,
     flow::Flow4,
     headers::{ETH_LEN, TCP_SYN},
     maps::{self, count, Scratch6, CONNTRACK_V4, CONNTRACK_V6},
@@ -165,15 +167,17 @@ pub fn to_pod6(skb: *mut __sk_buff, ports: u64, src: &[u8; 16], dst: &[u8; 16]) 
 /// A packet that no frontend takes, from a pod's device: if it is a
 /// backend's reply of a flow this node DNATed (without SNAT) for a client
 /// behind another pod's device, reverse-NATed here and handed to the
-/// client; otherwise `Next`, untouched. Rewritten only once the route is
-/// known, so a packet that goes on to the stack keeps its addresses for
-/// `sl_egress`.
+/// client; otherwise `Next`, untouched (`sl_egress` on the client's device
+/// then does what it did before). Nothing is changed, in the packet or in
+/// conntrack, until the route is known and the TTL allows the hop. While
+/// every pod's flow is the sockets' (`CFG_F_PODS_ON_SOCKETS`) no pod needs
+/// reverse NAT and nothing is looked up, as `sl_egress_pod` does.
 #[inline(never)]
 pub fn reply4(skb: *mut __sk_buff, flow: &Flow4) -> Verdict {
     let Some(ingress) = from_pod(skb) else {
         return Verdict::Next;
     };
-    if !maps::may_be_backend_port(flow.sport) {
+    if maps::pods_on_sockets() || !maps::may_be_backend_port(flow.sport) {
         return Verdict::Next;
     }
     let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) else {
@@ -191,27 +195,27 @@ pub fn reply4(skb: *mut __sk_buff, flow: &Flow4) -> Verdict {
     if kind != CtKind::Reply as u8 || flags & CT_F_SNAT != 0 {
         return Verdict::Next;
     }
-    if flow.has_tcp_flag(TCP_SYN) && reused_reply(flow, entry) {
-        return Verdict::Next;
-    }
     let ports = ports(flow.proto, flow.sport, flow.dport);
     let (src, dst) = (u32::from_ne_bytes(flow.src), u32::from_ne_bytes(flow.dst));
     let Some(hop) = route4(skb, ingress, ports, src, dst) else {
         return Verdict::Next;
     };
-    note_reply(flow, entry);
     let ctx = &TcContext::new(skb);
+    if !decrement_ttl(ctx) {
+        return Verdict::Next;
+    }
+    // A direct connection's SYN-ACK on the tuple of a closed service
+    // flow: the stale entry goes, the packet is handed over as it is.
+    if flow.has_tcp_flag(TCP_SYN) && reused_reply(flow, entry) {
+        return hand_over(ctx, &hop);
+    }
+    note_reply(flow, entry);
     if nat::rewrite(ctx, flow, Side::Src, frontend, port).is_err() {
-        count(Stat::NatFailed);
-        return Verdict::Drop;
+        return nat_failed();
     }
     count(Stat::ReplyNat);
     if flow.later {
         count(Stat::FragmentTracked);
-    }
-    if !decrement_ttl(ctx) {
-        // Reverse-NATed already: the stack delivers it as it is.
-        return Verdict::Next;
     }
     hand_over(ctx, &hop)
 }
@@ -224,7 +228,7 @@ pub fn reply6(skb: *mut __sk_buff, s: &mut Scratch6) -> Verdict {
     let Some(ingress) = from_pod(skb) else {
         return Verdict::Next;
     };
-    if !maps::may_be_backend_port(s.flow.sport) {
+    if maps::pods_on_sockets() || !maps::may_be_backend_port(s.flow.sport) {
         return Verdict::Next;
     }
     s.flow.ct_key_into(&mut s.ct_key);
@@ -243,27 +247,35 @@ pub fn reply6(skb: *mut __sk_buff, s: &mut Scratch6) -> Verdict {
     if kind != CtKind::Reply as u8 || flags & CT_F_SNAT != 0 {
         return Verdict::Next;
     }
-    if s.flow.has_tcp_flag(TCP_SYN) && reused_reply6(&s.flow, entry, &mut s.ct_key) {
-        return Verdict::Next;
-    }
     let ports = ports(s.flow.proto, s.flow.sport, s.flow.dport);
     let Some(hop) = route6(skb, ingress, ports, &s.flow.src, &s.flow.dst) else {
         return Verdict::Next;
     };
+    let ctx = &TcContext::new(skb);
+    if !decrement_hop_limit(ctx) {
+        return Verdict::Next;
+    }
+    if s.flow.has_tcp_flag(TCP_SYN) && reused_reply6(&s.flow, entry, &mut s.ct_key) {
+        return hand_over(ctx, &hop);
+    }
     note_reply6(&s.flow, entry);
     if nat6::rewrite(skb, &s.flow, Side::Src, &frontend, port).is_err() {
-        count(Stat::NatFailed);
-        return Verdict::Drop;
+        return nat_failed();
     }
     count(Stat::ReplyNat);
     if s.flow.later() {
         count(Stat::FragmentTracked);
     }
-    let ctx = &TcContext::new(skb);
-    if !decrement_hop_limit(ctx) {
-        return Verdict::Next;
-    }
     hand_over(ctx, &hop)
+}
+
+/// A rewrite helper failed half way: the packet is inconsistent, dropped
+/// and counted as `settle` does for the other paths.
+#[inline(always)]
+fn nat_failed() -> Verdict {
+    count(Stat::NatFailed);
+    events::bare(Stat::NatFailed, Hook::Ingress);
+    Verdict::Drop
 }
 
 /// The IPv4 TTL one less, the header checksum with it; false (nothing
