@@ -230,3 +230,41 @@ fn the_agent_host_routes_only_between_its_pods_devices() -> Result<()> {
     );
     Ok(())
 }
+
+/// Host routing forwards as a router would: the TTL goes down by one, and
+/// a packet whose TTL would reach 0 is left to the node's stack (which
+/// answers time exceeded) instead of being delivered.
+#[test]
+fn host_routing_keeps_the_ttl_rule_of_a_router() -> Result<()> {
+    use socket2::{Domain, Socket, Type};
+    let topo = Topology::new(1, 1)?;
+    let backend = &topo.backends[0];
+    let _server = servers::tcp_greeter(&backend.ns, 8080, &backend.name)?;
+    let mut lb = Lb::load(&topo)?;
+    let report = lb.set(cluster_ip(
+        "web",
+        VIP,
+        80,
+        Proto::Tcp,
+        &[(backend.ip, 8080, BackendState::Active)],
+    ));
+    ensure!(report.errors.is_empty(), "{:?}", report.errors);
+    lb.host_routing(&topo, true)?;
+    let connect = |ttl: u32| -> Result<()> {
+        let addr = std::net::SocketAddr::from(vip(VIP, 80));
+        topo.clients[0].ns.run(move || -> std::io::Result<()> {
+            let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+            socket.set_ttl_v4(ttl)?;
+            socket.connect_timeout(&addr.into(), Duration::from_secs(2))
+        })??;
+        Ok(())
+    };
+    connect(2)?;
+    let routed = lb.stat(Stat::HostRouted)?;
+    ensure!(routed >= 1, "the TTL-2 SYN was host-routed");
+    ensure!(
+        connect(1).is_err(),
+        "a TTL-1 SYN must not reach the backend through the node"
+    );
+    Ok(())
+}
