@@ -118,6 +118,16 @@ fn local_detector(args: &AgentArgs) -> Result<LocalDetector> {
     }
 }
 
+/// The globs of `--pod-devices`, blank ones left out.
+fn named_pod_devices(args: &AgentArgs) -> Vec<String> {
+    args.pod_devices
+        .iter()
+        .map(|p| p.trim())
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The devices host routing takes packets from and hands them to
 /// (`--host-routing`): `--pod-devices`, or the pods' devices of
 /// `--detect-local-mode InterfaceNamePrefix`, whatever `--socket-lb` is.
@@ -125,13 +135,7 @@ fn host_routing_devices(args: &AgentArgs, local: &LocalDetector) -> Vec<String> 
     if !args.host_routing {
         return Vec::new();
     }
-    let mut patterns: Vec<String> = args
-        .pod_devices
-        .iter()
-        .map(|p| p.trim())
-        .filter(|p| !p.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let mut patterns = named_pod_devices(args);
     if let LocalDetector::InterfaceNamePrefix(prefix) = local {
         patterns.push(format!("{prefix}*"));
     }
@@ -152,13 +156,7 @@ fn pod_devices(
     local: &LocalDetector,
     cgroup: Option<&std::path::Path>,
 ) -> Vec<String> {
-    let mut patterns: Vec<String> = args
-        .pod_devices
-        .iter()
-        .map(|p| p.trim())
-        .filter(|p| !p.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let mut patterns = named_pod_devices(args);
     // Named by the operator: its pods' processes are under --cgroup-root.
     let named = !patterns.is_empty();
     if patterns.is_empty() {

@@ -8,7 +8,7 @@
 //! service address.
 
 use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4},
     time::Duration,
 };
 
@@ -22,7 +22,9 @@ use sluice_tests::{
     agent::{yaml, Agent, ManifestDir},
     clients,
     lb::{cluster_ip, cluster_ip6, vip, vip6, Lb},
-    netns, servers, Topology,
+    netns,
+    servers::{self, Server},
+    Topology,
 };
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 90);
@@ -52,12 +54,56 @@ fn forward_reset(topo: &Topology, backend: IpAddr) -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn host_routing_hands_service_packets_to_a_local_pod_past_the_node_stack() -> Result<()> {
-    let topo = Topology::new(1, 1)?;
+/// The TCP service at `vip`, whose one backend is `backend` (greeting
+/// `name`), from the topology's client: reached through the node's stack,
+/// stopped there by the FORWARD rules, host-routed past them (starting
+/// with no neighbour entry, so that the first packets take
+/// `bpf_redirect_neigh` and the next ones `bpf_redirect_peer`), then
+/// stopped again once host routing is off. `meanwhile` runs while it is on.
+fn past_the_stack_and_back(
+    topo: &Topology,
+    lb: &mut Lb,
+    vip: SocketAddr,
+    backend: IpAddr,
+    name: &str,
+    meanwhile: impl FnOnce(&mut Lb) -> Result<()>,
+) -> Result<()> {
+    let client = &topo.clients[0].ns;
+    assert_eq!(clients::tcp_hello(client, vip)?, name);
+
+    forward_reset(topo, backend)?;
+    assert!(
+        clients::tcp_hello(client, vip).is_err(),
+        "through the node's stack the FORWARD rules stop the connection"
+    );
+    assert_eq!(lb.stat(Stat::HostRouted)?, 0, "off: nothing host-routed");
+
+    netns::run(topo.node.command("ip").args(["neigh", "flush", "all"]))?;
+    lb.host_routing(topo, true)?;
+    for _ in 0..3 {
+        assert_eq!(clients::tcp_hello(client, vip)?, name);
+    }
+    let routed = lb.stat(Stat::HostRouted)?;
+    assert!(
+        routed >= 12,
+        "every connection's packets both ways were handed over ({routed})"
+    );
+    meanwhile(lb)?;
+
+    lb.host_routing(topo, false)?;
+    assert!(
+        clients::tcp_hello(client, vip).is_err(),
+        "off again: the stack, and its rules, are back in the path"
+    );
+    Ok(())
+}
+
+/// The topology's backend greeting on TCP 8080, behind `VIP:80`, the
+/// programs loaded and attached.
+fn web(topo: &Topology) -> Result<(Server, Lb)> {
     let backend = &topo.backends[0];
-    let _server = servers::tcp_greeter(&backend.ns, 8080, &backend.name)?;
-    let mut lb = Lb::load(&topo)?;
+    let server = servers::tcp_greeter(&backend.ns, 8080, &backend.name)?;
+    let mut lb = Lb::load(topo)?;
     let report = lb.set(cluster_ip(
         "web",
         VIP,
@@ -66,55 +112,45 @@ fn host_routing_hands_service_packets_to_a_local_pod_past_the_node_stack() -> Re
         &[(backend.ip, 8080, BackendState::Active)],
     ));
     ensure!(report.errors.is_empty(), "{:?}", report.errors);
-    let client = &topo.clients[0].ns;
-    assert_eq!(clients::tcp_hello(client, vip(VIP, 80))?, backend.name);
+    Ok((server, lb))
+}
 
-    forward_reset(&topo, IpAddr::V4(backend.ip))?;
-    assert!(
-        clients::tcp_hello(client, vip(VIP, 80)).is_err(),
-        "through the node's stack the FORWARD rule resets the connection"
-    );
-    assert_eq!(lb.stat(Stat::HostRouted)?, 0, "off: nothing host-routed");
-
-    // No neighbour entry for the backend: the first packet leaves it to
-    // the kernel (`bpf_redirect_neigh`), the next ones go to the peer.
-    netns::run(topo.node.command("ip").args(["neigh", "flush", "all"]))?;
-    lb.host_routing(&topo, true)?;
-    for _ in 0..3 {
-        assert_eq!(clients::tcp_hello(client, vip(VIP, 80))?, backend.name);
-    }
-    let routed = lb.stat(Stat::HostRouted)?;
-    assert!(
-        routed >= 12,
-        "every connection's packets both ways were handed over ({routed})"
-    );
-
-    // UDP both ways too: the reply comes from the service address.
+#[test]
+fn host_routing_hands_service_packets_to_a_local_pod_past_the_node_stack() -> Result<()> {
+    let topo = Topology::new(1, 1)?;
+    let backend = &topo.backends[0];
+    let (_server, mut lb) = web(&topo)?;
     let _dns = servers::udp_greeter(&backend.ns, 8053, &backend.name)?;
-    let report = lb.set(cluster_ip(
-        "dns",
-        VIP,
-        53,
-        Proto::Udp,
-        &[(backend.ip, 8053, BackendState::Active)],
-    ));
-    ensure!(report.errors.is_empty(), "{:?}", report.errors);
-    let b = backend.ip.to_string();
-    for (dir, port) in [("-d", "--dport"), ("-s", "--sport")] {
-        netns::run(topo.node.command("iptables").args([
-            "-I", "FORWARD", dir, &b, "-p", "udp", port, "8053", "-j", "DROP",
-        ]))?;
-    }
-    let (answer, from) = clients::udp_hello(client, vip(VIP, 53))?;
-    assert_eq!(answer, backend.name);
-    assert_eq!(from, std::net::SocketAddr::from(vip(VIP, 53)));
-
-    lb.host_routing(&topo, false)?;
-    assert!(
-        clients::tcp_hello(client, vip(VIP, 80)).is_err(),
-        "off again: the stack, and its rule, are back in the path"
-    );
-    Ok(())
+    // UDP both ways too, while host routing is on: the reply comes from
+    // the service address, past FORWARD rules that drop the datagrams.
+    let udp = |lb: &mut Lb| -> Result<()> {
+        let report = lb.set(cluster_ip(
+            "dns",
+            VIP,
+            53,
+            Proto::Udp,
+            &[(backend.ip, 8053, BackendState::Active)],
+        ));
+        ensure!(report.errors.is_empty(), "{:?}", report.errors);
+        let b = backend.ip.to_string();
+        for (dir, port) in [("-d", "--dport"), ("-s", "--sport")] {
+            netns::run(topo.node.command("iptables").args([
+                "-I", "FORWARD", dir, &b, "-p", "udp", port, "8053", "-j", "DROP",
+            ]))?;
+        }
+        let (answer, from) = clients::udp_hello(&topo.clients[0].ns, vip(VIP, 53))?;
+        ensure!(answer == backend.name, "{answer}");
+        ensure!(from == SocketAddr::from(vip(VIP, 53)), "reply from {from}");
+        Ok(())
+    };
+    past_the_stack_and_back(
+        &topo,
+        &mut lb,
+        vip(VIP, 80).into(),
+        IpAddr::V4(backend.ip),
+        &backend.name,
+        udp,
+    )
 }
 
 #[test]
@@ -132,32 +168,14 @@ fn host_routing_serves_ipv6_the_same_way() -> Result<()> {
         &[(backend.ip6, 8080, BackendState::Active)],
     ));
     ensure!(report.errors.is_empty(), "{:?}", report.errors);
-    let client = &topo.clients[0].ns;
-    assert_eq!(clients::tcp_hello(client, vip6(VIP6, 80))?, backend.name);
-
-    forward_reset(&topo, IpAddr::V6(backend.ip6))?;
-    assert!(
-        clients::tcp_hello(client, vip6(VIP6, 80)).is_err(),
-        "through the node's stack the FORWARD rule resets the connection"
-    );
-    assert_eq!(lb.stat(Stat::HostRouted)?, 0, "off: nothing host-routed");
-
-    lb.host_routing(&topo, true)?;
-    for _ in 0..3 {
-        assert_eq!(clients::tcp_hello(client, vip6(VIP6, 80))?, backend.name);
-    }
-    let routed = lb.stat(Stat::HostRouted)?;
-    assert!(
-        routed >= 12,
-        "every connection's packets both ways were handed over ({routed})"
-    );
-
-    lb.host_routing(&topo, false)?;
-    assert!(
-        clients::tcp_hello(client, vip6(VIP6, 80)).is_err(),
-        "off again: the stack, and its rule, are back in the path"
-    );
-    Ok(())
+    past_the_stack_and_back(
+        &topo,
+        &mut lb,
+        vip6(VIP6, 80).into(),
+        IpAddr::V6(backend.ip6),
+        &backend.name,
+        |_| Ok(()),
+    )
 }
 
 /// The agent's side: `--host-routing` with `--pod-devices` enters the
@@ -238,17 +256,7 @@ fn the_agent_host_routes_only_between_its_pods_devices() -> Result<()> {
 fn host_routing_keeps_the_ttl_rule_of_a_router() -> Result<()> {
     use socket2::{Domain, Socket, Type};
     let topo = Topology::new(1, 1)?;
-    let backend = &topo.backends[0];
-    let _server = servers::tcp_greeter(&backend.ns, 8080, &backend.name)?;
-    let mut lb = Lb::load(&topo)?;
-    let report = lb.set(cluster_ip(
-        "web",
-        VIP,
-        80,
-        Proto::Tcp,
-        &[(backend.ip, 8080, BackendState::Active)],
-    ));
-    ensure!(report.errors.is_empty(), "{:?}", report.errors);
+    let (_server, mut lb) = web(&topo)?;
     lb.host_routing(&topo, true)?;
     let connect = |ttl: u32| -> Result<()> {
         let addr = std::net::SocketAddr::from(vip(VIP, 80));

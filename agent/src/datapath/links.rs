@@ -14,7 +14,6 @@ use std::{
 };
 
 use aya::{
-    maps::DevMapHash,
     programs::{
         links::{FdLink, LinkError, PinnedLink},
         tc::{SchedClassifierLink, TcAttachOptions},
@@ -189,18 +188,7 @@ impl Datapath {
         ) {
             return Ok(false);
         }
-        let name = names::PEER_DEVS;
-        let map = self
-            .ebpf
-            .map_mut(name)
-            .ok_or(DatapathError::MissingMap(name))?;
-        let mut devs: DevMapHash<_> =
-            DevMapHash::try_from(map).map_err(|source| DatapathError::Map { name, source })?;
-        devs.insert(index, index, None, 0)
-            .map_err(|e| DatapathError::Io {
-                path: PathBuf::from(name),
-                source: io::Error::other(e),
-            })?;
+        self.enter_device(names::PEER_DEVS, index)?;
         Ok(true)
     }
 }

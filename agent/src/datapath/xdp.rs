@@ -129,7 +129,16 @@ impl Datapath {
 
     /// Enters `index` in this program generation's `sl_xdp_devs`.
     fn allow_redirect(&mut self, index: u32) -> Result<(), DatapathError> {
-        let name = names::XDP_DEVS;
+        self.enter_device(names::XDP_DEVS, index)
+    }
+
+    /// Enters device `index` in the devmap hash `name` of this program
+    /// generation (`sl_xdp_devs`, `sl_peer_devs`), as its own target.
+    pub(super) fn enter_device(
+        &mut self,
+        name: &'static str,
+        index: u32,
+    ) -> Result<(), DatapathError> {
         let map = self
             .ebpf
             .map_mut(name)

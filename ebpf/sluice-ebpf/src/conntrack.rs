@@ -287,6 +287,23 @@ fn push_to_forward(fwd: *mut CtEntry, backend_id: u32, flags: u8, now: u64) {
     }
 }
 
+/// The frontend (address as 16 bytes, port) a backend's packet gets back
+/// as its source, if `entry` is the reply entry of a flow DNATed without
+/// SNAT (SNATed flows are turned back on the way in, `snat::reply`).
+#[inline(always)]
+pub fn reverse_nat_of(entry: *mut CtEntry) -> Option<([u8; 16], u16)> {
+    // SAFETY: the caller found the entry; fields are copied at once.
+    let (kind, flags, addr, port) = unsafe {
+        (
+            (*entry).kind,
+            (*entry).flags,
+            (*entry).nat_addr,
+            (*entry).nat_port,
+        )
+    };
+    (kind == CtKind::Reply as u8 && flags & CT_F_SNAT == 0).then_some((addr, port))
+}
+
 #[inline(always)]
 pub fn v4(a: &[u8; 16]) -> [u8; 4] {
     [a[0], a[1], a[2], a[3]]

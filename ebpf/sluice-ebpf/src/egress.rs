@@ -4,11 +4,11 @@
 //! path; IPv6 frames go to `egress6.rs` (`sl_egress` picks by ethertype).
 
 use aya_ebpf::programs::TcContext;
-use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat};
+use sluice_common::Stat;
 
 use crate::events;
 use crate::{
-    conntrack::{note_reply, reused_reply, v4},
+    conntrack::{note_reply, reused_reply, reverse_nat_of, v4},
     error::{Error, Verdict},
     flow::{Flow4, Parsed},
     headers::TCP_SYN,
@@ -41,18 +41,10 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         // During an upgrade's handover the old generation may know it.
         return Ok(Verdict::HandOver);
     };
-    // SAFETY: pointer from a successful lookup; fields copied at once.
-    let (kind, flags, frontend, port) = unsafe {
-        (
-            (*entry).kind,
-            (*entry).flags,
-            v4(&(*entry).nat_addr),
-            (*entry).nat_port,
-        )
-    };
-    if kind != CtKind::Reply as u8 || flags & CT_F_SNAT != 0 {
+    let Some((frontend, port)) = reverse_nat_of(entry) else {
         return Ok(Verdict::Next);
-    }
+    };
+    let frontend = v4(&frontend);
     if flow.has_tcp_flag(TCP_SYN) && reused_reply(&flow, entry) {
         return Ok(Verdict::Next);
     }

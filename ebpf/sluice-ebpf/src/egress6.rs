@@ -5,11 +5,11 @@
 #![allow(clippy::needless_borrows_for_generic_args)]
 
 use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
-use sluice_common::{conntrack::CT_F_SNAT, CtKind, Stat};
+use sluice_common::Stat;
 
 use crate::events;
 use crate::{
-    conntrack::{note_reply6, reused_reply6},
+    conntrack::{note_reply6, reused_reply6, reverse_nat_of},
     error::{settle, Error, Verdict},
     flow6::Parsed6,
     frag,
@@ -53,19 +53,9 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
         return Ok(Verdict::Next);
     };
     let flow = &s.flow;
-    // SAFETY: pointer from a successful lookup; fields copied at once.
-    let (kind, flags, frontend, port) = unsafe {
-        (
-            (*entry).kind,
-            (*entry).flags,
-            (*entry).nat_addr,
-            (*entry).nat_port,
-        )
-    };
-    // SNATed flows are turned back on the way in (`snat6::reply`).
-    if kind != CtKind::Reply as u8 || flags & CT_F_SNAT != 0 {
+    let Some((frontend, port)) = reverse_nat_of(entry) else {
         return Ok(Verdict::Next);
-    }
+    };
     if flow.has_tcp_flag(TCP_SYN) && reused_reply6(flow, entry, &mut s.ct_key) {
         return Ok(Verdict::Next);
     }

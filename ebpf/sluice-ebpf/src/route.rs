@@ -29,10 +29,10 @@ use aya_ebpf::{
     helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect_neigh, bpf_redirect_peer},
     programs::TcContext,
 };
-use sluice_common::{conntrack::CT_F_SNAT, CtKind, Hook, Stat};
+use sluice_common::{Hook, Stat};
 
 use crate::{
-    conntrack::{note_reply, note_reply6, reused_reply, reused_reply6, v4},
+    conntrack::{note_reply, note_reply6, reused_reply, reused_reply6, reverse_nat_of, v4},
     error::Verdict,
     events,
     flow::Flow4,
@@ -183,18 +183,10 @@ pub fn reply4(skb: *mut __sk_buff, flow: &Flow4) -> Verdict {
     let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) else {
         return Verdict::Next;
     };
-    // SAFETY: pointer from a successful lookup; fields copied at once.
-    let (kind, flags, frontend, port) = unsafe {
-        (
-            (*entry).kind,
-            (*entry).flags,
-            v4(&(*entry).nat_addr),
-            (*entry).nat_port,
-        )
-    };
-    if kind != CtKind::Reply as u8 || flags & CT_F_SNAT != 0 {
+    let Some((frontend, port)) = reverse_nat_of(entry) else {
         return Verdict::Next;
-    }
+    };
+    let frontend = v4(&frontend);
     let ports = ports(flow.proto, flow.sport, flow.dport);
     let (src, dst) = (u32::from_ne_bytes(flow.src), u32::from_ne_bytes(flow.dst));
     let Some(hop) = route4(skb, ingress, ports, src, dst) else {
@@ -235,18 +227,9 @@ pub fn reply6(skb: *mut __sk_buff, s: &mut Scratch6) -> Verdict {
     let Some(entry) = CONNTRACK_V6.get_ptr_mut(&s.ct_key) else {
         return Verdict::Next;
     };
-    // SAFETY: pointer from a successful lookup; fields copied at once.
-    let (kind, flags, frontend, port) = unsafe {
-        (
-            (*entry).kind,
-            (*entry).flags,
-            (*entry).nat_addr,
-            (*entry).nat_port,
-        )
-    };
-    if kind != CtKind::Reply as u8 || flags & CT_F_SNAT != 0 {
+    let Some((frontend, port)) = reverse_nat_of(entry) else {
         return Verdict::Next;
-    }
+    };
     let ports = ports(s.flow.proto, s.flow.sport, s.flow.dport);
     let Some(hop) = route6(skb, ingress, ports, &s.flow.src, &s.flow.dst) else {
         return Verdict::Next;
