@@ -71,13 +71,13 @@ pub const CFG_F_SOCK_PODS_LOCAL: u32 = 1 << 9;
 /// it), `sl_egress_pod` does what `sl_egress` does.
 pub const CFG_F_PODS_ON_SOCKETS: u32 = 1 << 10;
 
-/// `--host-routing`: a packet `sl_ingress` DNATs to a backend behind one
-/// of the pods' devices (`sl_peer_devs`), without SNAT, is handed into
-/// that pod's network namespace at once (`bpf_redirect_peer`, its TTL
-/// decremented and its MAC addresses from the FIB), past the node's IP
-/// stack: no routing, no netfilter of the node for that direction. Its
-/// replies take the usual way. Without it (0.1.0 never sets it), the
-/// packet goes on to the node's stack.
+/// `--host-routing`: a service flow without SNAT between two of the pods'
+/// devices (`sl_peer_devs`) skips the node's IP stack both ways: the
+/// packets `sl_ingress` DNATs, and the backend's replies, which it then
+/// reverse-NATs itself, are handed into the other pod's network namespace
+/// at once (`bpf_redirect_peer`, the TTL decremented and the MAC addresses
+/// from the FIB; `route.rs`). Without it (0.1.0 never sets it), both go on
+/// to the node's stack.
 pub const CFG_F_HOST_ROUTING: u32 = 1 << 24;
 
 /// Default SNAT port range.

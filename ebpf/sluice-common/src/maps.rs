@@ -87,7 +87,8 @@ pub const XDP_DEVS: &str = "sl_xdp_devs";
 pub const XDP_DEVS_MAX: u32 = 64;
 /// The pods' devices host routing takes packets from and hands them to
 /// (`--host-routing`): a devmap hash, ifindex -> ifindex, the veth and
-/// netkit devices among `--pod-devices` (`bpf_redirect_peer` targets).
+/// netkit devices among `--pod-devices` or the devices of
+/// `--detect-local-mode InterfaceNamePrefix` (`bpf_redirect_peer` targets).
 /// Not pinned: the agent fills the map of the programs it loads.
 pub const PEER_DEVS: &str = "sl_peer_devs";
 /// Capacity of `sl_peer_devs`.

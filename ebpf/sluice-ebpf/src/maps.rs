@@ -230,7 +230,8 @@ pub static XDP_DEVS: DevMapHash<{ sluice_common::maps::XDP_DEVS_MAX as usize }> 
 
 /// The pods' devices host routing may take a packet from and hand one to
 /// with `bpf_redirect_peer` (`route.rs`). Not pinned, as `sl_xdp_devs`: the
-/// agent enters the veth and netkit devices among `--pod-devices` as it
+/// agent enters the veth and netkit devices among `--pod-devices` (or
+/// `--detect-local-mode InterfaceNamePrefix`'s) as it
 /// attaches them. A devmap: the kernel drops the entry of a device that
 /// goes away, so an ifindex never names another device here.
 #[btf_map(name = "sl_peer_devs")]
