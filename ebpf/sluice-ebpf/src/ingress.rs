@@ -98,7 +98,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         // A backend's reply to a pod, with host routing: reverse NAT
         // here, and into the client's pod (`route.rs`).
         if config.flags() & CFG_F_HOST_ROUTING != 0 {
-            match route::reply4(ctx.skb.skb, &flow) {
+            match route::reply4(ctx.skb.skb, &flow, config.flags()) {
                 Verdict::Next => {}
                 done => return Ok(done),
             }

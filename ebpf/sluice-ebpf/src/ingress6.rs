@@ -99,7 +99,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     if !maps::may_be_frontend_v6(&s.flow.dst) {
         // A backend's reply to a pod, with host routing (`route.rs`).
         if config.flags() & CFG_F_HOST_ROUTING != 0 {
-            match route::reply6(skb, s) {
+            match route::reply6(skb, s, config.flags()) {
                 Verdict::Next => {}
                 done => return Ok(done),
             }

@@ -29,7 +29,7 @@ use aya_ebpf::{
     helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect_neigh, bpf_redirect_peer},
     programs::TcContext,
 };
-use sluice_common::{Hook, Stat};
+use sluice_common::{config::CFG_F_PODS_ON_SOCKETS, Hook, Stat};
 
 use crate::{
     conntrack::{note_reply, note_reply6, reused_reply, reused_reply6, reverse_nat_of, v4},
@@ -60,12 +60,12 @@ struct Hop {
     macs: Option<([u8; 6], [u8; 6])>,
 }
 
-/// The packet's device, when host routing is on and it is a pod's.
+/// The packet's device, if it is one of the pods'.
 #[inline(always)]
 fn from_pod(skb: *mut __sk_buff) -> Option<u32> {
     // SAFETY: reading the context's device.
     let ingress = unsafe { (*skb).ifindex };
-    (maps::host_routing() && maps::PEER_DEVS.get_ifindex(ingress).is_some()).then_some(ingress)
+    maps::PEER_DEVS.get_ifindex(ingress).map(|_| ingress)
 }
 
 /// Asks the FIB for the route of the packet `fill` describes (family and
@@ -135,6 +135,9 @@ fn route6(
 /// `ports`): handed to its pod, or `Next`.
 #[inline(never)]
 pub fn to_pod4(skb: *mut __sk_buff, ports: u64, src: u32, dst: u32) -> Verdict {
+    if !maps::host_routing() {
+        return Verdict::Next;
+    }
     let Some(ingress) = from_pod(skb) else {
         return Verdict::Next;
     };
@@ -151,6 +154,9 @@ pub fn to_pod4(skb: *mut __sk_buff, ports: u64, src: u32, dst: u32) -> Verdict {
 /// `to_pod4` for an IPv6 packet.
 #[inline(never)]
 pub fn to_pod6(skb: *mut __sk_buff, ports: u64, src: &[u8; 16], dst: &[u8; 16]) -> Verdict {
+    if !maps::host_routing() {
+        return Verdict::Next;
+    }
     let Some(ingress) = from_pod(skb) else {
         return Verdict::Next;
     };
@@ -171,15 +177,16 @@ pub fn to_pod6(skb: *mut __sk_buff, ports: u64, src: &[u8; 16], dst: &[u8; 16]) 
 /// then does what it did before). Nothing is changed, in the packet or in
 /// conntrack, until the route is known and the TTL allows the hop. While
 /// every pod's flow is the sockets' (`CFG_F_PODS_ON_SOCKETS`) no pod needs
-/// reverse NAT and nothing is looked up, as `sl_egress_pod` does.
+/// reverse NAT and nothing is looked up, as `sl_egress_pod` does. Called
+/// with host routing on; `flags`: the config word the caller read.
 #[inline(never)]
-pub fn reply4(skb: *mut __sk_buff, flow: &Flow4) -> Verdict {
+pub fn reply4(skb: *mut __sk_buff, flow: &Flow4, flags: u32) -> Verdict {
+    if flags & CFG_F_PODS_ON_SOCKETS != 0 || !maps::may_be_backend_port(flow.sport) {
+        return Verdict::Next;
+    }
     let Some(ingress) = from_pod(skb) else {
         return Verdict::Next;
     };
-    if maps::pods_on_sockets() || !maps::may_be_backend_port(flow.sport) {
-        return Verdict::Next;
-    }
     let Some(entry) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) else {
         return Verdict::Next;
     };
@@ -216,13 +223,13 @@ pub fn reply4(skb: *mut __sk_buff, flow: &Flow4) -> Verdict {
 // The key by reference: a copy would take 40 bytes of this frame.
 #[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(never)]
-pub fn reply6(skb: *mut __sk_buff, s: &mut Scratch6) -> Verdict {
+pub fn reply6(skb: *mut __sk_buff, s: &mut Scratch6, flags: u32) -> Verdict {
+    if flags & CFG_F_PODS_ON_SOCKETS != 0 || !maps::may_be_backend_port(s.flow.sport) {
+        return Verdict::Next;
+    }
     let Some(ingress) = from_pod(skb) else {
         return Verdict::Next;
     };
-    if maps::pods_on_sockets() || !maps::may_be_backend_port(s.flow.sport) {
-        return Verdict::Next;
-    }
     s.flow.ct_key_into(&mut s.ct_key);
     let Some(entry) = CONNTRACK_V6.get_ptr_mut(&s.ct_key) else {
         return Verdict::Next;
