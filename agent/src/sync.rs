@@ -321,9 +321,16 @@ impl<W: MapWrites> Sync<W> {
     fn receive(&mut self, (sent, update): Envelope) {
         self.unsynced.push(sent);
         let kind = update.kind();
-        let dirty = self.stores.apply(update);
+        let mut dirty = self.stores.apply(update);
         if let Some(first) = &mut self.first_list {
             first.touched(kind, &dirty);
+        }
+        if !self.first_sync {
+            // The first sync is a full reconcile: it translates every
+            // service, so which ones an update touched is not kept until
+            // then (at 100,000 services the set of every listed key held
+            // 2.8 MB at the agent's peak, the end of that sync).
+            dirty.services.clear();
         }
         self.dirty.merge(dirty);
     }
@@ -346,6 +353,12 @@ impl<W: MapWrites> Sync<W> {
                 ..Dirty::default()
             };
             self.desired.update(&self.stores, &context, config, true);
+            // The record's hash tables take the services listed so far
+            // at once (all of them when the Services' list came first),
+            // rather than doubling as they fill: each doubling held the
+            // old and the new table at once.
+            let services = self.stores.services.len();
+            self.reconciler.reserve(services, services);
             first.start();
         }
         let stores = &self.stores;
@@ -532,9 +545,8 @@ impl<W: MapWrites> Sync<W> {
         // first list's programming has grown them already: growing a
         // table that holds most of them would hold two copies at once.
         if only.is_none() {
-            let backends: usize = self.stores.slices.values().map(|s| s.endpoints.len()).sum();
             let services = self.stores.services.len();
-            self.reconciler.reserve(services, backends, services);
+            self.reconciler.reserve(services, services);
         }
         // The services gone from the stores go with the first part.
         let config = &self.config.translate;

@@ -9,7 +9,8 @@
 //! 24 MB for the map value itself). Ids far above the table (adopted from
 //! maps an agent with other habits wrote), and a backend the slot cannot
 //! rebuild exactly, go to a small hash map beside it, so no id can make
-//! the table huge and nothing read back is changed.
+//! the table huge and nothing read back is changed. The table grows a
+//! chunk at a time and never moves what it holds (see [`Chunks`]).
 
 use crate::fast_hash::HashMap;
 
@@ -45,11 +46,57 @@ struct Slot {
     state: u8,
 }
 
+/// Slots per chunk of the flat table (16,384 slots, 192 KiB).
+const CHUNK_BITS: u32 = 14;
+const CHUNK: usize = 1 << CHUNK_BITS;
+
+/// The flat table's slots, in chunks that never move. A `Vec` grows by
+/// copying everything into a larger allocation, and both are resident
+/// while it copies: at a million backends each step of the 12 MB table
+/// held up to 11 MB more for a moment, and those moments set the agent's
+/// high-water mark (docs/performance.md, issue 17). A chunk is added
+/// whole, and nothing is copied.
+#[derive(Clone, Default)]
+struct Chunks {
+    chunks: Vec<Box<[Slot]>>,
+}
+
+impl Chunks {
+    /// Slots held (a whole number of chunks).
+    fn len(&self) -> usize {
+        self.chunks.len() * CHUNK
+    }
+
+    fn get(&self, i: usize) -> Option<&Slot> {
+        self.chunks
+            .get(i >> CHUNK_BITS)
+            .map(|chunk| &chunk[i & (CHUNK - 1)])
+    }
+
+    fn get_mut(&mut self, i: usize) -> Option<&mut Slot> {
+        self.chunks
+            .get_mut(i >> CHUNK_BITS)
+            .map(|chunk| &mut chunk[i & (CHUNK - 1)])
+    }
+
+    /// Adds chunks until slot `i` exists.
+    fn grow_to(&mut self, i: usize) {
+        while self.len() <= i {
+            self.chunks
+                .push(vec![Slot::default(); CHUNK].into_boxed_slice());
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Slot> + '_ {
+        self.chunks.iter().flat_map(|chunk| chunk.iter())
+    }
+}
+
 /// `sl_backends` as programmed: id -> backend.
 #[derive(Clone, Default)]
 pub struct BackendTable {
     /// Index = id.
-    dense: Vec<Slot>,
+    dense: Chunks,
     /// The IPv6 addresses of slots, by the index their `addr` holds.
     v6: Vec<[u8; 16]>,
     /// Indexes of `v6` no slot uses.
@@ -135,15 +182,7 @@ impl BackendTable {
         match Self::slot_of(&b).filter(|_| self.dense_slot(id)) {
             Some(mut slot) => {
                 let i = id.0 as usize;
-                if i >= self.dense.len() {
-                    // Grown by a sixteenth, not doubled: at a million
-                    // backends one id past the end would otherwise add 12 MB.
-                    if i >= self.dense.capacity() {
-                        self.dense
-                            .reserve_exact(i + 1 + (i >> 4) - self.dense.len());
-                    }
-                    self.dense.resize(i + 1, Slot::default());
-                }
+                self.dense.grow_to(i);
                 if b.family == FAMILY_V6 {
                     let at = match self.v6_free.pop() {
                         Some(at) => {
@@ -157,7 +196,9 @@ impl BackendTable {
                     };
                     slot.addr = at.to_ne_bytes();
                 }
-                self.dense[i] = slot;
+                if let Some(at) = self.dense.get_mut(i) {
+                    *at = slot;
+                }
             }
             None => {
                 self.sparse.insert(id, b);
@@ -174,7 +215,9 @@ impl BackendTable {
                 if slot.family == FAMILY_V6 {
                     self.v6_free.push(u32::from_ne_bytes(slot.addr));
                 }
-                self.dense[id.0 as usize] = Slot::default();
+                if let Some(at) = self.dense.get_mut(id.0 as usize) {
+                    *at = Slot::default();
+                }
                 Some(b)
             }
             _ => self.sparse.remove(id),
@@ -183,13 +226,6 @@ impl BackendTable {
             self.len -= 1;
         }
         old
-    }
-
-    /// Room for ids up to `additional` above the backends held (a full
-    /// reconcile's first ids), without the doubling of a growing `Vec`.
-    pub fn reserve(&mut self, additional: usize) {
-        let want = (self.len + additional + 1).saturating_sub(self.dense.len());
-        self.dense.reserve_exact(want);
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (BackendId, Backend)> + '_ {
@@ -276,7 +312,7 @@ mod tests {
         let mut t = BackendTable::default();
         t.insert(BackendId(1), b(1));
         t.insert(BackendId(4_000_000_000), b(2));
-        assert!(t.dense.len() < 10, "{}", t.dense.len());
+        assert_eq!(t.dense.chunks.len(), 1, "one chunk for the low ids");
         assert_eq!(t.get(&BackendId(4_000_000_000)), Some(b(2)));
         assert_eq!(t.len(), 2);
         // A backend without family cannot live in the flat part.
@@ -370,6 +406,32 @@ mod tests {
         assert_eq!(t.get(&BackendId(2)), Some(b6(3, 6)));
         assert_eq!(t.get(&BackendId(4)), Some(b6(4, 6)));
         assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn growing_adds_chunks_and_moves_nothing() {
+        let mut t = BackendTable::default();
+        t.insert(BackendId(1), b(1));
+        let first = t.dense.chunks[0].as_ptr();
+        // Ids across several chunks, as a first sync hands them out.
+        for i in 2..(3 * CHUNK as u32 + 5) {
+            t.insert(BackendId(i), b((i % 60_000) as u16));
+        }
+        assert_eq!(t.dense.chunks.len(), 4);
+        assert_eq!(
+            t.dense.chunks[0].as_ptr(),
+            first,
+            "the first chunk stayed where it was"
+        );
+        assert!(t.sparse.is_empty());
+        assert_eq!(t.get(&BackendId(1)), Some(b(1)));
+        let edge = CHUNK as u32;
+        assert_eq!(t.get(&BackendId(edge)), Some(b((edge % 60_000) as u16)));
+        assert_eq!(t.get(&BackendId(3 * CHUNK as u32 + 5)), None);
+        assert_eq!(t.remove(&BackendId(edge)), Some(b((edge % 60_000) as u16)));
+        assert_eq!(t.get(&BackendId(edge)), None);
+        assert_eq!(t.len(), 3 * CHUNK + 3);
+        assert_eq!(t.iter().count(), t.len());
     }
 
     #[test]

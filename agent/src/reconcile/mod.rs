@@ -543,21 +543,11 @@ impl<W: MapWrites> Reconciler<W> {
         self.programmed.frontends.insert(key, fe);
     }
 
-    /// Grows the record's tables once to what `desired` needs, instead of
-    /// doubling them as a first reconcile fills them (at 100,000 services
-    /// the doubling of the backends' table alone held 90 MB at its peak).
+    /// Grows the record's hash tables once to what `desired` needs,
+    /// instead of doubling them as a first reconcile fills them.
     fn reserve_for(&mut self, desired: &DesiredState) {
-        let (mut frontends, mut backends) = (0, 0);
-        for svc in desired.services.values() {
-            frontends += svc.frontends.len();
-            backends += svc
-                .frontends
-                .iter()
-                .map(|f| f.backends.len())
-                .max()
-                .unwrap_or(0);
-        }
-        self.reserve(frontends, backends, desired.services.len());
+        let frontends = desired.services.values().map(|s| s.frontends.len()).sum();
+        self.reserve(frontends, desired.services.len());
     }
 
     fn unit_backends(&self, svc_id: SvcId) -> Vec<(BackendId, Backend)> {
@@ -840,15 +830,14 @@ impl<W: MapWrites> Reconciler<W> {
         self.programmed.frontends.is_empty() && self.programmed.backends.is_empty()
     }
 
-    /// Grows the record's tables once to hold about `frontends`
-    /// frontends, `backends` backends and `units` service ports (a full
-    /// reconcile in parts does not see the whole desired state at once).
-    pub fn reserve(&mut self, frontends: usize, backends: usize, units: usize) {
+    /// Grows the record's hash tables once to hold about `frontends`
+    /// frontends and `units` service ports (a full reconcile in parts
+    /// does not see the whole desired state at once). The backends'
+    /// table grows a chunk at a time and needs no room ahead.
+    pub fn reserve(&mut self, frontends: usize, units: usize) {
         let more = |want: usize, have: usize| want.saturating_sub(have);
         let have = self.programmed.frontends.len();
         self.programmed.frontends.reserve(more(frontends, have));
-        let have = self.programmed.backends.len();
-        self.programmed.backends.reserve(more(backends, have));
         self.units.reserve(units);
         self.owners.reserve(more(frontends, self.owners.len()));
     }
