@@ -328,12 +328,97 @@ pub struct DesiredState {
     pub service_cidrs: BTreeSet<(IpAddr, u8)>,
     /// Every service's cluster IPs: a new flow to one on a port or
     /// protocol no frontend serves is rejected.
-    pub cluster_ips: BTreeSet<IpAddr>,
+    pub cluster_ips: ClusterIps,
     /// A version of `service_cidrs` and `cluster_ips` that the owner bumps
     /// whenever either changes, so that the reconciler compares them with
     /// the maps (a walk of every cluster IP) only then; 0 means unversioned
     /// (always compared).
     pub nets_version: u64,
+}
+
+/// A set of cluster IPs, sorted: IPv4 addresses as `u32`s, IPv6 ones as
+/// `u128`s. The sync task collects every service's cluster IPs for a
+/// comparison of the service address space; at 100,000 services a
+/// B-tree of `IpAddr`s held 1.9 MB of the agent's peak, these 0.4 MB
+/// (issue 17).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterIps {
+    v4: Vec<u32>,
+    v6: Vec<u128>,
+}
+
+impl ClusterIps {
+    pub fn contains(&self, ip: &IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(a) => self.v4.binary_search(&u32::from(*a)).is_ok(),
+            IpAddr::V6(a) => self.v6.binary_search(&u128::from(*a)).is_ok(),
+        }
+    }
+
+    /// Adds `ip`; false if it was there.
+    pub fn insert(&mut self, ip: IpAddr) -> bool {
+        fn put<T: Ord>(v: &mut Vec<T>, x: T) -> bool {
+            match v.binary_search(&x) {
+                Ok(_) => false,
+                Err(at) => {
+                    v.insert(at, x);
+                    true
+                }
+            }
+        }
+        match ip {
+            IpAddr::V4(a) => put(&mut self.v4, u32::from(a)),
+            IpAddr::V6(a) => put(&mut self.v6, u128::from(a)),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.v4.len() + self.v6.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+
+    /// In `IpAddr` order: the IPv4 addresses, then the IPv6 ones.
+    pub fn iter(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        let v4 = self
+            .v4
+            .iter()
+            .map(|a| IpAddr::from(std::net::Ipv4Addr::from(*a)));
+        let v6 = self
+            .v6
+            .iter()
+            .map(|a| IpAddr::from(std::net::Ipv6Addr::from(*a)));
+        v4.chain(v6)
+    }
+}
+
+impl FromIterator<IpAddr> for ClusterIps {
+    fn from_iter<I: IntoIterator<Item = IpAddr>>(iter: I) -> Self {
+        let mut set = Self::default();
+        for ip in iter {
+            match ip {
+                IpAddr::V4(a) => set.v4.push(u32::from(a)),
+                IpAddr::V6(a) => set.v6.push(u128::from(a)),
+            }
+        }
+        set.v4.sort_unstable();
+        set.v4.dedup();
+        set.v6.sort_unstable();
+        set.v6.dedup();
+        set
+    }
+}
+
+impl<const N: usize> From<[IpAddr; N]> for ClusterIps {
+    fn from(ips: [IpAddr; N]) -> Self {
+        ips.into_iter().collect()
+    }
 }
 
 impl PartialEq for DesiredState {
@@ -362,5 +447,46 @@ mod intern_tests {
         let pool = pool.as_ref().expect("the pool exists");
         assert!(pool.contains("intern-test-held"), "held by an object");
         assert!(!pool.contains("intern-test-gone"), "only the pool held it");
+    }
+}
+
+#[cfg(test)]
+mod cluster_ips_tests {
+    use super::*;
+
+    #[test]
+    fn a_set_of_cluster_ips_is_a_sorted_set_of_addresses() {
+        let ips: Vec<IpAddr> = [
+            "fd00::2",
+            "10.96.0.1",
+            "10.200.0.1",
+            "fd00::2",
+            "9.0.0.1",
+            "10.96.0.1",
+            "::1",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+        let set: ClusterIps = ips.iter().copied().collect();
+        let std: BTreeSet<IpAddr> = ips.iter().copied().collect();
+        assert_eq!(
+            set.iter().collect::<Vec<_>>(),
+            std.iter().copied().collect::<Vec<_>>()
+        );
+        assert_eq!(set.len(), std.len());
+        for ip in &ips {
+            assert!(set.contains(ip));
+        }
+        assert!(!set.contains(&"10.96.0.2".parse().unwrap()));
+
+        let mut grown = ClusterIps::default();
+        for ip in ips.iter().rev() {
+            grown.insert(*ip);
+        }
+        assert_eq!(grown, set, "inserted one by one, the same set");
+        assert!(!grown.insert("9.0.0.1".parse().unwrap()), "once");
+        grown.clear();
+        assert!(grown.is_empty());
     }
 }

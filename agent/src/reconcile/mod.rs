@@ -253,8 +253,8 @@ fn random_seed() -> u32 {
     }
 }
 
-/// Service nets added in one reconcile above which their record is
-/// rebuilt with full nodes.
+/// Service nets added in one reconcile above which they join their
+/// record in full B-tree nodes (`BTreeMap::append`), not one by one.
 const COMPACT_AFTER: usize = 4096;
 
 /// Service nets written in one `bpf()` call.
@@ -962,7 +962,16 @@ impl<W: MapWrites> Reconciler<W> {
         // so a new cluster IP is never outside it while it is in the LPM.
         let widened = svcnet_summary(programmed.keys().copied().chain(want().map(|(k, _)| k)));
         self.sync_svcnet_summary(widened, report);
-        let (mut left_out, mut added) = (0, 0);
+        let mut left_out = 0;
+        // What went in is recorded after the loop, merged in whole B-tree
+        // nodes: added one by one in key order, the record's nodes were
+        // half empty until compacted, 4 MB at the end of a first sync
+        // that adds every cluster IP (the agent's peak, issue 17).
+        let mut added = if self.programmed.service_nets.is_empty() {
+            Vec::with_capacity(want().count())
+        } else {
+            Vec::new()
+        };
         // In batches: a first sync adds a host route per cluster IP, one
         // `bpf()` call each before.
         let mut batch = Vec::with_capacity(NETS_BATCH);
@@ -980,9 +989,13 @@ impl<W: MapWrites> Reconciler<W> {
             if batch.is_empty() {
                 break;
             }
-            let (put, out) = self.put_service_nets(&batch, report);
-            added += put;
-            left_out += out;
+            left_out += self.put_service_nets(&batch, &mut added, report);
+        }
+        if added.len() > COMPACT_AFTER {
+            let mut fresh: BTreeMap<SourceRange, u8> = added.into_iter().collect();
+            self.programmed.service_nets.append(&mut fresh);
+        } else {
+            self.programmed.service_nets.extend(added);
         }
         let stale: Vec<SourceRange> = self
             .programmed
@@ -998,11 +1011,6 @@ impl<W: MapWrites> Reconciler<W> {
                 }
                 Err(e) => report.errors.push(e),
             }
-        }
-        // Added in key order, the record's nodes are half empty (a first
-        // sync adds every cluster IP).
-        if added > COMPACT_AFTER {
-            crate::heap::compact(&mut self.programmed.service_nets);
         }
         // Then it narrows to what the LPM holds (a cluster IP left out
         // of a full map needs no cover).
@@ -1021,31 +1029,29 @@ impl<W: MapWrites> Reconciler<W> {
         self.nets_synced = (report.errors.len() == errors).then_some(version);
     }
 
-    /// Puts `nets` (in batches, see `MapWrites::put_each`) and records
-    /// what went in. How many went in, and how many cluster IPs found the
-    /// map full (left out, not an error).
+    /// Puts `nets` (in batches, see `MapWrites::put_each`) and adds what
+    /// went in to `added`, for the caller to record. How many cluster IPs
+    /// found the map full (left out, not an error).
     fn put_service_nets(
         &mut self,
         nets: &[(SourceRange, u8)],
+        added: &mut Vec<(SourceRange, u8)>,
         report: &mut Report,
-    ) -> (usize, usize) {
+    ) -> usize {
         let entries: Vec<Entry<'_>> = nets
             .iter()
             .map(|(net, kind)| Entry::ServiceNet(*net, *kind))
             .collect();
         let mut failed = self.writer.put_each(&entries).into_iter().peekable();
-        let (mut added, mut left_out) = (0, 0);
+        let mut left_out = 0;
         for (i, (net, kind)) in nets.iter().enumerate() {
             match failed.next_if(|(at, _)| *at == i) {
                 Some((_, WriteError::Full { .. })) if *kind == SVCNET_CLUSTER_IP => left_out += 1,
                 Some((_, e)) => report.errors.push(e),
-                None => {
-                    self.programmed.service_nets.insert(*net, *kind);
-                    added += 1;
-                }
+                None => added.push((*net, *kind)),
             }
         }
-        (added, left_out)
+        left_out
     }
 
     /// Writes `sl_svcnetsum4` when it changes.
@@ -1382,7 +1388,7 @@ pub fn service_nets(desired: &DesiredState) -> impl Iterator<Item = (SourceRange
     let mut hosts = desired
         .cluster_ips
         .iter()
-        .map(|ip| (*ip, host_len(ip)))
+        .map(|ip| (ip, host_len(&ip)))
         .peekable();
     std::iter::from_fn(move || match (cidrs.peek(), hosts.peek()) {
         (None, None) => None,

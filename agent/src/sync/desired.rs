@@ -181,7 +181,7 @@ impl Desired {
     /// cluster IPs collected for it.
     pub(super) fn forget_translations(&mut self) {
         self.state.services.clear();
-        self.state.cluster_ips = BTreeSet::new();
+        self.state.cluster_ips = Default::default();
         self.translated.clear();
     }
 

@@ -332,14 +332,16 @@ pub fn translate_with_cidrs(
         ..DesiredState::default()
     };
     let mut node_ports_wanted = false;
+    let mut cluster_ips = Vec::new();
     for (key, svc) in services {
         let own_slices = by_service.get(key).map(Vec::as_slice).unwrap_or_default();
         let t = translate_service(key, svc, own_slices, &ctx, config);
         problems.extend(t.problems);
         node_ports_wanted |= t.wants_node_ports;
         desired.services.extend(t.ports);
-        desired.cluster_ips.extend(t.cluster_ips);
+        cluster_ips.extend(t.cluster_ips);
     }
+    desired.cluster_ips = cluster_ips.into_iter().collect();
     if node_ports_wanted {
         problems.extend(ctx.node_port_problems(config));
     }

@@ -1466,7 +1466,7 @@ fn cluster_ips_of_services_with_ports_form_the_rejected_set() {
     let services = [web(), sctp, other, portless, dual];
 
     let t = run_with(&services, &[], None, &cfg());
-    let want: std::collections::BTreeSet<IpAddr> =
+    let want: crate::model::ClusterIps =
         [ip("10.96.0.10"), ip("10.96.0.11"), ip("10.96.0.14")].into();
     assert_eq!(
         t.desired.cluster_ips, want,
