@@ -327,9 +327,11 @@ impl<W: MapWrites> Sync<W> {
         }
         if !self.first_sync {
             // The first sync is a full reconcile: it translates every
-            // service, so which ones an update touched is not kept until
-            // then (at 100,000 services the set of every listed key held
-            // 2.8 MB at the agent's peak, the end of that sync).
+            // service, or (a first list programmed as it streamed in) the
+            // ones its own batch holds. Which services an update touched
+            // is not kept until then: at 100,000 services the set of
+            // every listed key held 2.8 MB at the agent's peak, the end of
+            // that sync.
             dirty.services.clear();
         }
         self.dirty.merge(dirty);
@@ -353,14 +355,15 @@ impl<W: MapWrites> Sync<W> {
                 ..Dirty::default()
             };
             self.desired.update(&self.stores, &context, config, true);
-            // The record's hash tables take the services listed so far
-            // at once (all of them when the Services' list came first),
-            // rather than doubling as they fill: each doubling held the
-            // old and the new table at once.
-            let services = self.stores.services.len();
-            self.reconciler.reserve(services, services);
             first.start();
         }
+        // The record's hash tables grow to the services listed so far
+        // ahead of the programming (once the Services' list is whole, to
+        // all of them), rather than doubling as they fill: each doubling
+        // held the old and the new table at once. A no-op once they have
+        // the room.
+        let services = self.stores.services.len();
+        self.reconciler.reserve(services, services);
         let stores = &self.stores;
         let ready = first.take_ready(self.part, |key| {
             stores.services.contains_key(key) && stores.slices_by_service.contains_key(key)

@@ -1,7 +1,7 @@
 //! The programmed backends by id, as a flat table.
 //!
 //! Backend ids are dense (`ids.rs` hands out the lowest free one), so the
-//! record of `sl_backends` is a `Vec` indexed by id, where a hash map of a
+//! record of `sl_backends` is a flat table indexed by id, where a hash map of a
 //! million entries held 61 MB (2^21 buckets of 28 bytes and a control
 //! byte). Each slot holds a backend in 12 bytes: the IPv4 address in
 //! place, an IPv6 one in a table beside it (16 more bytes), the rest of

@@ -153,6 +153,23 @@ impl Units {
         self.edit(id, |u| u.claimed = claimed);
     }
 
+    /// Whether the unit `id` claims frontend `key`.
+    pub fn claims(&self, id: SvcId, key: &FrontendKey) -> bool {
+        self.by_id
+            .get(&id)
+            .and_then(|u| u.claimed.as_ref())
+            .is_some_and(|c| c.as_slice().contains(key))
+    }
+
+    /// Every live service port and the frontends it claims (tests).
+    #[cfg(test)]
+    pub fn all_claims(&self) -> impl Iterator<Item = (&ServicePortName, &[FrontendKey])> {
+        self.by_id.values().filter_map(|u| {
+            let holder = u.holder.as_ref()?;
+            Some((holder, u.claimed.as_ref().map_or(&[][..], Few::as_slice)))
+        })
+    }
+
     /// Takes back the frontends a live service port claimed.
     pub fn take_claimed(&mut self, name: &ServicePortName) -> Vec<FrontendKey> {
         let Some(id) = self.get(name) else {
