@@ -995,3 +995,46 @@ fn the_pods_bit_waits_for_tc_flows_and_clears_before_a_frontend_left_to_tc() {
     r.scan_conntrack(now).unwrap();
     assert!(!pods_bit(&r));
 }
+
+#[test]
+fn claims_set_aside_by_a_first_reconcile_give_their_room_back() {
+    let mut r = start(FakeMaps::new());
+    let names: Vec<String> = (0..3000).map(|i| format!("svc-{i}")).collect();
+    let d = desired(
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let addr = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+                (n.as_str(), service(key(&addr, 80), active(&["10.1.0.1"])))
+            })
+            .collect(),
+    );
+    sync_all(&mut r, &d, Instant::now());
+    assert!(r.claims_aside.is_empty(), "every claim is recorded");
+    assert!(
+        r.claims_aside.capacity() < 1024,
+        "the room of 3000 claims went: {}",
+        r.claims_aside.capacity()
+    );
+}
+
+#[test]
+fn a_service_port_listing_one_frontend_twice_keeps_its_claim() {
+    let mut r = start(FakeMaps::new());
+    let fe = key("10.96.0.10", 80);
+    let mut svc = service(fe, active(&["10.1.0.1"]));
+    svc.frontends.push(svc.frontends[0].clone());
+    let d = desired(vec![("a", svc), ("b", service(fe, active(&["10.1.0.2"])))]);
+    let report = sync_all(&mut r, &d, Instant::now());
+    assert!(matches!(
+        &report.refused[..],
+        [(n, Refusal::FrontendTaken { owner, .. })] if *n == name("b") && *owner == name("a")
+    ));
+    // Again, with nothing changed: the same answer, read from the record.
+    let report = sync_all(&mut r, &d, Instant::now());
+    assert!(matches!(
+        &report.refused[..],
+        [(n, Refusal::FrontendTaken { owner, .. })] if *n == name("b") && *owner == name("a")
+    ));
+}
