@@ -69,6 +69,12 @@ fn holder_of<'a>(by_id: &'a HashMap<SvcId, Unit>, id: &SvcId) -> Option<&'a Serv
     by_id.get(id).and_then(|u| u.holder.as_ref())
 }
 
+/// The hash `by_name` files `id` under: its holder's name's (what the
+/// index's growth needs to move an entry).
+fn hash_of(by_id: &HashMap<SvcId, Unit>, hasher: &foldhash::fast::RandomState, id: &SvcId) -> u64 {
+    holder_of(by_id, id).map_or(0, |n| hasher.hash_one(n))
+}
+
 impl Units {
     fn hash(&self, name: &ServicePortName) -> u64 {
         self.hasher.hash_one(name)
@@ -124,9 +130,8 @@ impl Units {
         let id = adopted.unwrap_or_else(|| ids.next_service(|id| self.by_id.contains_key(&id)));
         self.by_id.entry(id).or_default().holder = Some(name.clone());
         let (by_id, hasher) = (&self.by_id, &self.hasher);
-        self.by_name.insert_unique(hasher.hash_one(name), id, |id| {
-            holder_of(by_id, id).map_or(0, |n| hasher.hash_one(n))
-        });
+        self.by_name
+            .insert_unique(hasher.hash_one(name), id, |id| hash_of(by_id, hasher, id));
         id
     }
 
@@ -245,7 +250,7 @@ impl Units {
         let (by_id, hasher) = (&self.by_id, &self.hasher);
         self.by_name
             .reserve(units.saturating_sub(self.by_name.len()), |id| {
-                holder_of(by_id, id).map_or(0, |n| hasher.hash_one(n))
+                hash_of(by_id, hasher, id)
             });
     }
 
