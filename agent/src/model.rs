@@ -10,21 +10,27 @@ use std::{
 
 use crate::fast_hash::HashSet;
 
+/// A shared string: the agent's object, namespace and port names. One
+/// thin pointer (8 bytes, where an `Arc<str>` is 16) to a count, a length
+/// and the bytes; every copy of a key, and every service port name made
+/// from it, holds the pointer (docs/performance.md, issue 17).
+pub type Name = arcstr::ArcStr;
+
 /// The pool of [`intern`]ed strings.
-static POOL: Mutex<Option<HashSet<Arc<str>>>> = Mutex::new(None);
+static POOL: Mutex<Option<HashSet<Name>>> = Mutex::new(None);
 
 /// One shared copy of a string that many objects repeat and that the
 /// cluster has few of (namespaces, port names, node and zone names): every
 /// holder keeps a pointer, not a copy. Unbounded sets (object names) are
 /// never interned; what no object holds any more goes at the next full
 /// resync ([`prune_interned`]).
-pub fn intern(s: &str) -> Arc<str> {
+pub fn intern(s: &str) -> Name {
     let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
     let pool = pool.get_or_insert_with(HashSet::default);
     if let Some(s) = pool.get(s) {
         return s.clone();
     }
-    let shared: Arc<str> = Arc::from(s);
+    let shared: Name = Name::from(s);
     pool.insert(shared.clone());
     shared
 }
@@ -38,7 +44,7 @@ pub fn prune_interned() -> usize {
         return 0;
     };
     let before = pool.len();
-    pool.retain(|s| Arc::strong_count(s) > 1);
+    pool.retain(|s| Name::strong_count(s).is_some_and(|n| n > 1));
     before - pool.len()
 }
 
@@ -258,18 +264,18 @@ pub struct ServicePortName(Arc<PortName>);
 /// namespace and port interned, the name with the service's key).
 #[derive(Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PortName {
-    pub namespace: Arc<str>,
-    pub name: Arc<str>,
+    pub namespace: Name,
+    pub name: Name,
     /// The port's name, or its number when unnamed.
-    pub port: Arc<str>,
+    pub port: Name,
     pub proto: Proto,
 }
 
 impl ServicePortName {
     pub fn new(
-        namespace: impl Into<Arc<str>>,
-        name: impl Into<Arc<str>>,
-        port: impl Into<Arc<str>>,
+        namespace: impl Into<Name>,
+        name: impl Into<Name>,
+        port: impl Into<Name>,
         proto: Proto,
     ) -> Self {
         Self(Arc::new(PortName {
@@ -444,7 +450,7 @@ mod intern_tests {
     #[test]
     fn a_pruned_pool_keeps_what_objects_hold_and_drops_the_rest() {
         let held = intern("intern-test-held");
-        assert!(Arc::ptr_eq(&held, &intern("intern-test-held")), "one copy");
+        assert!(Name::ptr_eq(&held, &intern("intern-test-held")), "one copy");
         drop(intern("intern-test-gone"));
         // (A sync test's full reconcile may prune at the same time: the
         // pool's content is what is checked, not the count.)

@@ -24,8 +24,8 @@ pub(super) struct Candidate<'a> {
     pub conditions: Conditions,
     /// On this node.
     pub local: bool,
-    pub zone_hints: &'a [std::sync::Arc<str>],
-    pub node_hints: &'a [std::sync::Arc<str>],
+    pub zone_hints: &'a [crate::model::Name],
+    pub node_hints: &'a [crate::model::Name],
 }
 
 impl Candidate<'_> {

@@ -12,7 +12,7 @@
 //! (the caller should treat it as absent), and otherwise the usable part,
 //! with what was left out recorded in its `problems`.
 
-use std::{collections::BTreeMap, fmt, net::IpAddr, sync::Arc};
+use std::{collections::BTreeMap, fmt, net::IpAddr};
 
 use k8s_openapi::{
     api::{
@@ -28,7 +28,7 @@ use super::{
     places::{self, PlaceId},
     problems::{Problem, ProblemReason},
 };
-use crate::model::{BackendState, Proto};
+use crate::model::{BackendState, Name, Proto};
 
 /// Label naming the service an EndpointSlice belongs to.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
@@ -58,12 +58,12 @@ const MAX_EXAMPLES: usize = 5;
 /// it).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectKey {
-    pub namespace: Arc<str>,
-    pub name: Arc<str>,
+    pub namespace: Name,
+    pub name: Name,
 }
 
 impl ObjectKey {
-    pub fn new(namespace: impl AsRef<str>, name: impl Into<Arc<str>>) -> Self {
+    pub fn new(namespace: impl AsRef<str>, name: impl Into<Name>) -> Self {
         Self {
             namespace: crate::model::intern(namespace.as_ref()),
             name: name.into(),
@@ -272,7 +272,7 @@ pub struct PortInfo {
     /// The port's name; empty when unnamed. Interned: most services name
     /// their ports alike (`http`), and a `String` each was an allocation
     /// of every service and slice (docs/performance.md, issue 17).
-    pub name: Arc<str>,
+    pub name: Name,
     pub proto: Proto,
     pub port: u16,
     /// The node port, if one is allocated.
@@ -282,7 +282,7 @@ pub struct PortInfo {
 impl PortInfo {
     /// The name `ServicePortName` uses: the port's name, or its number
     /// when unnamed.
-    pub fn port_name(&self) -> Arc<str> {
+    pub fn port_name(&self) -> Name {
         if self.name.is_empty() {
             crate::model::intern(&self.port.to_string())
         } else {
@@ -871,7 +871,7 @@ impl Conditions {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SlicePort {
     /// Matches `PortInfo::name`; empty when unnamed. Interned.
-    pub name: Arc<str>,
+    pub name: Name,
     pub proto: Proto,
     pub port: u16,
 }
@@ -891,12 +891,12 @@ pub struct SliceEndpoint {
 /// An endpoint's node and topology hints, interned (`places::intern`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Place {
-    pub node_name: Option<Arc<str>>,
+    pub node_name: Option<Name>,
     /// `hints.forZones[].name`, sorted.
-    pub zones: Box<[Arc<str>]>,
+    pub zones: Box<[Name]>,
     /// `hints.forNodes[].name`, sorted (written for services with
     /// `trafficDistribution: PreferSameNode`).
-    pub nodes: Box<[Arc<str>]>,
+    pub nodes: Box<[Name]>,
 }
 
 impl SliceEndpoint {
@@ -925,12 +925,12 @@ impl<'a> EndpointRef<'a> {
     }
 
     /// `hints.forZones[].name`, sorted.
-    pub fn zone_hints(&self) -> &'a [Arc<str>] {
+    pub fn zone_hints(&self) -> &'a [Name] {
         self.place.map_or(&[], |p| &p.zones)
     }
 
     /// `hints.forNodes[].name`, sorted.
-    pub fn node_hints(&self) -> &'a [Arc<str>] {
+    pub fn node_hints(&self) -> &'a [Name] {
         self.place.map_or(&[], |p| &p.nodes)
     }
 }
@@ -1057,7 +1057,7 @@ pub struct SliceInfo {
     /// The service (same namespace) the slice belongs to; shared with the
     /// key of the stores' slice index (a `Box<str>` was one more
     /// allocation per slice, and one per key made from it).
-    pub service: Arc<str>,
+    pub service: Name,
     pub family: AddressFamily,
     pub ports: Box<[SlicePort]>,
     /// Sorted by address.
@@ -1234,7 +1234,7 @@ fn endpoint(ep: &K8sEndpoint, family: AddressFamily) -> Result<SliceEndpoint, En
 }
 
 /// Hint names, sorted, without duplicates and empty names.
-fn sorted_names<'a>(names: impl Iterator<Item = &'a String>) -> Vec<Arc<str>> {
+fn sorted_names<'a>(names: impl Iterator<Item = &'a String>) -> Vec<Name> {
     let mut out: Vec<&str> = names
         .filter(|n| !n.is_empty())
         .map(String::as_str)
@@ -1825,7 +1825,7 @@ mod tests {
         );
         let info = SliceInfo::from_slice(&s).unwrap().unwrap();
         assert_eq!(&*info.ports[0].name, "");
-        let strs = |h: &[Arc<str>]| h.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let strs = |h: &[Name]| h.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(
             strs(info.endpoints.get(0).unwrap().zone_hints()),
             ["a", "b"]

@@ -91,11 +91,11 @@ pub fn intern(place: Place) -> Option<PlaceId> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+    use crate::model::Name;
 
     fn place(node: &str) -> Place {
         Place {
-            node_name: Some(Arc::from(node)),
+            node_name: Some(Name::from(node)),
             ..Place::default()
         }
     }

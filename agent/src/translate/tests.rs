@@ -1534,8 +1534,8 @@ fn stored_endpoints_keep_every_condition_and_their_place() {
         places,
     };
     let place = places::intern(Place {
-        node_name: Some(std::sync::Arc::from("node-stored")),
-        zones: vec![std::sync::Arc::from("zone-a")].into(),
+        node_name: Some(crate::model::Name::from("node-stored")),
+        zones: vec![crate::model::Name::from("zone-a")].into(),
         nodes: Box::default(),
     });
     assert!(place.is_some());

@@ -15,7 +15,7 @@
 //! neither vote nor get filtered: they only matter when no endpoint is
 //! ready, and then topology no longer applies.
 
-use std::sync::Arc;
+use crate::model::Name;
 
 use super::endpoints::Candidate;
 
@@ -64,7 +64,7 @@ pub(super) fn topology_mode(cands: &[&Candidate<'_>], here: Locality<'_>) -> Top
 /// Every ready endpoint has hints of one kind and one is for `name`.
 fn hints_apply<'a>(
     ready: &[&Candidate<'a>],
-    hints: fn(&Candidate<'a>) -> &'a [Arc<str>],
+    hints: fn(&Candidate<'a>) -> &'a [Name],
     name: Option<&str>,
 ) -> bool {
     let Some(name) = name else { return false };
@@ -80,7 +80,7 @@ pub(super) fn available(c: &Candidate<'_>, mode: TopologyMode, here: Locality<'_
     }
 }
 
-fn hinted(hints: &[Arc<str>], name: &str) -> bool {
+fn hinted(hints: &[Name], name: &str) -> bool {
     hints.iter().any(|h| &**h == name)
 }
 
@@ -89,12 +89,7 @@ mod tests {
     use super::*;
     use crate::{model::Endpoint, translate::objects::Conditions};
 
-    fn cand<'a>(
-        last: u8,
-        ready: bool,
-        zones: &'a [Arc<str>],
-        nodes: &'a [Arc<str>],
-    ) -> Candidate<'a> {
+    fn cand<'a>(last: u8, ready: bool, zones: &'a [Name], nodes: &'a [Name]) -> Candidate<'a> {
         Candidate {
             endpoint: Endpoint {
                 addr: std::net::IpAddr::from([10, 0, 0, last]),
@@ -111,8 +106,8 @@ mod tests {
         }
     }
 
-    fn names(list: &[&str]) -> Vec<Arc<str>> {
-        list.iter().map(|s| Arc::from(*s)).collect()
+    fn names(list: &[&str]) -> Vec<Name> {
+        list.iter().map(|s| Name::from(*s)).collect()
     }
 
     const HERE: Locality<'static> = Locality {
