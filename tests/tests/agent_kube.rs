@@ -540,7 +540,7 @@ fn a_relist_that_finds_nothing_changed_writes_nothing() -> Result<()> {
     let (services0, slices0) = (relists("Service")?, relists("EndpointSlice")?);
     let updates0 = synced(&c.agent)?;
     // The page sizes the agent asked for: 500 for its first list (few
-    // round trips), 100 for a relist (less in flight beside full stores).
+    // round trips), 50 for a relist (less in flight beside full stores).
     let limits = || -> Vec<String> {
         c.server
             .requests()
@@ -561,18 +561,21 @@ fn a_relist_that_finds_nothing_changed_writes_nothing() -> Result<()> {
     );
     c.server.clear_requests();
 
+    // A slow API server (a relist of each kind takes over a second), so
+    // that relists running side by side would overlap.
+    c.server.set_list_delay(Duration::from_millis(100));
     c.server
         .expire_watches(&[ResourceKind::Service, ResourceKind::EndpointSlice]);
     c.agent
         .wait_until("both kinds relisted", Duration::from_secs(20), |_| {
             Ok(relists("Service")? > services0 && relists("EndpointSlice")? > slices0)
         })?;
-    // Each relist hands over a start, its pages (12 of 100 objects or
+    // Each relist hands over a start, its pages (24 of 50 objects or
     // more) and an end: all of them reached the maps' side (synced), and
     // nothing more comes, before the writes are compared.
     c.agent
         .wait_until("relisted objects synced", Duration::from_secs(20), |a| {
-            if synced(a)? < updates0 + 2.0 * 14.0 {
+            if synced(a)? < updates0 + 2.0 * 26.0 {
                 return Ok(false);
             }
             let before = synced(a)?;
@@ -589,8 +592,24 @@ fn a_relist_that_finds_nothing_changed_writes_nothing() -> Result<()> {
     ensure!(c.agent.metric("sluice_programmed_frontends")? >= 1201.0);
     let relisted = limits();
     ensure!(
-        relisted.len() >= 12 && relisted.iter().all(|l| l == "100"),
+        relisted.len() >= 24 && relisted.iter().all(|l| l == "50"),
         "relist pages: {relisted:?}"
+    );
+    // The two kinds relisted one after the other, not side by side (each
+    // page in flight is memory beside the full stores): their list
+    // requests, in order of arrival, switch kind once.
+    let order: Vec<ResourceKind> = c
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.verb == Verb::List)
+        .filter_map(|r| r.resource)
+        .filter(|k| matches!(k, ResourceKind::Service | ResourceKind::EndpointSlice))
+        .collect();
+    let switches = order.windows(2).filter(|w| w[0] != w[1]).count();
+    ensure!(
+        order.len() >= 48 && switches == 1,
+        "relist pages of the two kinds interleaved: {order:?}"
     );
     Ok(())
 }

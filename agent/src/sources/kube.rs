@@ -26,7 +26,7 @@ use kube::{
     Api, Client, Resource, ResourceExt,
 };
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
 use super::{
@@ -85,12 +85,15 @@ pub async fn run(
     health: Arc<Health>,
     metrics: Arc<Metrics>,
 ) {
+    // The two big kinds relist one at a time (see `Watch::relists`).
+    let big_relists = Arc::new(Semaphore::new(1));
     let services = Watch {
         kind: Kind::Service,
         api: Api::<SlimService>::all(client.clone()),
         config: watcher::Config::default().labels(SERVICE_SELECTOR),
         convert: |s| super::service(&s.0),
         wrap: Update::Services,
+        relists: Some(big_relists.clone()),
     };
     let slices = Watch {
         kind: Kind::EndpointSlice,
@@ -98,6 +101,7 @@ pub async fn run(
         config: watcher::Config::default(),
         convert: |s| super::slice(&s.0),
         wrap: Update::Slices,
+        relists: Some(big_relists),
     };
     let nodes = Watch {
         kind: Kind::Node,
@@ -105,6 +109,7 @@ pub async fn run(
         config: watcher::Config::default().fields(&format!("metadata.name={node_name}")),
         convert: super::node,
         wrap: Update::Node,
+        relists: None,
     };
     // kube-proxy (1.33+) learns the service CIDRs from these objects. An
     // API server without the v1 resource (before 1.33, or the feature
@@ -116,6 +121,7 @@ pub async fn run(
         config: watcher::Config::default(),
         convert: super::service_cidr,
         wrap: Update::ServiceCidrs,
+        relists: None,
     };
     let probe_api = Api::<Node>::all(client);
     // The two big lists decode on tasks of their own, side by side (on one
@@ -174,9 +180,11 @@ const LIST_PAGE: u32 = 500;
 /// Objects per page of a relist (410 Gone, a reconnect, a guard relist),
 /// while the stores hold every object already: the pages in flight are
 /// what a relist adds to the agent's memory (at 100,000 services, pages
-/// of 500 raised its high-water mark by 9 MB, pages of 100 by 0.2 MB, for
-/// 2.5 s more listing).
-const RELIST_PAGE: u32 = 100;
+/// of 500 raised its high-water mark by 9 MB; pages of 100 by 0.2 MB, for
+/// 2.5 s more listing, until the first sync's own peak came down to 2 MiB
+/// above where the agent settles; pages of 50, the two kinds one at a
+/// time, add 1.1 MiB for a relist of 5.8 s: docs/performance.md).
+const RELIST_PAGE: u32 = 50;
 
 /// What the guard makes of a watch event.
 enum Step {
@@ -191,6 +199,13 @@ struct Watch<K: Resource, T> {
     config: watcher::Config,
     convert: fn(&K) -> Option<Converted<T>>,
     wrap: fn(Change<T>) -> Update,
+    /// Shared by the kinds that relist one at a time: a relist holds its
+    /// permit from its start to its end. A page in flight (its body, the
+    /// body's copy, its decoded objects) is what a relist adds to the
+    /// agent's memory, and two kinds relisting side by side (a 410 Gone
+    /// or a reconnect reaches both at once) doubled it. The first list is
+    /// not held back: it makes the agent ready.
+    relists: Option<Arc<Semaphore>>,
 }
 
 impl<K, T> Watch<K, T>
@@ -222,6 +237,8 @@ where
             let mut guard = RvGuard::new();
             let mut page: Vec<Converted<T>> = Vec::new();
             let mut listed = 0usize;
+            // A relist's turn (see `relists`), from its start to its end.
+            let mut relisting: Option<OwnedSemaphorePermit> = None;
             // Whether this stream completed a list: a later `Init` is then
             // a relist (410 Gone); before, the watcher's retry of a failed
             // list, which keeps its backoff in this stream.
@@ -243,6 +260,9 @@ where
                         continue;
                     }
                     Some(Err(e)) => {
+                        // The list starts over after the backoff: the
+                        // other kind need not wait out the failure.
+                        relisting = None;
                         health.api_error(kind);
                         metrics.api_errors(kind);
                         warn!(%kind, error = %e, "watch failed, retrying with backoff");
@@ -256,6 +276,12 @@ where
                             // The watcher relists (410 Gone): anew, with
                             // a relist's pages (nothing was fetched yet).
                             break;
+                        }
+                        if listed_once && relisting.is_none() {
+                            if let Some(turns) = &self.relists {
+                                // Err only if closed; it never is.
+                                relisting = turns.clone().acquire_owned().await.ok();
+                            }
                         }
                         guard = RvGuard::new();
                         page.clear();
@@ -292,6 +318,7 @@ where
                         if !self.send(tx, health, Change::ListEnd).await {
                             return;
                         }
+                        relisting = None;
                         continue;
                     }
                     Event::Apply(obj) => (obj, false),

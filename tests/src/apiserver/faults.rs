@@ -98,6 +98,9 @@ pub(crate) struct Faults {
     pub log: Vec<RequestRecord>,
     pub next_seq: u64,
     pub refused_connections: u64,
+    /// How long every list request waits before it is answered (a slow
+    /// API server: lets a test see two lists in flight at once).
+    pub list_delay: std::time::Duration,
 }
 
 impl Faults {

@@ -312,6 +312,12 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         }
         Outage::CloseConnections => return close(),
     }
+    if verb == Verb::List {
+        let delay = shared.faults().list_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+    }
     if resource.is_some() {
         let fault = shared.faults().take(verb, resource);
         match fault {

@@ -591,6 +591,11 @@ impl ApiHandle {
 
     /// Switches the outage mode. Entering an outage also breaks every open
     /// watch off, as a dying apiserver would.
+    /// Makes every list request wait `delay` before it is answered.
+    pub fn set_list_delay(&self, delay: Duration) {
+        self.shared.faults().list_delay = delay;
+    }
+
     pub fn set_outage(&self, outage: Outage) {
         let off = outage == Outage::Off;
         self.shared.faults().outage = outage;
