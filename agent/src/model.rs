@@ -44,7 +44,8 @@ pub fn prune_interned() -> usize {
         return 0;
     };
     let before = pool.len();
-    pool.retain(|s| Name::strong_count(s).is_some_and(|n| n > 1));
+    // (A static, the empty name, has no count: kept.)
+    pool.retain(|s| Name::strong_count(s).is_none_or(|n| n > 1));
     before - pool.len()
 }
 

@@ -126,7 +126,7 @@ pub async fn run(
     let probe_api = Api::<Node>::all(client);
     // The two big lists decode on tasks of their own, side by side (on one
     // task, 100,000 services and their slices decode one after the
-    // other). Dropping the set (this future aborted) aborts them.
+    // other); their relists take turns (`Watch::relists`). Dropping the set (this future aborted) aborts them.
     let mut big = tokio::task::JoinSet::new();
     {
         let (tx, health, metrics) = (tx.clone(), health.clone(), metrics.clone());
@@ -186,6 +186,10 @@ const LIST_PAGE: u32 = 500;
 /// time, add 1.1 MiB for a relist of 5.8 s: docs/performance.md).
 const RELIST_PAGE: u32 = 50;
 
+/// The longest a relist waits for the other kind's to end (see
+/// `Watch::relists`); then it goes ahead beside it.
+const RELIST_TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// What the guard makes of a watch event.
 enum Step {
     Use,
@@ -202,9 +206,13 @@ struct Watch<K: Resource, T> {
     /// Shared by the kinds that relist one at a time: a relist holds its
     /// permit from its start to its end. A page in flight (its body, the
     /// body's copy, its decoded objects) is what a relist adds to the
-    /// agent's memory, and two kinds relisting side by side (a 410 Gone
-    /// or a reconnect reaches both at once) doubled it. The first list is
-    /// not held back: it makes the agent ready.
+    /// agent's memory, and two kinds relisting side by side (the history
+    /// compacted past both watches: a 410 Gone for each) doubled it. The
+    /// first list is not held back: it makes the agent ready. A kind
+    /// waiting for its turn sees none of its own changes until it gets it
+    /// (at 100,000 objects a relist takes about 3 s), and waits at most
+    /// `RELIST_TURN_WAIT`: a relist stalled on a dead connection does not
+    /// stop the other kind for good.
     relists: Option<Arc<Semaphore>>,
 }
 
@@ -279,8 +287,16 @@ where
                         }
                         if listed_once && relisting.is_none() {
                             if let Some(turns) = &self.relists {
-                                // Err only if closed; it never is.
-                                relisting = turns.clone().acquire_owned().await.ok();
+                                let turn = turns.clone().acquire_owned();
+                                match tokio::time::timeout(RELIST_TURN_WAIT, turn).await {
+                                    // Err only if closed; it never is.
+                                    Ok(permit) => relisting = permit.ok(),
+                                    Err(_) => warn!(
+                                        %kind,
+                                        waited_s = RELIST_TURN_WAIT.as_secs(),
+                                        "the other kind's relist has not ended: relisting beside it"
+                                    ),
+                                }
                             }
                         }
                         guard = RvGuard::new();

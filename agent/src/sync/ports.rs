@@ -1,9 +1,9 @@
 //! The service ports each service contributed, found by the service's key
 //! without holding the key: every port name already names its service.
 //!
-//! A `HashMap<ObjectKey, PortNames>` kept a 32-byte key beside each list
-//! of names, two `Arc`s the first name holds too: 4.2 MB of its 6.4 MB at
-//! 100,000 services. One hash table of the lists, hashed and compared by
+//! A `HashMap<ObjectKey, PortNames>` kept a key beside each list of names
+//! (then 32 bytes, two `Arc`s the first name holds too: 4.2 MB of its 6.4
+//! MB at 100,000 services). One hash table of the lists, hashed and compared by
 //! the namespace and name of their first entry, holds the same.
 
 use std::hash::RandomState;

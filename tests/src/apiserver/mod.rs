@@ -589,13 +589,14 @@ impl ApiHandle {
         self.shared.faults().clear();
     }
 
-    /// Switches the outage mode. Entering an outage also breaks every open
-    /// watch off, as a dying apiserver would.
-    /// Makes every list request wait `delay` before it is answered.
+    /// Makes every list request wait `delay` before it is answered (until
+    /// set back to zero; `clear_faults` leaves it).
     pub fn set_list_delay(&self, delay: Duration) {
         self.shared.faults().list_delay = delay;
     }
 
+    /// Switches the outage mode. Entering an outage also breaks every open
+    /// watch off, as a dying apiserver would.
     pub fn set_outage(&self, outage: Outage) {
         let off = outage == Outage::Off;
         self.shared.faults().outage = outage;
