@@ -101,7 +101,7 @@ fn frontends(maps: &Maps) -> Result<Vec<FrontendRow>> {
     let (state, _) = read_map_state(maps)?;
     // Live flows: conntrack's and the node's own sockets'.
     let flows: HashMap<BackendId, u32> = conntrack::live_flows(maps, &state.backends)?;
-    let mut keys: Vec<_> = state.frontends.keys().copied().collect();
+    let mut keys: Vec<_> = state.frontends.keys().collect();
     keys.sort();
     Ok(keys
         .into_iter()

@@ -18,7 +18,7 @@ use sluice_common::{
 use super::DatapathError;
 use crate::{
     model::{Endpoint, FrontendKey, Proto, Scope},
-    reconcile::{BackendId, FrontendState, MapState, SvcId},
+    reconcile::{BackendId, MapState, SvcId},
 };
 
 /// The datapath maps. Held by exactly one `MapWriter` in the agent; the
@@ -230,10 +230,7 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
             foreign.push(key);
             continue;
         };
-        let fe = state
-            .frontends
-            .entry(frontend)
-            .or_insert_with(FrontendState::default);
+        let fe = state.frontends.get_or_default(frontend);
         if slot == 0 {
             fe.svc_id = SvcId(value.svc_id);
             fe.flags = value.flags;
@@ -357,11 +354,7 @@ pub fn read_map_state(maps: &Maps) -> Result<(MapState, Vec<ServiceKey>), Datapa
             })
             .collect();
         members.sort_by_key(|(_, ep)| *ep);
-        state
-            .frontends
-            .entry(frontend)
-            .or_insert_with(FrontendState::default)
-            .maglev = members.into();
+        state.frontends.get_or_default(frontend).maglev = members.into();
     }
     Ok((state, foreign))
 }

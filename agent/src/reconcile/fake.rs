@@ -17,7 +17,7 @@ use sluice_common::{
     Ct4Key, Ct6Key, CtEntry, MaglevTable, SockEntry, SockRevKey, Stat, SvcValue, SvcnetSummary4,
 };
 
-use super::{endpoint_of, BackendId, FrontendState, MapState, SourceRange, SvcId};
+use super::{endpoint_of, BackendId, MapState, SourceRange, SvcId};
 use crate::{
     conntrack::SocketEntries,
     datapath::{
@@ -336,10 +336,7 @@ impl MapReads for FakeMaps {
     fn state(&self) -> Result<(MapState, Vec<ServiceKey>), DatapathError> {
         let mut state = MapState::default();
         for ((fe, slot), v) in &self.services {
-            let f = state
-                .frontends
-                .entry(*fe)
-                .or_insert_with(FrontendState::default);
+            let f = state.frontends.get_or_default(*fe);
             if *slot == 0 {
                 f.svc_id = SvcId(v.svc_id);
                 f.flags = v.flags;
@@ -377,7 +374,7 @@ impl MapReads for FakeMaps {
                 })
                 .collect();
             members.sort_by_key(|(_, ep)| *ep);
-            state.frontends.entry(*fe).or_default().maglev = members.into();
+            state.frontends.get_or_default(*fe).maglev = members.into();
         }
         Ok((state, self.foreign.clone()))
     }

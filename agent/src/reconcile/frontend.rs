@@ -15,7 +15,7 @@ use sluice_common::{MaglevTable, SvcValue};
 use super::{
     ids::{BackendId, SvcId},
     maglev,
-    state::FrontendState,
+    state::{FrontendState, MaglevMembers},
 };
 use crate::{
     datapath::{Entry, EntryKey, MapWrites, ServiceKey, WriteError},
@@ -127,7 +127,7 @@ fn sync_inner<W: MapWrites>(
     // A table goes after the master entry stopped flagging it.
     if target.maglev.is_empty() && !current.maglev.is_empty() {
         writer.delete(EntryKey::Maglev(ServiceKey::of(frontend, 0)))?;
-        current.maglev = Box::default();
+        current.maglev = MaglevMembers::default();
     }
     Ok(())
 }
@@ -167,7 +167,7 @@ pub fn delete<W: MapWrites>(
     current.svc_id = SvcId::default();
     if !current.maglev.is_empty() {
         writer.delete(EntryKey::Maglev(ServiceKey::of(frontend, 0)))?;
-        current.maglev = Box::default();
+        current.maglev = MaglevMembers::default();
     }
     delete_slots_from(writer, frontend, current, 0)
 }

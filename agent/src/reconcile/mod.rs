@@ -15,6 +15,7 @@ mod drain;
 pub(crate) mod fake;
 mod filters;
 mod frontend;
+mod frontend_table;
 mod ids;
 pub mod maglev;
 mod plan;
@@ -33,7 +34,7 @@ pub use backends::{BackendLookup, BackendTable};
 pub use drain::{drains, Drain, FlowCounts};
 pub use ids::{BackendId, SvcId};
 pub use plan::{endpoint_of, Refusal, UnitPlan};
-pub use state::{FrontendState, MapState, SourceRange};
+pub use state::{FrontendState, MaglevMembers, MapState, SourceRange};
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -801,7 +802,7 @@ impl<W: MapWrites> Reconciler<W> {
                 // Balanced like a service without the annotation, rather
                 // than refused: reported once, retried as room frees.
                 for (_, fe) in &mut plan.frontends {
-                    fe.maglev = Box::default();
+                    fe.maglev = MaglevMembers::default();
                     fe.flags &= !sluice_common::service::SVC_F_MAGLEV;
                 }
                 if self.maglev_fallback.insert(name.clone()) {

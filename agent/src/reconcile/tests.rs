@@ -836,8 +836,8 @@ fn a_failed_delete_of_slots_leaves_an_exact_record_and_the_next_reconcile_repair
             // failed may be marked unknown (`svc_id` 0), rewritten next
             // time.
             let (held, _) = r.writer().state().unwrap();
-            for (k, f) in &r.programmed().frontends {
-                let h = held.frontends.get(k).cloned().unwrap_or_default();
+            for (k, f) in r.programmed().frontends.iter() {
+                let h = held.frontends.get(&k).cloned().unwrap_or_default();
                 assert_eq!(f.slots, h.slots, "write {fail_at}: {k:?}");
                 if f.svc_id != super::ids::SvcId(0) {
                     assert_eq!(*f, h, "write {fail_at}: {k:?}");
@@ -845,7 +845,7 @@ fn a_failed_delete_of_slots_leaves_an_exact_record_and_the_next_reconcile_repair
             }
             for k in held.frontends.keys() {
                 assert!(
-                    r.programmed().frontends.contains_key(k),
+                    r.programmed().frontends.contains_key(&k),
                     "write {fail_at}: {k:?}"
                 );
             }
