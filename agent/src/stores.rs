@@ -473,7 +473,7 @@ mod tests {
         SliceInfo {
             service: service.into(),
             family: crate::translate::AddressFamily::V4,
-            ports: Box::default(),
+            ports: Default::default(),
             endpoints: Default::default(),
             problems: Box::default(),
             listed: Default::default(),

@@ -53,6 +53,13 @@ pub const MAX_AFFINITY_TIMEOUT: u32 = 86_400;
 /// Most examples a single aggregated problem lists.
 const MAX_EXAMPLES: usize = 5;
 
+/// A list that most objects hold one item of: that one in place, more on
+/// the heap. A boxed slice of one took its 16 bytes and an allocation of
+/// 16-32 more (docs/performance.md, issue 17). Build it with `collect`:
+/// `From<Vec>` keeps the vector's allocation whenever its capacity is
+/// above one, however few items it holds.
+pub type Inline<T> = smallvec::SmallVec<[T; 1]>;
+
 /// A namespaced object's identity: the namespace interned, the name
 /// shared by every copy of the key (and the service port names made from
 /// it).
@@ -316,11 +323,11 @@ impl std::hash::Hash for ListMark {
 pub struct ServiceInfo {
     pub service_type: ServiceType,
     /// `spec.clusterIPs` (or `spec.clusterIP`) of the service's families.
-    pub cluster_ips: Box<[IpAddr]>,
+    pub cluster_ips: Inline<IpAddr>,
     /// The families the service is served in: no frontend of another
     /// family exists (see `IpFamilies`).
     pub ip_families: IpFamilies,
-    pub ports: Box<[PortInfo]>,
+    pub ports: Inline<PortInfo>,
     /// `spec.ports` is not empty, usable or not (kube-proxy's cluster-ips
     /// set holds the cluster IP of a service with an SCTP port too).
     pub has_ports: bool,
@@ -491,9 +498,9 @@ impl ServiceInfo {
         Ok(Some(Self {
             listed: ListMark::default(),
             service_type,
-            cluster_ips: cluster_ips.into(),
+            cluster_ips: cluster_ips.into_iter().collect(),
             ip_families,
-            ports: ports.into(),
+            ports: ports.into_iter().collect(),
             has_ports: spec.ports.as_ref().is_some_and(|p| !p.is_empty()),
             internal_traffic_local,
             external_traffic_local,
@@ -1059,7 +1066,7 @@ pub struct SliceInfo {
     /// allocation per slice, and one per key made from it).
     pub service: Name,
     pub family: AddressFamily,
-    pub ports: Box<[SlicePort]>,
+    pub ports: Inline<SlicePort>,
     /// Sorted by address.
     pub endpoints: SliceEndpoints,
     /// What of the object was left out, and why.
@@ -1182,7 +1189,7 @@ impl SliceInfo {
             listed: ListMark::default(),
             service: service.as_str().into(),
             family,
-            ports: ports.into(),
+            ports: ports.into_iter().collect(),
             endpoints: SliceEndpoints::new(family, endpoints),
             problems: problems.into_vec().into(),
         }))

@@ -1067,10 +1067,10 @@ fn trimmed_objects_are_small() {
     // The memory goal: well under 1 kB per service with a few endpoints.
     let svc = ServiceInfo::from_service(&lb_service()).unwrap().unwrap();
     let slice = SliceInfo::from_slice(&shop_slice()).unwrap().unwrap();
-    // Inline in the stores' B-tree nodes: boxed slices, not vectors (the
-    // list mark in the padding), and what most services leave empty
-    // behind one pointer.
-    assert!(std::mem::size_of::<ServiceInfo>() <= 64);
+    // Inline in the stores' B-tree nodes: one port and one cluster IP in
+    // place (more on the heap), the list mark in the padding, and what
+    // most services leave empty behind one pointer.
+    assert!(std::mem::size_of::<ServiceInfo>() <= 88);
     let plain = ServiceInfo::from_service(&mk_service(
         "default",
         "plain",
@@ -1080,19 +1080,20 @@ fn trimmed_objects_are_small() {
     .unwrap()
     .unwrap();
     assert!(plain.extras.is_none(), "{plain:?}");
+    assert!(
+        !plain.ports.spilled() && !plain.cluster_ips.spilled(),
+        "one port and one cluster IP are held in place: {plain:?}"
+    );
     assert!(std::mem::size_of::<SliceInfo>() <= 80);
     let heap = |s: &ServiceInfo| {
-        std::mem::size_of_val::<[IpAddr]>(&s.cluster_ips)
+        usize::from(s.cluster_ips.spilled()) * std::mem::size_of_val::<[IpAddr]>(&s.cluster_ips)
             + s.extras
                 .as_ref()
                 .map_or(0, |_| std::mem::size_of::<ServiceExtras>())
             + std::mem::size_of_val::<[IpAddr]>(s.external_ips())
             + std::mem::size_of_val::<[IpAddr]>(s.load_balancer_ips())
-            + s.ports
-                .iter()
-                // Port names are interned: shared, not per object.
-                .map(|_| std::mem::size_of::<PortInfo>())
-                .sum::<usize>()
+            // Port names are interned: shared, not per object.
+            + usize::from(s.ports.spilled()) * std::mem::size_of_val::<[PortInfo]>(&s.ports)
     };
     // Each endpoint, and once each place (node and hints) they share.
     let places: std::collections::HashSet<*const crate::translate::objects::Place> = slice
@@ -1105,11 +1106,7 @@ fn trimmed_objects_are_small() {
     assert_eq!(slice.endpoints.heap_bytes(), 8 * slice.endpoints.len());
     let slice_heap = slice.endpoints.heap_bytes()
         + places.len() * std::mem::size_of::<crate::translate::objects::Place>()
-        + slice
-            .ports
-            .iter()
-            .map(|_| std::mem::size_of::<SlicePort>())
-            .sum::<usize>();
+        + usize::from(slice.ports.spilled()) * std::mem::size_of_val::<[SlicePort]>(&slice.ports);
     let total = std::mem::size_of::<ServiceInfo>()
         + heap(&svc)
         + std::mem::size_of::<SliceInfo>()
