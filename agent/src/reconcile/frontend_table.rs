@@ -157,6 +157,15 @@ impl IntoIterator for FrontendTable {
     }
 }
 
+impl<'a> IntoIterator for &'a FrontendTable {
+    type Item = (FrontendKey, &'a FrontendState);
+    type IntoIter = Box<dyn Iterator<Item = (FrontendKey, &'a FrontendState)> + 'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.iter())
+    }
+}
+
 impl FromIterator<(FrontendKey, FrontendState)> for FrontendTable {
     fn from_iter<I: IntoIterator<Item = (FrontendKey, FrontendState)>>(items: I) -> Self {
         let mut table = Self::default();
