@@ -17,12 +17,18 @@ use crate::{
 };
 
 /// An IPv4 frontend's key in 8 bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct Key4 {
     addr: [u8; 4],
     port: u16,
     proto: Proto,
     scope: Scope,
+}
+
+impl std::fmt::Debug for Key4 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.key())
+    }
 }
 
 impl Key4 {
@@ -99,6 +105,11 @@ impl FrontendTable {
         self.v4.len() + self.v6.len()
     }
 
+    /// IPv4 frontends held.
+    pub fn len_v4(&self) -> usize {
+        self.v4.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.v4.is_empty() && self.v6.is_empty()
     }
@@ -123,14 +134,20 @@ impl FrontendTable {
         self.v6.retain(|k, s| keep(k, s));
     }
 
-    /// Room for `more` frontends without rehashing, in the family that
-    /// holds the most (none before the first: it says which).
+    /// Room for `more` frontends of unknown families without rehashing:
+    /// in the family that holds the most, IPv4 if neither holds any.
     pub fn reserve(&mut self, more: usize) {
-        if self.v4.len() >= self.v6.len() && !self.v4.is_empty() {
-            self.v4.reserve(more);
-        } else if !self.v6.is_empty() {
+        if self.v6.len() > self.v4.len() {
             self.v6.reserve(more);
+        } else {
+            self.v4.reserve(more);
         }
+    }
+
+    /// Room for `v4` more IPv4 and `v6` more IPv6 frontends.
+    pub fn reserve_each(&mut self, v4: usize, v6: usize) {
+        self.v4.reserve(v4);
+        self.v6.reserve(v6);
     }
 }
 
@@ -217,5 +234,18 @@ mod tests {
             .collect();
         all.sort();
         assert_eq!(all, vec![(v4_internal, 2), (v6, 3)]);
+    }
+
+    #[test]
+    fn room_goes_to_the_family_that_needs_it() {
+        let mut table = FrontendTable::default();
+        table.reserve(1000);
+        assert!(table.v4.capacity() >= 1000, "IPv4 when nothing is held");
+        let v6 = FrontendKey::new("fd00::10".parse().unwrap(), 443, Proto::Tcp);
+        let mut table: FrontendTable = [(v6, state(1))].into_iter().collect();
+        table.reserve(1000);
+        assert!(table.v6.capacity() >= 1000 && table.v4.capacity() < 1000);
+        table.reserve_each(2000, 0);
+        assert!(table.v4.capacity() >= 2000);
     }
 }

@@ -595,8 +595,20 @@ impl<W: MapWrites> Reconciler<W> {
     /// Grows the record's hash tables once to what `desired` needs,
     /// instead of doubling them as a first reconcile fills them.
     fn reserve_for(&mut self, desired: &DesiredState) {
-        let frontends = desired.services.values().map(|s| s.frontends.len()).sum();
-        self.reserve(frontends, desired.services.len());
+        let (mut v4, mut v6) = (0usize, 0usize);
+        for f in desired.services.values().flat_map(|s| &s.frontends) {
+            *(if f.key.addr.is_ipv4() {
+                &mut v4
+            } else {
+                &mut v6
+            }) += 1;
+        }
+        let frontends = &self.programmed.frontends;
+        let (have4, have6) = (frontends.len_v4(), frontends.len() - frontends.len_v4());
+        self.programmed
+            .frontends
+            .reserve_each(v4.saturating_sub(have4), v6.saturating_sub(have6));
+        self.units.reserve(desired.services.len());
     }
 
     fn unit_backends(&self, svc_id: SvcId) -> Vec<(BackendId, Backend)> {
@@ -894,8 +906,10 @@ impl<W: MapWrites> Reconciler<W> {
 
     /// Grows the record's hash tables once to hold about `frontends`
     /// frontends and `units` service ports (a full reconcile in parts
-    /// does not see the whole desired state at once). The backends'
-    /// table grows a chunk at a time and needs no room ahead.
+    /// does not see the whole desired state at once); the frontends'
+    /// room goes to the family most of them are in (IPv4 when none is
+    /// programmed yet). The backends' table grows a chunk at a time and
+    /// needs no room ahead.
     pub fn reserve(&mut self, frontends: usize, units: usize) {
         let more = |want: usize, have: usize| want.saturating_sub(have);
         let have = self.programmed.frontends.len();

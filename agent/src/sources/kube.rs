@@ -126,7 +126,8 @@ pub async fn run(
     let probe_api = Api::<Node>::all(client);
     // The two big lists decode on tasks of their own, side by side (on one
     // task, 100,000 services and their slices decode one after the
-    // other); their relists take turns (`Watch::relists`). Dropping the set (this future aborted) aborts them.
+    // other); their relists take turns (`Watch::relists`). Dropping the
+    // set (this future aborted) aborts them.
     let mut big = tokio::task::JoinSet::new();
     {
         let (tx, health, metrics) = (tx.clone(), health.clone(), metrics.clone());
