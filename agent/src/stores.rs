@@ -475,7 +475,7 @@ mod tests {
             family: crate::translate::AddressFamily::V4,
             ports: Default::default(),
             endpoints: Default::default(),
-            problems: Box::default(),
+            problems: Default::default(),
             listed: Default::default(),
         }
     }

@@ -28,7 +28,10 @@ use super::{
     places::{self, PlaceId},
     problems::{Problem, ProblemReason},
 };
-use crate::model::{BackendState, Name, Proto};
+use crate::{
+    few::Rare,
+    model::{BackendState, Name, Proto},
+};
 
 /// Label naming the service an EndpointSlice belongs to.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
@@ -1077,7 +1080,7 @@ pub struct SliceInfo {
     /// Sorted by address.
     pub endpoints: SliceEndpoints,
     /// What of the object was left out, and why.
-    pub problems: Box<[Problem]>,
+    pub problems: Rare<Problem>,
     /// The stores' list mark (not part of the object).
     pub listed: ListMark,
 }
