@@ -85,9 +85,96 @@ impl<T> From<Vec<T>> for Rare<T> {
     }
 }
 
+/// A list that most holders have one item of: that one in place, any
+/// other number in a boxed slice of exactly their room. 24 bytes for an
+/// `IpAddr` or a 16-byte item, where a boxed slice took 16 and an
+/// allocation of 16-32 more for its one item (a stored Service's ports
+/// and cluster IPs, a slice's ports; docs/performance.md, issue 17).
+#[derive(Clone, Debug)]
+pub enum Inline<T> {
+    One(T),
+    Other(Box<[T]>),
+}
+
+impl<T> Inline<T> {
+    /// Whether the items are on the heap (more than one).
+    pub fn spilled(&self) -> bool {
+        matches!(self, Self::Other(items) if !items.is_empty())
+    }
+}
+
+impl<T> Default for Inline<T> {
+    fn default() -> Self {
+        Self::Other(Box::default())
+    }
+}
+
+impl<T> std::ops::Deref for Inline<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            Self::One(item) => std::slice::from_ref(item),
+            Self::Other(items) => items,
+        }
+    }
+}
+
+impl<T> From<Vec<T>> for Inline<T> {
+    fn from(mut items: Vec<T>) -> Self {
+        match (items.pop(), items.is_empty()) {
+            (Some(one), true) => Self::One(one),
+            (last, _) => {
+                items.extend(last);
+                Self::Other(items.into_boxed_slice())
+            }
+        }
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Inline<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl<T: PartialEq> PartialEq for Inline<T> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: Eq> Eq for Inline<T> {}
+
+impl<T: std::hash::Hash> std::hash::Hash for Inline<T> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (**self).hash(state);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_inline_list_holds_one_item_in_place_and_more_in_exactly_their_room() {
+        assert_eq!(std::mem::size_of::<Inline<std::net::IpAddr>>(), 24);
+        assert_eq!(std::mem::size_of::<Inline<(u64, u64)>>(), 24);
+        let mut roomy = Vec::with_capacity(8);
+        roomy.push(7u16);
+        let one = Inline::from(roomy);
+        assert!(matches!(one, Inline::One(7)) && !one.spilled());
+        let three = Inline::from(vec![1u16, 2, 3]);
+        assert!(three.spilled());
+        assert_eq!(&*three, &[1, 2, 3]);
+        let none = Inline::<u16>::from(Vec::new());
+        assert!(none.is_empty() && !none.spilled());
+        assert_eq!(none, Inline::default());
+        assert_eq!(Inline::Other(vec![7u16].into()), one, "equal as lists");
+    }
 
     #[test]
     fn a_rare_list_is_one_thin_pointer_and_empty_without_an_allocation() {

@@ -29,7 +29,7 @@ use super::{
     problems::{Problem, ProblemReason},
 };
 use crate::{
-    few::Rare,
+    few::{Inline, Rare},
     model::{BackendState, Name, Proto},
 };
 
@@ -55,20 +55,6 @@ pub const MAX_AFFINITY_TIMEOUT: u32 = 86_400;
 
 /// Most examples a single aggregated problem lists.
 const MAX_EXAMPLES: usize = 5;
-
-/// A list that most objects hold one item of: that one in place, more on
-/// the heap. A boxed slice of one took its 16 bytes and an allocation of
-/// 16-32 more (docs/performance.md, issue 17). Build it with [`inline`].
-pub type Inline<T> = smallvec::SmallVec<[T; 1]>;
-
-/// `items` in place if there is one, else on the heap in exactly their
-/// room. (`From<Vec>` keeps the vector's allocation whenever its capacity
-/// is above one, however few items it holds; `collect` rounds the room up
-/// to a power of two.)
-pub(crate) fn inline<T>(mut items: Vec<T>) -> Inline<T> {
-    items.shrink_to_fit();
-    Inline::from_vec(items)
-}
 
 /// A namespaced object's identity: the namespace interned, the name
 /// shared by every copy of the key (and the service port names made from
@@ -508,9 +494,9 @@ impl ServiceInfo {
         Ok(Some(Self {
             listed: ListMark::default(),
             service_type,
-            cluster_ips: inline(cluster_ips),
+            cluster_ips: cluster_ips.into(),
             ip_families,
-            ports: inline(ports),
+            ports: ports.into(),
             has_ports: spec.ports.as_ref().is_some_and(|p| !p.is_empty()),
             internal_traffic_local,
             external_traffic_local,
@@ -1199,7 +1185,7 @@ impl SliceInfo {
             listed: ListMark::default(),
             service: service.as_str().into(),
             family,
-            ports: inline(ports),
+            ports: ports.into(),
             endpoints: SliceEndpoints::new(family, endpoints),
             problems: problems.into_vec().into(),
         }))
@@ -1380,17 +1366,6 @@ impl ServiceCidrInfo {
 mod tests {
     use super::*;
     use crate::translate::builders::*;
-
-    #[test]
-    fn inline_lists_hold_one_item_in_place_and_more_in_exactly_their_room() {
-        let mut roomy = Vec::with_capacity(8);
-        roomy.push(7u16);
-        assert!(!inline(roomy).spilled(), "one in place, whatever the room");
-        let three = inline(vec![1u16, 2, 3]);
-        assert!(three.spilled());
-        assert_eq!(three.capacity(), 3, "no room beyond the items");
-        assert!(inline(Vec::<u16>::new()).is_empty());
-    }
 
     #[test]
     fn conditions_nil_and_explicit() {

@@ -1070,7 +1070,7 @@ fn trimmed_objects_are_small() {
     // Inline in the stores' B-tree nodes: one port and one cluster IP in
     // place (more on the heap), the list mark in the padding, and what
     // most services leave empty behind one pointer.
-    assert!(std::mem::size_of::<ServiceInfo>() <= 88);
+    assert!(std::mem::size_of::<ServiceInfo>() <= 80);
     let plain = ServiceInfo::from_service(&mk_service(
         "default",
         "plain",
