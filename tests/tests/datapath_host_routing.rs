@@ -233,7 +233,10 @@ fn the_agent_host_routes_only_between_its_pods_devices() -> Result<()> {
     for _ in 0..3 {
         ensure!(clients::tcp_hello(client, vip(VIP, 80))? == "backend-0");
     }
-    let routed = Maps::open_pinned(topo.bpf.path())?.stat(Stat::HostRouted)?;
+    // The connections' last packets (their FINs and ACKs) may still be
+    // on their way when the clients return: the count is taken once it
+    // holds still.
+    let routed = settled_count(&topo, Stat::HostRouted)?;
     ensure!(routed >= 12, "host-routed packets both ways: {routed}");
 
     let outside = &topo.externals[0].ns;
@@ -247,6 +250,25 @@ fn the_agent_host_routes_only_between_its_pods_devices() -> Result<()> {
         "nothing from the uplink was host-routed"
     );
     Ok(())
+}
+
+/// Counter `stat` once it has not moved for 300 ms (at most 10 s).
+fn settled_count(topo: &Topology, stat: Stat) -> Result<u64> {
+    let maps = Maps::open_pinned(topo.bpf.path())?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut last = maps.stat(stat)?;
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = maps.stat(stat)?;
+        if now == last {
+            return Ok(now);
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{stat:?} still moving after 10 s: {now}"
+        );
+        last = now;
+    }
 }
 
 /// Host routing forwards as a router would: the TTL goes down by one, and
