@@ -1,9 +1,13 @@
-//! `Few<T>`: a short list that holds one item in place; `Rare<T>`: a
-//! list that is usually empty, in 8 bytes.
+//! Small lists that cost little where most holders have one item or none.
 //!
-//! Most services have one port name, one slice: a `Vec` for each costs
-//! its 24 bytes and an allocation. One item is held inline; more share
-//! one boxed slice. Never empty: the owner drops the entry instead.
+//! - `Few<T>`: one item in place, several in a boxed slice; never empty
+//!   (the owner drops the entry instead). Most services have one port
+//!   name, one slice: a `Vec` for each cost its 24 bytes and an
+//!   allocation.
+//! - `Inline<T>`: the same, but may be empty (a Service's ports and
+//!   cluster IPs, a slice's ports).
+//! - `Rare<T>`: usually empty, in one thin pointer (a frontend's Maglev
+//!   members, a slice's problems).
 
 /// One item in place, or several in a boxed slice.
 #[derive(Clone, Debug, PartialEq, Eq)]
