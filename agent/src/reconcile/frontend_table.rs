@@ -105,11 +105,6 @@ impl FrontendTable {
         self.v4.len() + self.v6.len()
     }
 
-    /// IPv4 frontends held.
-    pub fn len_v4(&self) -> usize {
-        self.v4.len()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.v4.is_empty() && self.v6.is_empty()
     }
@@ -134,9 +129,11 @@ impl FrontendTable {
         self.v6.retain(|k, s| keep(k, s));
     }
 
-    /// Room for `more` frontends of unknown families without rehashing:
-    /// in the family that holds the most, IPv4 if neither holds any.
-    pub fn reserve(&mut self, more: usize) {
+    /// Room for `total` frontends of unknown families without rehashing:
+    /// what it lacks goes to the family that holds the most, IPv4 if
+    /// neither holds any.
+    pub fn reserve(&mut self, total: usize) {
+        let more = total.saturating_sub(self.len());
         if self.v6.len() > self.v4.len() {
             self.v6.reserve(more);
         } else {
@@ -144,10 +141,10 @@ impl FrontendTable {
         }
     }
 
-    /// Room for `v4` more IPv4 and `v6` more IPv6 frontends.
+    /// Room for `v4` IPv4 and `v6` IPv6 frontends in all.
     pub fn reserve_each(&mut self, v4: usize, v6: usize) {
-        self.v4.reserve(v4);
-        self.v6.reserve(v6);
+        self.v4.reserve(v4.saturating_sub(self.v4.len()));
+        self.v6.reserve(v6.saturating_sub(self.v6.len()));
     }
 }
 

@@ -595,19 +595,10 @@ impl<W: MapWrites> Reconciler<W> {
     /// Grows the record's hash tables once to what `desired` needs,
     /// instead of doubling them as a first reconcile fills them.
     fn reserve_for(&mut self, desired: &DesiredState) {
-        let (mut v4, mut v6) = (0usize, 0usize);
-        for f in desired.services.values().flat_map(|s| &s.frontends) {
-            *(if f.key.addr.is_ipv4() {
-                &mut v4
-            } else {
-                &mut v6
-            }) += 1;
-        }
-        let frontends = &self.programmed.frontends;
-        let (have4, have6) = (frontends.len_v4(), frontends.len() - frontends.len_v4());
-        self.programmed
-            .frontends
-            .reserve_each(v4.saturating_sub(have4), v6.saturating_sub(have6));
+        let keys = || desired.services.values().flat_map(|s| &s.frontends);
+        let v4 = keys().filter(|f| f.key.addr.is_ipv4()).count();
+        let v6 = keys().count() - v4;
+        self.programmed.frontends.reserve_each(v4, v6);
         self.units.reserve(desired.services.len());
     }
 
@@ -911,9 +902,7 @@ impl<W: MapWrites> Reconciler<W> {
     /// programmed yet). The backends' table grows a chunk at a time and
     /// needs no room ahead.
     pub fn reserve(&mut self, frontends: usize, units: usize) {
-        let more = |want: usize, have: usize| want.saturating_sub(have);
-        let have = self.programmed.frontends.len();
-        self.programmed.frontends.reserve(more(frontends, have));
+        self.programmed.frontends.reserve(frontends);
         self.units.reserve(units);
     }
 
