@@ -636,11 +636,10 @@ fn issue17_goals(s: &SizeResult) -> Vec<Goal> {
                 what: "start to ready at 100,000 services (API), `--preallocate-maps`".into(),
                 target: "< 5 s, first reconcile < 1 s".into(),
                 measured: format!(
-                    "{}, first reconcile {}; VmHWM {} MiB",
+                    "{}, first reconcile {}; VmHWM {}",
                     seconds(ready),
                     first.map_or("-".into(), seconds),
-                    p.vm_hwm_kb
-                        .map_or("-".into(), |kb| format!("{:.0}", kb as f64 / 1024.0))
+                    mb(p.vm_hwm_kb)
                 ),
                 met: Some(ready < 5.0 && first.is_some_and(|f| f < 1.0)),
             });
@@ -818,7 +817,6 @@ pub fn markdown(r: &Results) -> String {
 
 /// One line on a relist: time, writes, VmHWM before and after.
 pub fn relist_text(r: &super::control::Relist) -> String {
-    let mb = |kb: Option<u64>| kb.map_or("-".into(), |kb| format!("{:.0} MiB", kb as f64 / 1024.0));
     format!(
         "{} to relist and settle, {} map writes, VmHWM {} before / {} after",
         seconds(r.seconds),
