@@ -81,8 +81,11 @@ fn sync_inner<W: MapWrites>(
     if let Some(reach) = reach.filter(|&r| r > current.slots.len()) {
         current.resize_slots(reach);
     }
-    for &(i, _, _) in &changed[..written] {
-        current.slots[i] = target.slots[i];
+    if written > 0 {
+        let slots = current.slots.make_mut();
+        for &(i, _, _) in &changed[..written] {
+            slots[i] = target.slots[i];
+        }
     }
     result.map_err(|(_, e)| e)?;
     // A table exists before a master entry that flags it.

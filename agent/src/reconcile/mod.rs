@@ -16,6 +16,7 @@ pub(crate) mod fake;
 mod filters;
 mod frontend;
 mod frontend_table;
+mod id_list;
 mod ids;
 pub mod maglev;
 mod plan;
@@ -554,8 +555,9 @@ impl<W: MapWrites> Reconciler<W> {
         Some(old)
     }
 
-    fn set_frontend(&mut self, key: FrontendKey, fe: FrontendState) {
+    fn set_frontend(&mut self, key: FrontendKey, mut fe: FrontendState) {
         self.take_frontend(&key);
+        self.units.share_backends(fe.svc_id, &mut fe.slots);
         self.service_entries.add(&key, 1 + fe.slots.len());
         if !fe.maglev.is_empty() {
             self.maglev_tables.add(&key, 1);

@@ -13,6 +13,7 @@ use sluice_common::{service::FRONTEND_KIND_MASK, FrontendKind, SvcnetSummary4};
 use super::{
     backends::BackendTable,
     frontend_table::FrontendTable,
+    id_list::IdList,
     ids::{BackendId, SvcId},
 };
 use crate::{fast_hash::HashMap, model::Endpoint};
@@ -29,8 +30,9 @@ pub struct FrontendState {
     pub fallback: u16,
     /// Session affinity timeout (seconds) of the master entry.
     pub affinity_s: u32,
-    /// Backend id of slot `i + 1`; `BackendId(0)` for a missing slot entry.
-    pub slots: Box<[BackendId]>,
+    /// Backend id of slot `i + 1`; `BackendId(0)` for a missing slot
+    /// entry (shared with the unit's backends when they are the same ids).
+    pub slots: IdList,
     /// The backends its Maglev table spreads over (sorted by endpoint);
     /// empty: no table.
     pub maglev: MaglevMembers,
@@ -52,18 +54,14 @@ impl FrontendState {
         if self.slots.len() <= i {
             self.resize_slots(i + 1);
         }
-        self.slots[i] = id;
+        self.slots.make_mut()[i] = id;
     }
 
     /// Resizes the slots to `len` (new ones missing: `BackendId(0)`). The
-    /// record holds boxed slices, exactly as long as what is programmed
-    /// (a `Vec` is 8 bytes more and keeps spare room: 100,000 frontends).
+    /// record holds exactly as many as are programmed (a `Vec` would keep
+    /// spare room: 100,000 frontends).
     pub fn resize_slots(&mut self, len: usize) {
-        if self.slots.len() != len {
-            let mut slots = std::mem::take(&mut self.slots).into_vec();
-            slots.resize(len, BackendId::default());
-            self.slots = slots.into_boxed_slice();
-        }
+        self.slots.resize(len);
     }
 }
 

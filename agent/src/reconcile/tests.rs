@@ -283,6 +283,61 @@ fn a_restarted_agent_adopts_the_maps_without_writing() {
     assert_eq!(again.writer().backends, held.backends);
 }
 
+/// Whether frontend `fe`'s slots and its unit's backends are one list.
+fn slots_shared(r: &Reconciler<FakeMaps>, fe: &FrontendKey) -> bool {
+    let f = &r.programmed().frontends.get(fe).unwrap();
+    std::ptr::eq(f.slots.as_ptr(), r.units.backends(f.svc_id).as_ptr())
+}
+
+#[test]
+fn a_frontends_slots_and_its_units_backends_are_kept_once() {
+    let mut r = start(FakeMaps::new());
+    let fe = key("10.96.0.10", 80);
+    let three = active(&["10.1.0.1", "10.1.0.2", "10.1.0.3"]);
+    let now = Instant::now();
+    sync_all(
+        &mut r,
+        &desired(vec![("web", service(fe, three.clone()))]),
+        now,
+    );
+    assert!(
+        slots_shared(&r, &fe),
+        "a first sync's slots are its unit's backends"
+    );
+    // A backend more: both change, and are one list again.
+    let mut four = three.clone();
+    four.push(backend("10.1.0.4", BackendState::Active));
+    sync_all(
+        &mut r,
+        &desired(vec![("web", service(fe, four.clone()))]),
+        now,
+    );
+    assert_eq!(r.programmed().frontends.get(&fe).unwrap().slots.len(), 4);
+    assert!(slots_shared(&r, &fe));
+    // A restarted agent reads the two back apart and keeps them once.
+    let again = start(r.writer().restarted());
+    assert_eq!(again.programmed(), r.programmed());
+    assert!(slots_shared(&again, &fe));
+    // Slots in another order than the ids: each keeps its own, and
+    // changing the slots leaves the unit's list as it was.
+    let mut first_last = four;
+    first_last[0].state = BackendState::TerminatingServing;
+    sync_all(
+        &mut r,
+        &desired(vec![("web", service(fe, first_last))]),
+        now,
+    );
+    assert!(!slots_shared(&r, &fe));
+    let f = r.programmed().frontends.get(&fe).unwrap();
+    let mut ids = f.slots.to_vec();
+    ids.sort();
+    assert_eq!(
+        ids,
+        r.units.backends(f.svc_id),
+        "the same ids, in another order"
+    );
+}
+
 /// Maps with room for one service of two backends (3 service entries),
 /// backends going as soon as they drain.
 fn room_for_one_service() -> Reconciler<FakeMaps> {

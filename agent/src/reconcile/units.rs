@@ -15,6 +15,7 @@ use hashbrown::HashTable;
 use crate::fast_hash::HashMap;
 
 use super::{
+    id_list::IdList,
     ids::{BackendId, Ids, SvcId},
     state::MapState,
 };
@@ -36,9 +37,10 @@ struct Unit {
     claimed: Option<Box<Vec<FrontendKey>>>,
     /// Frontends whose master entry carries the id, in key order.
     frontends: Option<Few<FrontendKey>>,
-    /// Backends whose entry carries the id, in id order (one boxed slice:
-    /// a unit's backends are written as one batch).
-    backends: Box<[BackendId]>,
+    /// Backends whose entry carries the id, in id order (a unit's
+    /// backends are written as one batch; shared with a frontend's slots
+    /// that are the same ids).
+    backends: IdList,
 }
 
 impl Unit {
@@ -264,6 +266,14 @@ impl Units {
         self.by_id.get(&id).map_or(&[], |u| &u.backends)
     }
 
+    /// Makes `slots` hold the unit's list of backends when they are the
+    /// same ids (see `IdList`).
+    pub fn share_backends(&self, id: SvcId, slots: &mut IdList) {
+        if let Some(unit) = self.by_id.get(&id) {
+            slots.share(&unit.backends);
+        }
+    }
+
     /// Adds backends, each under the unit its pair names (sorted into
     /// one batch per unit).
     pub fn index_backends(&mut self, mut held: Vec<(SvcId, BackendId)>) {
@@ -280,16 +290,16 @@ impl Units {
         all.sort_unstable();
         all.dedup();
         if all.len() != unit.backends.len() {
-            unit.backends = all.into_boxed_slice();
+            unit.backends = IdList::from(all);
         }
     }
 
     pub fn remove_backend(&mut self, id: SvcId, backend: BackendId) {
         self.edit(id, |u| {
             if let Ok(at) = u.backends.binary_search(&backend) {
-                let mut rest = std::mem::take(&mut u.backends).into_vec();
+                let mut rest = u.backends.to_vec();
                 rest.remove(at);
-                u.backends = rest.into_boxed_slice();
+                u.backends = IdList::from(rest);
             }
         });
     }
