@@ -82,10 +82,11 @@ fn sync_inner<W: MapWrites>(
         current.resize_slots(reach);
     }
     if written > 0 {
-        let slots = current.slots.make_mut();
-        for &(i, _, _) in &changed[..written] {
-            slots[i] = target.slots[i];
-        }
+        current.slots.update(|slots| {
+            for &(i, _, _) in &changed[..written] {
+                slots[i] = target.slots[i];
+            }
+        });
     }
     result.map_err(|(_, e)| e)?;
     // A table exists before a master entry that flags it.

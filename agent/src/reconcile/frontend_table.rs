@@ -3,8 +3,8 @@
 //! A `FrontendKey` takes 22 bytes (an `IpAddr` is 17); an IPv4 frontend's
 //! address, port, protocol and scope fit in 8. The table keeps IPv4
 //! frontends under packed keys and IPv6 ones as they are: at 100,000
-//! frontends an entry takes 48 bytes instead of 72 (with the state's
-//! thin `MaglevMembers`; 3 MB;
+//! frontends an entry takes 40 bytes instead of 72 (with the state's
+//! Maglev members and slots behind thin pointers; 4 MB;
 //! docs/performance.md, issue 17). Lookups and iteration speak
 //! `FrontendKey` as before.
 
@@ -204,8 +204,8 @@ mod tests {
 
     #[test]
     fn keys_of_both_families_come_back_as_they_went_in() {
-        // An IPv4 entry: 8 bytes of key, 40 of state (docs/performance.md).
-        assert_eq!(std::mem::size_of::<(Key4, FrontendState)>(), 48);
+        // An IPv4 entry: 8 bytes of key, 32 of state (docs/performance.md).
+        assert_eq!(std::mem::size_of::<(Key4, FrontendState)>(), 40);
         let v4 = FrontendKey::new("10.96.0.10".parse().unwrap(), 80, Proto::Udp);
         let v4_internal = v4.in_scope(Scope::Internal);
         let v6 = FrontendKey::new("fd00::10".parse().unwrap(), 443, Proto::Sctp);

@@ -5,25 +5,35 @@
 //! order, and a first sync hands a frontend's backends ascending ids in
 //! its slot order). Each held its own boxed slice: two allocations of
 //! the same ids per service port, 8 MB at 100,000 service ports of ten
-//! backends (docs/performance.md, issue 17). Shared, the two hold one.
-//! A holder that changes its list gets a copy of its own first.
+//! backends (docs/performance.md, issue 17). Shared, the two hold one,
+//! behind one thin pointer (8 bytes in each record, where a boxed slice
+//! or an `Arc<[T]>` takes 16). A holder that changes its list gets a
+//! copy of its own first.
 
-use std::sync::Arc;
+use triomphe::ThinArc;
 
 use super::ids::BackendId;
 
 /// Backend ids, shared by whoever holds the same ones (`share`). Empty
 /// takes no allocation.
 #[derive(Clone, Default)]
-pub struct IdList(Option<Arc<[BackendId]>>);
+pub struct IdList(Option<ThinArc<(), BackendId>>);
 
 impl IdList {
-    /// The ids, to change: copied first if another holder shares them.
-    pub fn make_mut(&mut self) -> &mut [BackendId] {
-        match &mut self.0 {
-            Some(ids) => Arc::make_mut(ids),
-            None => &mut [],
+    /// Changes the ids in place, copied first if another holder shares
+    /// them.
+    pub fn update(&mut self, change: impl FnOnce(&mut [BackendId])) {
+        let Some(ids) = &mut self.0 else {
+            return change(&mut []);
+        };
+        if ThinArc::strong_count(ids) > 1 {
+            *ids = ThinArc::from_header_and_slice((), &ids.slice);
         }
+        ids.with_arc_mut(|arc| {
+            if let Some(unique) = triomphe::Arc::get_mut(arc) {
+                change(unique.slice_mut());
+            }
+        });
     }
 
     /// Resizes to `len` ids (new ones `BackendId(0)`), in a list of its
@@ -40,8 +50,8 @@ impl IdList {
     /// ids.
     pub fn share(&mut self, other: &IdList) {
         if let (Some(mine), Some(theirs)) = (&self.0, &other.0) {
-            if !Arc::ptr_eq(mine, theirs) && mine[..] == theirs[..] {
-                self.0 = Some(Arc::clone(theirs));
+            if mine.as_ptr() != theirs.as_ptr() && mine.slice == theirs.slice {
+                self.0 = Some(theirs.clone());
             }
         }
     }
@@ -50,7 +60,7 @@ impl IdList {
     #[cfg(test)]
     pub fn shares_with(&self, other: &IdList) -> bool {
         match (&self.0, &other.0) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (Some(a), Some(b)) => a.as_ptr() == b.as_ptr(),
             _ => false,
         }
     }
@@ -60,13 +70,13 @@ impl std::ops::Deref for IdList {
     type Target = [BackendId];
 
     fn deref(&self) -> &[BackendId] {
-        self.0.as_deref().unwrap_or(&[])
+        self.0.as_ref().map_or(&[], |ids| &ids.slice)
     }
 }
 
 impl From<Vec<BackendId>> for IdList {
     fn from(ids: Vec<BackendId>) -> Self {
-        Self((!ids.is_empty()).then(|| Arc::from(ids)))
+        Self((!ids.is_empty()).then(|| ThinArc::from_header_and_slice((), &ids)))
     }
 }
 
@@ -114,7 +124,7 @@ mod tests {
         assert!(!slots.shares_with(&unit));
         slots.share(&unit);
         assert!(slots.shares_with(&unit), "the same ids: one list");
-        slots.make_mut()[0] = BackendId(9);
+        slots.update(|ids| ids[0] = BackendId(9));
         assert!(!slots.shares_with(&unit));
         assert_eq!(unit, ids(&[1, 2, 3]), "the other holder's ids unchanged");
         assert_eq!(slots, ids(&[9, 2, 3]));
@@ -122,6 +132,11 @@ mod tests {
         let mut other = ids(&[3, 2, 1]);
         other.share(&unit);
         assert!(!other.shares_with(&unit));
+    }
+
+    #[test]
+    fn a_list_is_one_thin_pointer() {
+        assert_eq!(std::mem::size_of::<IdList>(), 8);
     }
 
     #[test]
@@ -133,7 +148,7 @@ mod tests {
         assert_eq!(unit, ids(&[4, 5]));
         slots.resize(0);
         assert!(slots.is_empty());
-        assert!(slots.make_mut().is_empty());
+        slots.update(|ids| assert!(ids.is_empty()));
         assert_eq!(IdList::from(Vec::new()), IdList::default());
     }
 }

@@ -54,7 +54,7 @@ impl FrontendState {
         if self.slots.len() <= i {
             self.resize_slots(i + 1);
         }
-        self.slots.make_mut()[i] = id;
+        self.slots.update(|slots| slots[i] = id);
     }
 
     /// Resizes the slots to `len` (new ones missing: `BackendId(0)`). The

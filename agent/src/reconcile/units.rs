@@ -328,6 +328,13 @@ impl Units {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_units_entry_takes_56_bytes() {
+        // The id, the holder's name, the claims and the backends behind
+        // thin pointers, the frontends in place (docs/performance.md).
+        assert_eq!(std::mem::size_of::<(SvcId, Unit)>(), 56);
+    }
     use crate::model::Proto;
 
     fn name(n: &str) -> ServicePortName {
