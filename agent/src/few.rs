@@ -4,10 +4,13 @@
 //!   (the owner drops the entry instead). Most services have one port
 //!   name, one slice: a `Vec` for each cost its 24 bytes and an
 //!   allocation.
-//! - `Inline<T>`: the same, but may be empty (a Service's ports and
-//!   cluster IPs, a slice's ports).
+//! - `Inline<T>`: one item in place, any other number behind a thin
+//!   pointer; may be empty (a Service's ports and cluster IPs, a slice's
+//!   ports).
 //! - `Rare<T>`: usually empty, in one thin pointer (a frontend's Maglev
 //!   members, a slice's problems).
+
+use triomphe::ThinArc;
 
 /// One item in place, or several in a boxed slice.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,26 +93,28 @@ impl<T> From<Vec<T>> for Rare<T> {
 }
 
 /// A list that most holders have one item of: that one in place, any
-/// other number in a boxed slice of exactly their room. 24 bytes for an
-/// `IpAddr` or a 16-byte item, where a boxed slice took 16 and an
+/// other number behind one thin pointer to exactly their room (one
+/// allocation, its length beside them). 24 bytes for an `IpAddr`, and
+/// for an item with a spare value of its own (an enum's) no more than
+/// the item: 16 for a slice's port, where a boxed slice took 16 and an
 /// allocation of 16-32 more for its one item (a stored Service's ports
 /// and cluster IPs, a slice's ports; docs/performance.md, issue 17).
 #[derive(Clone, Debug)]
 pub enum Inline<T> {
     One(T),
-    Other(Box<[T]>),
+    Other(Option<ThinArc<(), T>>),
 }
 
 impl<T> Inline<T> {
     /// Whether the items are on the heap (more than one).
     pub fn spilled(&self) -> bool {
-        matches!(self, Self::Other(items) if !items.is_empty())
+        matches!(self, Self::Other(Some(_)))
     }
 }
 
 impl<T> Default for Inline<T> {
     fn default() -> Self {
-        Self::Other(Box::default())
+        Self::Other(None)
     }
 }
 
@@ -119,7 +124,7 @@ impl<T> std::ops::Deref for Inline<T> {
     fn deref(&self) -> &[T] {
         match self {
             Self::One(item) => std::slice::from_ref(item),
-            Self::Other(items) => items,
+            Self::Other(items) => items.as_ref().map_or(&[], |items| &items.slice),
         }
     }
 }
@@ -128,9 +133,10 @@ impl<T> From<Vec<T>> for Inline<T> {
     fn from(mut items: Vec<T>) -> Self {
         match (items.pop(), items.is_empty()) {
             (Some(one), true) => Self::One(one),
+            (None, _) => Self::Other(None),
             (last, _) => {
                 items.extend(last);
-                Self::Other(items.into_boxed_slice())
+                Self::Other(Some(ThinArc::from_header_and_iter((), items.into_iter())))
             }
         }
     }
@@ -177,7 +183,19 @@ mod tests {
         let none = Inline::<u16>::from(Vec::new());
         assert!(none.is_empty() && !none.spilled());
         assert_eq!(none, Inline::default());
-        assert_eq!(Inline::Other(vec![7u16].into()), one, "equal as lists");
+        assert_eq!(
+            Inline::Other(Some(ThinArc::from_header_and_iter((), [7u16].into_iter()))),
+            one,
+            "equal as lists"
+        );
+        // An item with a spare value holds the pointer around it.
+        #[derive(Clone, Copy)]
+        #[allow(dead_code)]
+        enum Proto {
+            A,
+            B,
+        }
+        assert_eq!(std::mem::size_of::<Inline<(u64, u16, Proto)>>(), 16);
     }
 
     #[test]

@@ -1070,7 +1070,7 @@ fn trimmed_objects_are_small() {
     // Inline in the stores' B-tree nodes: one port and one cluster IP in
     // place (more on the heap), the list mark in the padding, and what
     // most services leave empty behind one pointer.
-    assert!(std::mem::size_of::<ServiceInfo>() <= 80);
+    assert!(std::mem::size_of::<ServiceInfo>() <= 72);
     let plain = ServiceInfo::from_service(&mk_service(
         "default",
         "plain",
@@ -1084,7 +1084,7 @@ fn trimmed_objects_are_small() {
         !plain.ports.spilled() && !plain.cluster_ips.spilled(),
         "one port and one cluster IP are held in place: {plain:?}"
     );
-    assert!(std::mem::size_of::<SliceInfo>() <= 72);
+    assert!(std::mem::size_of::<SliceInfo>() <= 64);
     let heap = |s: &ServiceInfo| {
         usize::from(s.cluster_ips.spilled()) * std::mem::size_of_val::<[IpAddr]>(&s.cluster_ips)
             + s.extras
