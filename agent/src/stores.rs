@@ -1,7 +1,10 @@
 //! The sync task's stores of trimmed objects, the problems of objects it
 //! could not use, and which services an update touched.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    ops::Bound,
+};
 
 use crate::{
     fast_hash::HashSet,
@@ -57,9 +60,11 @@ pub struct Stores {
     pub nodes: BTreeMap<ObjectKey, NodeInfo>,
     /// ServiceCIDR objects by name.
     pub service_cidrs: BTreeMap<ObjectKey, ServiceCidrInfo>,
-    /// The names of each service's slices (by the service's key; a slice
-    /// is in its service's namespace), in name order.
-    pub slices_by_service: BTreeMap<ObjectKey, SliceNames>,
+    /// The names of the slices whose names do not begin with their
+    /// service's name and a dash, by the service's key (a slice is in its
+    /// service's namespace), in name order. The others, nearly all, are
+    /// found by that prefix in `slices` (see [`Stores::slices_of`]).
+    irregular_slices: BTreeMap<ObjectKey, SliceNames>,
     /// Objects that could not be used at all, by kind and key.
     pub rejected: BTreeMap<(Kind, ObjectKey), Problem>,
     /// Kinds whose complete set has arrived at least once.
@@ -122,6 +127,19 @@ listed!(ServiceInfo, SliceInfo, NodeInfo, ServiceCidrInfo);
 /// held in place (16 bytes with a thin `Name`; a `Vec` took 24 and an
 /// allocation of its own).
 pub type SliceNames = Few<Name>;
+
+/// Whether a slice's name begins with its service's name and a dash, as
+/// the EndpointSlice controller names them (`generateName`; a service
+/// name too long for that is cut short, and other writers may name
+/// theirs as they like). Such a slice is found by that prefix; an index
+/// of every slice by service held 3.5 MB at 100,000 services
+/// (docs/performance.md, issue 17).
+fn named_for_its_service(key: &ObjectKey, slice: &SliceInfo) -> bool {
+    key.name
+        .as_bytes()
+        .strip_prefix(slice.service.as_bytes())
+        .is_some_and(|rest| rest.first() == Some(&b'-'))
+}
 
 /// The service a slice belongs to (its name shared, not copied).
 fn owner(key: &ObjectKey, slice: &SliceInfo) -> ObjectKey {
@@ -187,10 +205,11 @@ impl Store<SliceInfo> for Slices<'_> {
         dirty.rejected |= has_problems(old) || has_problems(new);
         if let Some(old) = old {
             let svc = owner(key, old);
-            if self
-                .index
-                .get_mut(&svc)
-                .is_some_and(|names| names.remove_sorted(&key.name))
+            if !named_for_its_service(key, old)
+                && self
+                    .index
+                    .get_mut(&svc)
+                    .is_some_and(|names| names.remove_sorted(&key.name))
             {
                 self.index.remove(&svc);
             }
@@ -198,10 +217,12 @@ impl Store<SliceInfo> for Slices<'_> {
         }
         if let Some(new) = new {
             let svc = owner(key, new);
-            match self.index.get_mut(&svc) {
-                Some(names) => names.insert_sorted(&key.name),
-                None => {
-                    self.index.insert(svc.clone(), Few::One(key.name.clone()));
+            if !named_for_its_service(key, new) {
+                match self.index.get_mut(&svc) {
+                    Some(names) => names.insert_sorted(&key.name),
+                    None => {
+                        self.index.insert(svc.clone(), Few::One(key.name.clone()));
+                    }
                 }
             }
             dirty.services.insert(svc);
@@ -400,7 +421,7 @@ impl Stores {
                 kind,
                 &mut Slices {
                     map: &mut self.slices,
-                    index: &mut self.slices_by_service,
+                    index: &mut self.irregular_slices,
                 },
                 &mut self.rejected,
                 &mut self.listing,
@@ -447,20 +468,47 @@ impl Stores {
 
     /// A service's slices, in slice-name order.
     pub fn slices_of(&self, service: &ObjectKey) -> Vec<(&ObjectKey, &SliceInfo)> {
-        let Some(names) = self.slices_by_service.get(service) else {
-            return Vec::new();
-        };
-        names
-            .as_slice()
-            .iter()
-            .filter_map(|name| {
+        let mut slices: Vec<_> = self.named_for(service).collect();
+        if let Some(names) = self.irregular_slices.get(service) {
+            slices.extend(names.as_slice().iter().filter_map(|name| {
                 let key = ObjectKey {
                     namespace: service.namespace.clone(),
                     name: name.clone(),
                 };
                 self.slices.get_key_value(&key)
+            }));
+            slices.sort_unstable_by(|a, b| a.0.name.cmp(&b.0.name));
+        }
+        slices
+    }
+
+    /// Whether a service has a slice.
+    pub fn has_slices(&self, service: &ObjectKey) -> bool {
+        self.named_for(service).next().is_some() || self.irregular_slices.contains_key(service)
+    }
+
+    /// A service's slices whose names begin with its name and a dash, in
+    /// name order: from just after the service's own name, the names
+    /// that go on with a byte up to the dash come first (in a valid name
+    /// the dash is the least byte that can follow), those of this service
+    /// among them.
+    fn named_for<'s, 'k>(
+        &'s self,
+        service: &'k ObjectKey,
+    ) -> impl Iterator<Item = (&'s ObjectKey, &'s SliceInfo)> + use<'s, 'k> {
+        let name = service.name.as_bytes();
+        let next = move |key: &ObjectKey| {
+            key.name
+                .as_bytes()
+                .strip_prefix(name)
+                .and_then(|rest| rest.first().copied())
+        };
+        self.slices
+            .range((Bound::Excluded(service), Bound::Unbounded))
+            .take_while(move |(key, _)| {
+                key.namespace == service.namespace && next(key).is_some_and(|c| c <= b'-')
             })
-            .collect()
+            .filter(move |(key, slice)| next(key) == Some(b'-') && slice.service == service.name)
     }
 }
 
@@ -499,6 +547,69 @@ mod tests {
         assert_eq!(names, Few::One(b.clone()));
         assert!(!names.remove_sorted(&a), "absent: nothing removed");
         assert!(names.remove_sorted(&b), "the last name goes");
+    }
+
+    #[test]
+    fn a_services_slices_are_found_by_their_names_prefix_and_the_rest_by_the_index() {
+        let mut st = Stores::default();
+        let slices = [
+            ("web-abcde", "web"),
+            ("web-api-12345", "web-api"),
+            ("web-zzzzz", "web"),
+            ("web-api-x", "web"),
+            ("web", "web"),
+            ("custom", "web"),
+            ("web.x", "web"),
+            ("webapp-1", "webapp"),
+        ];
+        for (name, svc) in slices {
+            st.apply(apply_slice(name, slice(svc)));
+        }
+        // The same name in another namespace is another service's.
+        st.apply(Update::Slices(Change::Apply(Converted {
+            key: ObjectKey::new("other", "web-abcde"),
+            value: Ok(Some(slice("web"))),
+        })));
+        let names = |st: &Stores, svc: &str| -> Vec<String> {
+            st.slices_of(&ObjectKey::new("default", svc))
+                .iter()
+                .map(|(k, _)| k.name.to_string())
+                .collect()
+        };
+        assert_eq!(
+            names(&st, "web"),
+            [
+                "custom",
+                "web",
+                "web-abcde",
+                "web-api-x",
+                "web-zzzzz",
+                "web.x"
+            ]
+        );
+        assert_eq!(names(&st, "web-api"), ["web-api-12345"]);
+        assert_eq!(names(&st, "webapp"), ["webapp-1"]);
+        assert_eq!(names(&st, "api"), Vec::<String>::new());
+        assert_eq!(st.slices_of(&ObjectKey::new("other", "web")).len(), 1);
+        // Only the slices not named for their service are indexed.
+        let indexed: Vec<_> = st
+            .irregular_slices
+            .iter()
+            .map(|(svc, names)| (svc.name.to_string(), names.as_slice().len()))
+            .collect();
+        assert_eq!(indexed, [("web".to_string(), 3)]);
+        for svc in ["web", "web-api", "webapp"] {
+            assert!(st.has_slices(&ObjectKey::new("default", svc)));
+        }
+        assert!(!st.has_slices(&ObjectKey::new("default", "we")));
+        for (name, _) in slices {
+            st.apply(Update::Slices(Change::Delete(ObjectKey::new(
+                "default", name,
+            ))));
+        }
+        assert!(st.irregular_slices.is_empty(), "nothing left behind");
+        assert!(!st.has_slices(&ObjectKey::new("default", "web")));
+        assert!(st.has_slices(&ObjectKey::new("other", "web")));
     }
 
     #[test]

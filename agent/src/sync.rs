@@ -366,7 +366,7 @@ impl<W: MapWrites> Sync<W> {
         self.reconciler.reserve(services, services);
         let stores = &self.stores;
         let ready = first.take_ready(self.part, |key| {
-            stores.services.contains_key(key) && stores.slices_by_service.contains_key(key)
+            stores.services.contains_key(key) && stores.has_slices(key)
         });
         if ready.is_empty() {
             return;
@@ -515,7 +515,7 @@ impl<W: MapWrites> Sync<W> {
                 stores
                     .services
                     .keys()
-                    .filter(|k| !stores.slices_by_service.contains_key(*k))
+                    .filter(|k| !stores.has_slices(k))
                     .cloned(),
             );
             if only.is_some() {

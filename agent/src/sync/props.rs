@@ -26,7 +26,17 @@ use crate::{
 /// one frontend is a conflict whose winner depends on history).
 const SERVICES: [(&str, &str); 3] = [("a", "10.96.0.1"), ("b", "10.96.0.2"), ("c", "10.96.0.3")];
 /// Slices and the service each belongs to.
-const SLICES: [(&str, &str); 4] = [("a-1", "a"), ("a-2", "a"), ("b-1", "b"), ("c-1", "c")];
+/// Most named for their service (the service's name and a dash), as the
+/// EndpointSlice controller names them; "b" and "a-3" are not (the
+/// stores index those apart), and "a-3" begins like a slice of "a".
+const SLICES: [(&str, &str); 6] = [
+    ("a-1", "a"),
+    ("a-2", "a"),
+    ("b-1", "b"),
+    ("c-1", "c"),
+    ("b", "b"),
+    ("a-3", "c"),
+];
 
 #[derive(Clone, Debug)]
 enum Event {
