@@ -160,12 +160,64 @@ trait Store<T> {
     fn compact(&mut self) {
         compact(self.map());
     }
+
+    /// Makes a new object share the strings the stores hold already.
+    fn share(&self, _item: &mut Converted<T>) {}
 }
 
-struct Services<'a>(&'a mut BTreeMap<ObjectKey, ServiceInfo>);
+/// A service's name is one string, shared by its key, its slices' and
+/// its service ports' records: a slice decoded holds a copy of its own
+/// (its service label), 2.5 MB at 100,000 services (docs/performance.md,
+/// issue 17). Whichever of the two comes second takes the first one's.
+struct Services<'a> {
+    map: &'a mut BTreeMap<ObjectKey, ServiceInfo>,
+    slices: &'a BTreeMap<ObjectKey, SliceInfo>,
+    irregular: &'a BTreeMap<ObjectKey, SliceNames>,
+}
 struct Slices<'a> {
     map: &'a mut BTreeMap<ObjectKey, SliceInfo>,
     index: &'a mut BTreeMap<ObjectKey, SliceNames>,
+    services: &'a BTreeMap<ObjectKey, ServiceInfo>,
+}
+
+/// The name a stored slice of `service` holds for it.
+fn slice_held_name(
+    slices: &BTreeMap<ObjectKey, SliceInfo>,
+    irregular: &BTreeMap<ObjectKey, SliceNames>,
+    service: &ObjectKey,
+) -> Option<Name> {
+    if let Some((_, slice)) = named_for(slices, service).next() {
+        return Some(slice.service.clone());
+    }
+    let name = irregular.get(service)?.as_slice().first()?;
+    let key = ObjectKey {
+        namespace: service.namespace.clone(),
+        name: name.clone(),
+    };
+    slices.get(&key).map(|slice| slice.service.clone())
+}
+
+/// A service's slices whose names begin with its name and a dash, in
+/// name order: from just after the service's own name, the names that go
+/// on with a byte up to the dash come first (in a valid name the dash is
+/// the least byte that can follow), those of this service among them.
+fn named_for<'s, 'k>(
+    slices: &'s BTreeMap<ObjectKey, SliceInfo>,
+    service: &'k ObjectKey,
+) -> impl Iterator<Item = (&'s ObjectKey, &'s SliceInfo)> + use<'s, 'k> {
+    let name = service.name.as_bytes();
+    let next = move |key: &ObjectKey| {
+        key.name
+            .as_bytes()
+            .strip_prefix(name)
+            .and_then(|rest| rest.first().copied())
+    };
+    slices
+        .range((Bound::Excluded(service), Bound::Unbounded))
+        .take_while(move |(key, _)| {
+            key.namespace == service.namespace && next(key).is_some_and(|c| c <= b'-')
+        })
+        .filter(move |(key, slice)| next(key) == Some(b'-') && slice.service == service.name)
 }
 struct Nodes<'a>(&'a mut BTreeMap<ObjectKey, NodeInfo>);
 struct ServiceCidrs<'a>(&'a mut BTreeMap<ObjectKey, ServiceCidrInfo>);
@@ -181,12 +233,17 @@ impl Store<ServiceCidrInfo> for ServiceCidrs<'_> {
 
 impl Store<ServiceInfo> for Services<'_> {
     fn map(&mut self) -> &mut BTreeMap<ObjectKey, ServiceInfo> {
-        self.0
+        self.map
     }
     fn touched(&mut self, key: &ObjectKey, old: Option<&ServiceInfo>, dirty: &mut Dirty) {
         let ips = |s: Option<&ServiceInfo>| s.map(|s| (s.has_ports, s.cluster_ips.clone()));
-        dirty.cluster_ips |= ips(old) != ips(self.0.get(key));
+        dirty.cluster_ips |= ips(old) != ips(self.map.get(key));
         dirty.services.insert(key.clone());
+    }
+    fn share(&self, item: &mut Converted<ServiceInfo>) {
+        if let Some(name) = slice_held_name(self.slices, self.irregular, &item.key) {
+            item.key.name = name;
+        }
     }
 }
 
@@ -197,6 +254,18 @@ impl Store<SliceInfo> for Slices<'_> {
     fn compact(&mut self) {
         compact(self.map);
         compact(self.index);
+    }
+
+    fn share(&self, item: &mut Converted<SliceInfo>) {
+        let Ok(Some(slice)) = &mut item.value else {
+            return;
+        };
+        let service = owner(&item.key, slice);
+        if let Some((key, _)) = self.services.get_key_value(&service) {
+            slice.service = key.name.clone();
+        } else if let Some(name) = slice_held_name(self.map, self.index, &service) {
+            slice.service = name;
+        }
     }
 
     fn touched(&mut self, key: &ObjectKey, old: Option<&SliceInfo>, dirty: &mut Dirty) {
@@ -275,9 +344,11 @@ fn apply_one<T: PartialEq + Clone>(
     kind: Kind,
     store: &mut impl Store<T>,
     rejected: &mut BTreeMap<(Kind, ObjectKey), Problem>,
-    Converted { key, value }: Converted<T>,
+    mut item: Converted<T>,
     dirty: &mut Dirty,
 ) {
+    store.share(&mut item);
+    let Converted { key, value } = item;
     let (value, problem) = match value {
         Ok(v) => (v, None),
         Err(p) => (None, Some(p)),
@@ -411,7 +482,11 @@ impl Stores {
         match update {
             Update::Services(c) => apply_change(
                 kind,
-                &mut Services(&mut self.services),
+                &mut Services {
+                    map: &mut self.services,
+                    slices: &self.slices,
+                    irregular: &self.irregular_slices,
+                },
                 &mut self.rejected,
                 &mut self.listing,
                 c,
@@ -422,6 +497,7 @@ impl Stores {
                 &mut Slices {
                     map: &mut self.slices,
                     index: &mut self.irregular_slices,
+                    services: &self.services,
                 },
                 &mut self.rejected,
                 &mut self.listing,
@@ -468,7 +544,7 @@ impl Stores {
 
     /// A service's slices, in slice-name order.
     pub fn slices_of(&self, service: &ObjectKey) -> Vec<(&ObjectKey, &SliceInfo)> {
-        let mut slices: Vec<_> = self.named_for(service).collect();
+        let mut slices: Vec<_> = named_for(&self.slices, service).collect();
         if let Some(names) = self.irregular_slices.get(service) {
             slices.extend(names.as_slice().iter().filter_map(|name| {
                 let key = ObjectKey {
@@ -484,31 +560,8 @@ impl Stores {
 
     /// Whether a service has a slice.
     pub fn has_slices(&self, service: &ObjectKey) -> bool {
-        self.named_for(service).next().is_some() || self.irregular_slices.contains_key(service)
-    }
-
-    /// A service's slices whose names begin with its name and a dash, in
-    /// name order: from just after the service's own name, the names
-    /// that go on with a byte up to the dash come first (in a valid name
-    /// the dash is the least byte that can follow), those of this service
-    /// among them.
-    fn named_for<'s, 'k>(
-        &'s self,
-        service: &'k ObjectKey,
-    ) -> impl Iterator<Item = (&'s ObjectKey, &'s SliceInfo)> + use<'s, 'k> {
-        let name = service.name.as_bytes();
-        let next = move |key: &ObjectKey| {
-            key.name
-                .as_bytes()
-                .strip_prefix(name)
-                .and_then(|rest| rest.first().copied())
-        };
-        self.slices
-            .range((Bound::Excluded(service), Bound::Unbounded))
-            .take_while(move |(key, _)| {
-                key.namespace == service.namespace && next(key).is_some_and(|c| c <= b'-')
-            })
-            .filter(move |(key, slice)| next(key) == Some(b'-') && slice.service == service.name)
+        named_for(&self.slices, service).next().is_some()
+            || self.irregular_slices.contains_key(service)
     }
 }
 
@@ -610,6 +663,42 @@ mod tests {
         assert!(st.irregular_slices.is_empty(), "nothing left behind");
         assert!(!st.has_slices(&ObjectKey::new("default", "web")));
         assert!(st.has_slices(&ObjectKey::new("other", "web")));
+    }
+
+    #[test]
+    fn a_services_name_is_one_string_whichever_comes_first() {
+        let apply_service = |name: &str| {
+            Update::Services(Change::Apply(Converted {
+                key: ObjectKey::new("default", name),
+                value: Ok(Some(ServiceInfo::default())),
+            }))
+        };
+        let key_name = |st: &Stores, name: &str| {
+            st.services
+                .get_key_value(&ObjectKey::new("default", name))
+                .map(|(k, _)| k.name.clone())
+                .unwrap()
+        };
+        let held =
+            |st: &Stores, slice: &str| st.slices[&ObjectKey::new("default", slice)].service.clone();
+        let mut st = Stores::default();
+        // The Service first: its slices take its key's name.
+        st.apply(apply_service("web"));
+        st.apply(apply_slice("web-1", slice("web")));
+        st.apply(apply_slice("named-otherwise", slice("web")));
+        let web = key_name(&st, "web");
+        assert!(Name::ptr_eq(&held(&st, "web-1"), &web));
+        assert!(Name::ptr_eq(&held(&st, "named-otherwise"), &web));
+        // Slices first: the second takes the first one's, and so does
+        // the Service's key.
+        st.apply(apply_slice("api-1", slice("api")));
+        st.apply(apply_slice("api-2", slice("api")));
+        assert!(Name::ptr_eq(&held(&st, "api-1"), &held(&st, "api-2")));
+        st.apply(apply_service("api"));
+        assert!(Name::ptr_eq(&key_name(&st, "api"), &held(&st, "api-1")));
+        st.apply(apply_slice("other-name", slice("db")));
+        st.apply(apply_service("db"));
+        assert!(Name::ptr_eq(&key_name(&st, "db"), &held(&st, "other-name")));
     }
 
     #[test]
