@@ -183,11 +183,13 @@ mod tests {
         let none = Inline::<u16>::from(Vec::new());
         assert!(none.is_empty() && !none.spilled());
         assert_eq!(none, Inline::default());
-        assert_eq!(
-            Inline::Other(Some(ThinArc::from_header_and_iter((), [7u16].into_iter()))),
-            one,
-            "equal as lists"
-        );
+        let spilled_one =
+            Inline::Other(Some(ThinArc::from_header_and_iter((), [7u16].into_iter())));
+        assert_eq!(spilled_one, one, "equal as lists");
+        let hash = |l: &Inline<u16>| {
+            std::hash::BuildHasher::hash_one(&foldhash::fast::FixedState::default(), l)
+        };
+        assert_eq!(hash(&spilled_one), hash(&one), "and hashed alike");
         // An item with a spare value holds the pointer around it.
         #[derive(Clone, Copy)]
         #[allow(dead_code)]

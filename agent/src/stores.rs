@@ -123,9 +123,9 @@ macro_rules! listed {
 }
 listed!(ServiceInfo, SliceInfo, NodeInfo, ServiceCidrInfo);
 
-/// The names of one service's slices, in order: most services have one,
-/// held in place (16 bytes with a thin `Name`; a `Vec` took 24 and an
-/// allocation of its own).
+/// The names of one service's slices named otherwise than for it, in
+/// order: a service that has any mostly has one, held in place (16 bytes
+/// with a thin `Name`; a `Vec` took 24 and an allocation of its own).
 pub type SliceNames = Few<Name>;
 
 /// Whether a slice's name begins with its service's name and a dash, as
@@ -796,6 +796,44 @@ mod tests {
         assert_eq!(d.services, BTreeSet::from([ObjectKey::new("default", "b")]));
         assert_eq!(st.slices.len(), 2);
         assert!(st.listing.is_empty(), "nothing kept once the list ends");
+        // Named otherwise than for their services, they are indexed: the
+        // unlisted one's entry went with it.
+        let indexed: Vec<String> = st
+            .irregular_slices
+            .keys()
+            .map(|k| k.name.to_string())
+            .collect();
+        assert_eq!(indexed, ["a", "c"]);
+    }
+
+    #[test]
+    fn a_slice_whose_label_changes_is_found_under_its_new_service_only() {
+        let mut st = Stores::default();
+        let of = |st: &Stores, svc: &str| st.slices_of(&ObjectKey::new("default", svc)).len();
+        // Named for `web`, labelled for `api`: indexed under `api`.
+        st.apply(apply_slice("web-1", slice("api")));
+        assert_eq!((of(&st, "web"), of(&st, "api")), (0, 1));
+        assert_eq!(st.irregular_slices.len(), 1);
+        // Relabelled for `web`: found by its prefix, the index empty.
+        st.apply(apply_slice("web-1", slice("web")));
+        assert_eq!((of(&st, "web"), of(&st, "api")), (1, 0));
+        assert!(st.irregular_slices.is_empty());
+        // And back.
+        st.apply(apply_slice("web-1", slice("api")));
+        assert_eq!((of(&st, "web"), of(&st, "api")), (0, 1));
+        assert!(!st.has_slices(&ObjectKey::new("default", "web")));
+        // A name going on with a byte below the dash sorts before the
+        // service's slices and does not hide them.
+        st.apply(apply_slice("web+1", slice("web")));
+        st.apply(apply_slice("web-2", slice("web")));
+        let names: Vec<String> = st
+            .slices_of(&ObjectKey::new("default", "web"))
+            .iter()
+            .map(|(k, _)| k.name.to_string())
+            .collect();
+        assert_eq!(names, ["web+1", "web-2"]);
+        st.apply(Update::Slices(Change::Reset(Vec::new())));
+        assert!(st.slices.is_empty() && st.irregular_slices.is_empty());
     }
 
     #[test]

@@ -73,7 +73,7 @@ const CHUNK: usize = 1 << CHUNK_BITS;
 
 /// The flat table's slots, in chunks that never move. A `Vec` grows by
 /// copying everything into a larger allocation, and both are resident
-/// while it copies: at a million backends each step of the 12 MB table
+/// while it copies: at a million backends each step of the 11 MB table
 /// held up to 11 MB more for a moment, and those moments set the agent's
 /// high-water mark (docs/performance.md, issue 17). A chunk is added
 /// whole, and nothing is copied.

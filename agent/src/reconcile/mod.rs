@@ -517,8 +517,16 @@ impl<W: MapWrites> Reconciler<W> {
 
     fn drop_backend(&mut self, id: BackendId) {
         if let Some(old) = self.programmed.backends.remove(&id) {
-            self.units.remove_backend(SvcId::of(&old), id);
+            let unit = SvcId::of(&old);
+            self.units.remove_backend(unit, id);
             self.ids.release_backend(id);
+            // A drained backend gone, the unit's backends may be its
+            // frontends' slots again: one list (see `IdList`).
+            for key in self.units.frontends(unit) {
+                if let Some(fe) = self.programmed.frontends.get_mut(key) {
+                    self.units.share_backends(unit, &mut fe.slots);
+                }
+            }
         }
         self.drain.forget(id);
     }

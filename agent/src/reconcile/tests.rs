@@ -286,7 +286,7 @@ fn a_restarted_agent_adopts_the_maps_without_writing() {
 /// Whether frontend `fe`'s slots and its unit's backends are one list.
 fn slots_shared(r: &Reconciler<FakeMaps>, fe: &FrontendKey) -> bool {
     let f = &r.programmed().frontends.get(fe).unwrap();
-    std::ptr::eq(f.slots.as_ptr(), r.units.backends(f.svc_id).as_ptr())
+    !f.slots.is_empty() && std::ptr::eq(f.slots.as_ptr(), r.units.backends(f.svc_id).as_ptr())
 }
 
 #[test]
@@ -739,6 +739,27 @@ fn gone_after_drain(
     sync_all(r, &web_with(after), t0 + DRAIN);
     assert!(!r.writer().backends.contains_key(&gone));
     gone
+}
+
+#[test]
+fn a_drained_backend_gone_leaves_the_slots_and_the_units_backends_one_list_again() {
+    let mut r = start(FakeMaps::new());
+    let fe = key("10.96.0.10", 80);
+    let t0 = Instant::now();
+    sync_all(&mut r, &web_with(&["10.1.0.1", "10.1.0.2", "10.1.0.3"]), t0);
+    sync_all(&mut r, &web_with(&["10.1.0.1", "10.1.0.3"]), t0);
+    assert!(
+        !slots_shared(&r, &fe),
+        "the unit still holds the draining one"
+    );
+    gone_after_drain(
+        &mut r,
+        &["10.1.0.1", "10.1.0.2", "10.1.0.3"],
+        &["10.1.0.1", "10.1.0.3"],
+        2,
+        t0,
+    );
+    assert!(slots_shared(&r, &fe));
 }
 
 #[test]

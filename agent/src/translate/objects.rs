@@ -1057,9 +1057,8 @@ impl SliceEndpoints {
 /// What sluice needs of an EndpointSlice.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SliceInfo {
-    /// The service (same namespace) the slice belongs to; shared with the
-    /// key of the stores' slice index (a `Box<str>` was one more
-    /// allocation per slice, and one per key made from it).
+    /// The service (same namespace) the slice belongs to; the stores
+    /// make it share the Service key's string (`stores.rs`, `share`).
     pub service: Name,
     pub family: AddressFamily,
     pub ports: Inline<SlicePort>,
