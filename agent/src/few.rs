@@ -4,11 +4,12 @@
 //!   (the owner drops the entry instead). Most services have one port
 //!   name, one slice: a `Vec` for each cost its 24 bytes and an
 //!   allocation.
-//! - `Inline<T>`: one item in place, any other number behind a thin
-//!   pointer; may be empty (a Service's ports and cluster IPs, a slice's
-//!   ports).
-//! - `Rare<T>`: usually empty, in one thin pointer (a frontend's Maglev
-//!   members, a slice's problems).
+//! - `Thin<T>`: any number behind one thin pointer, shareable between
+//!   holders of the same items (a frontend's slots and its unit's
+//!   backends, `reconcile/id_list.rs`); `Rare<T>` when usually empty (a
+//!   frontend's Maglev members, a slice's problems).
+//! - `Inline<T>`: one item in place, any other number in a `Thin<T>`;
+//!   may be empty (a Service's ports and cluster IPs, a slice's ports).
 
 use triomphe::ThinArc;
 
@@ -65,56 +66,148 @@ impl<T: Ord + Clone> Few<T> {
     }
 }
 
-/// A list that is usually empty, behind one thin pointer: 8 bytes where
-/// an empty boxed slice takes 16 (a frontend's Maglev members, a slice's
-/// problems). Empty holds no allocation; items take a box of the boxed
-/// slice.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Rare<T>(Option<Box<Box<[T]>>>);
+/// A list behind one thin pointer (8 bytes, where a boxed slice takes
+/// 16): a count and the length beside the items, in one allocation of
+/// exactly their room; empty holds no allocation. Holders of the same
+/// items may hold one list (`share`); a holder that changes its items
+/// gets a copy of its own first (`update`).
+pub struct Thin<T>(Option<ThinArc<(), T>>);
 
-impl<T> Default for Rare<T> {
+/// A list that is usually empty (a frontend's Maglev members, a slice's
+/// problems).
+pub type Rare<T> = Thin<T>;
+
+impl<T> Thin<T> {
+    /// Whether `self` and `other` hold one list.
+    #[cfg(test)]
+    pub fn shares_with(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => a.as_ptr() == b.as_ptr(),
+            _ => false,
+        }
+    }
+}
+
+impl<T: Clone> Thin<T> {
+    /// Changes the items in place, copied first if another holder shares
+    /// them.
+    pub fn update(&mut self, change: impl FnOnce(&mut [T])) {
+        let Some(items) = &mut self.0 else {
+            return change(&mut []);
+        };
+        if ThinArc::strong_count(items) > 1 {
+            *items = ThinArc::from_header_and_iter((), items.slice.iter().cloned());
+        }
+        items.with_arc_mut(|arc| {
+            if let Some(unique) = triomphe::Arc::get_mut(arc) {
+                change(unique.slice_mut());
+            }
+        });
+    }
+
+    /// Resizes to `len` items (new ones at their default), in a list of
+    /// its own holding exactly that many.
+    pub fn resize(&mut self, len: usize)
+    where
+        T: Default,
+    {
+        if self.len() != len {
+            let mut items = self.to_vec();
+            items.resize(len, T::default());
+            *self = Self::from(items);
+        }
+    }
+}
+
+impl<T: PartialEq> Thin<T> {
+    /// Holds `other`'s list instead of its own when both hold the same
+    /// items.
+    pub fn share(&mut self, other: &Self) {
+        if let (Some(mine), Some(theirs)) = (&self.0, &other.0) {
+            if mine.as_ptr() != theirs.as_ptr() && mine.slice == theirs.slice {
+                self.0 = Some(theirs.clone());
+            }
+        }
+    }
+}
+
+impl<T> Clone for Thin<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<T> Default for Thin<T> {
     fn default() -> Self {
         Self(None)
     }
 }
 
-impl<T> std::ops::Deref for Rare<T> {
+impl<T> std::ops::Deref for Thin<T> {
     type Target = [T];
 
     fn deref(&self) -> &[T] {
-        self.0.as_deref().map_or(&[], |items| items)
+        self.0.as_ref().map_or(&[], |items| &items.slice)
     }
 }
 
-impl<T> From<Vec<T>> for Rare<T> {
+impl<T> From<Vec<T>> for Thin<T> {
     fn from(items: Vec<T>) -> Self {
-        Self((!items.is_empty()).then(|| Box::new(items.into_boxed_slice())))
+        Self((!items.is_empty()).then(|| ThinArc::from_header_and_iter((), items.into_iter())))
+    }
+}
+
+impl<T> FromIterator<T> for Thin<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        Self::from(iter.into_iter().collect::<Vec<_>>())
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Thin<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl<T: PartialEq> PartialEq for Thin<T> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: Eq> Eq for Thin<T> {}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Thin<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
     }
 }
 
 /// A list that most holders have one item of: that one in place, any
-/// other number behind one thin pointer to exactly their room (one
-/// allocation, its length beside them). 24 bytes for an `IpAddr`, and
-/// for an item with a spare value of its own (an enum's) no more than
-/// the item: 16 for a slice's port, where a boxed slice took 16 and an
-/// allocation of 16-32 more for its one item (a stored Service's ports
-/// and cluster IPs, a slice's ports; docs/performance.md, issue 17).
+/// other number in a [`Thin`] list. 24 bytes for an `IpAddr`, and for an
+/// item with a spare value of its own (an enum's) no more than the item:
+/// 16 for a slice's port, where a boxed slice took 16 and an allocation
+/// of 16-32 more for its one item (a stored Service's ports and cluster
+/// IPs, a slice's ports; docs/performance.md, issue 17).
 #[derive(Clone, Debug)]
 pub enum Inline<T> {
     One(T),
-    Other(Option<ThinArc<(), T>>),
+    Other(Thin<T>),
 }
 
 impl<T> Inline<T> {
     /// Whether the items are on the heap (more than one).
     pub fn spilled(&self) -> bool {
-        matches!(self, Self::Other(Some(_)))
+        matches!(self, Self::Other(items) if !items.is_empty())
     }
 }
 
 impl<T> Default for Inline<T> {
     fn default() -> Self {
-        Self::Other(None)
+        Self::Other(Thin::default())
     }
 }
 
@@ -124,7 +217,7 @@ impl<T> std::ops::Deref for Inline<T> {
     fn deref(&self) -> &[T] {
         match self {
             Self::One(item) => std::slice::from_ref(item),
-            Self::Other(items) => items.as_ref().map_or(&[], |items| &items.slice),
+            Self::Other(items) => items,
         }
     }
 }
@@ -133,10 +226,9 @@ impl<T> From<Vec<T>> for Inline<T> {
     fn from(mut items: Vec<T>) -> Self {
         match (items.pop(), items.is_empty()) {
             (Some(one), true) => Self::One(one),
-            (None, _) => Self::Other(None),
             (last, _) => {
                 items.extend(last);
-                Self::Other(Some(ThinArc::from_header_and_iter((), items.into_iter())))
+                Self::Other(Thin::from(items))
             }
         }
     }
@@ -183,8 +275,7 @@ mod tests {
         let none = Inline::<u16>::from(Vec::new());
         assert!(none.is_empty() && !none.spilled());
         assert_eq!(none, Inline::default());
-        let spilled_one =
-            Inline::Other(Some(ThinArc::from_header_and_iter((), [7u16].into_iter())));
+        let spilled_one = Inline::Other(Thin::from(vec![7u16]));
         assert_eq!(spilled_one, one, "equal as lists");
         let hash = |l: &Inline<u16>| {
             std::hash::BuildHasher::hash_one(&foldhash::fast::FixedState::default(), l)

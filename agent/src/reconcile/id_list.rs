@@ -7,107 +7,14 @@
 //! the same ids per service port, 8 MB at 100,000 service ports of ten
 //! backends (docs/performance.md, issue 17). Shared, the two hold one,
 //! behind one thin pointer (8 bytes in each record, where a boxed slice
-//! or an `Arc<[T]>` takes 16). A holder that changes its list gets a
-//! copy of its own first.
-
-use triomphe::ThinArc;
+//! or an `Arc<[T]>` takes 16; `few::Thin`). A holder that changes its
+//! list gets a copy of its own first.
 
 use super::ids::BackendId;
 
-/// Backend ids, shared by whoever holds the same ones (`share`). Empty
-/// takes no allocation.
-#[derive(Clone, Default)]
-pub struct IdList(Option<ThinArc<(), BackendId>>);
-
-impl IdList {
-    /// Changes the ids in place, copied first if another holder shares
-    /// them.
-    pub fn update(&mut self, change: impl FnOnce(&mut [BackendId])) {
-        let Some(ids) = &mut self.0 else {
-            return change(&mut []);
-        };
-        if ThinArc::strong_count(ids) > 1 {
-            *ids = ThinArc::from_header_and_slice((), &ids.slice);
-        }
-        ids.with_arc_mut(|arc| {
-            if let Some(unique) = triomphe::Arc::get_mut(arc) {
-                change(unique.slice_mut());
-            }
-        });
-    }
-
-    /// Resizes to `len` ids (new ones `BackendId(0)`), in a list of its
-    /// own holding exactly that many.
-    pub fn resize(&mut self, len: usize) {
-        if self.len() != len {
-            let mut ids = self.to_vec();
-            ids.resize(len, BackendId::default());
-            *self = Self::from(ids);
-        }
-    }
-
-    /// Holds `other`'s list instead of its own when both hold the same
-    /// ids.
-    pub fn share(&mut self, other: &IdList) {
-        if let (Some(mine), Some(theirs)) = (&self.0, &other.0) {
-            if mine.as_ptr() != theirs.as_ptr() && mine.slice == theirs.slice {
-                self.0 = Some(theirs.clone());
-            }
-        }
-    }
-
-    /// Whether `self` and `other` hold one list.
-    #[cfg(test)]
-    pub fn shares_with(&self, other: &IdList) -> bool {
-        match (&self.0, &other.0) {
-            (Some(a), Some(b)) => a.as_ptr() == b.as_ptr(),
-            _ => false,
-        }
-    }
-}
-
-impl std::ops::Deref for IdList {
-    type Target = [BackendId];
-
-    fn deref(&self) -> &[BackendId] {
-        self.0.as_ref().map_or(&[], |ids| &ids.slice)
-    }
-}
-
-impl From<Vec<BackendId>> for IdList {
-    fn from(ids: Vec<BackendId>) -> Self {
-        Self((!ids.is_empty()).then(|| ThinArc::from_header_and_slice((), &ids)))
-    }
-}
-
-impl FromIterator<BackendId> for IdList {
-    fn from_iter<I: IntoIterator<Item = BackendId>>(iter: I) -> Self {
-        Self::from(iter.into_iter().collect::<Vec<_>>())
-    }
-}
-
-impl<'a> IntoIterator for &'a IdList {
-    type Item = &'a BackendId;
-    type IntoIter = std::slice::Iter<'a, BackendId>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.iter()
-    }
-}
-
-impl PartialEq for IdList {
-    fn eq(&self, other: &Self) -> bool {
-        self[..] == other[..]
-    }
-}
-
-impl Eq for IdList {}
-
-impl std::fmt::Debug for IdList {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
-    }
-}
+/// Backend ids, shared by whoever holds the same ones
+/// ([`Thin::share`](crate::few::Thin::share)). Empty takes no allocation.
+pub type IdList = crate::few::Thin<BackendId>;
 
 #[cfg(test)]
 mod tests {
