@@ -186,15 +186,27 @@ fn slice_held_name(
     irregular: &BTreeMap<ObjectKey, SliceNames>,
     service: &ObjectKey,
 ) -> Option<Name> {
-    if let Some((_, slice)) = named_for(slices, service).next() {
-        return Some(slice.service.clone());
-    }
-    let name = irregular.get(service)?.as_slice().first()?;
-    let key = ObjectKey {
-        namespace: service.namespace.clone(),
-        name: name.clone(),
-    };
-    slices.get(&key).map(|slice| slice.service.clone())
+    named_for(slices, service)
+        .chain(named_otherwise(slices, irregular, service))
+        .next()
+        .map(|(_, slice)| slice.service.clone())
+}
+
+/// A service's slices named otherwise than for it (its entry in the
+/// index), in name order.
+fn named_otherwise<'s, 'i, 'k>(
+    slices: &'s BTreeMap<ObjectKey, SliceInfo>,
+    irregular: &'i BTreeMap<ObjectKey, SliceNames>,
+    service: &'k ObjectKey,
+) -> impl Iterator<Item = (&'s ObjectKey, &'s SliceInfo)> + use<'s, 'i, 'k> {
+    let names = irregular.get(service).map_or(&[][..], Few::as_slice);
+    names.iter().filter_map(move |name| {
+        let key = ObjectKey {
+            namespace: service.namespace.clone(),
+            name: name.clone(),
+        };
+        slices.get_key_value(&key)
+    })
 }
 
 /// A service's slices whose names begin with its name and a dash, in
@@ -545,14 +557,13 @@ impl Stores {
     /// A service's slices, in slice-name order.
     pub fn slices_of(&self, service: &ObjectKey) -> Vec<(&ObjectKey, &SliceInfo)> {
         let mut slices: Vec<_> = named_for(&self.slices, service).collect();
-        if let Some(names) = self.irregular_slices.get(service) {
-            slices.extend(names.as_slice().iter().filter_map(|name| {
-                let key = ObjectKey {
-                    namespace: service.namespace.clone(),
-                    name: name.clone(),
-                };
-                self.slices.get_key_value(&key)
-            }));
+        let prefixed = slices.len();
+        slices.extend(named_otherwise(
+            &self.slices,
+            &self.irregular_slices,
+            service,
+        ));
+        if slices.len() > prefixed {
             slices.sort_unstable_by(|a, b| a.0.name.cmp(&b.0.name));
         }
         slices
