@@ -6,9 +6,11 @@
 //! namespace (see [`env`]) and is programmed once, which is where the
 //! control-plane figures come from; then the data-plane measurements run
 //! in rounds, every round measuring every variant in turn (in a rotating
-//! order), so that machine noise hits all variants alike. Figures are
-//! aggregated over rounds: rates are the median of the per-round rates,
-//! latency percentiles come from all samples of all rounds.
+//! order), so that machine noise hits all variants alike. A round's
+//! connections are measured in short blocks, every variant in turn within
+//! each block pass. Figures are aggregated over blocks: rates are the
+//! median of the per-block rates, latency percentiles come from all
+//! samples of all blocks.
 
 pub mod churn;
 pub mod control;
@@ -82,6 +84,10 @@ pub struct Config {
     pub warmup_rounds: usize,
     /// Recorded connections per target service per round.
     pub connects: usize,
+    /// Blocks a round is measured in (connections, request/response and
+    /// bulk transfer, each its share), every variant in turn within each
+    /// block pass.
+    pub blocks: usize,
     /// Unrecorded connections before each series.
     pub warmup: usize,
     /// A connect series stops early after this long (with at least a
@@ -136,6 +142,7 @@ impl Config {
             rounds: 5,
             warmup_rounds: 1,
             connects: 2000,
+            blocks: 10,
             warmup: 200,
             connect_limit: Duration::from_secs(3),
             pin: true,
@@ -178,6 +185,7 @@ impl Config {
             rounds: 2,
             warmup_rounds: 0,
             connects: 300,
+            blocks: 2,
             warmup: 50,
             connect_limit: Duration::from_secs(1),
             rr: Duration::from_millis(200),
@@ -369,6 +377,10 @@ pub struct ConfigSummary {
     pub rounds: usize,
     pub warmup_rounds: usize,
     pub connects_per_target_per_round: usize,
+    /// Blocks each round's connections were measured in (0 in results
+    /// written before blocks: one block).
+    #[serde(default)]
+    pub connect_blocks_per_round: usize,
     pub warmup_connects: usize,
     pub connect_series_limit_s: f64,
     /// Client on CPU 0, servers on CPU 1.
@@ -686,6 +698,21 @@ struct Acc {
 }
 
 impl Acc {
+    /// One line for the round that just ended: the medians of its
+    /// `blocks` blocks.
+    fn print_round(&self, variant: &str, blocks: usize) {
+        let round = |v: &[f64]| stats::median(&v[v.len().saturating_sub(blocks)..]);
+        eprintln!(
+            "    {:<19} {:>9.0} conn/s last, {:>9.0} conn/s random, {:>8.0} rr/s, {:>6.2} Gbit/s (medians of the round's {} blocks)",
+            variant,
+            round(&self.last_rates),
+            round(&self.random_rates),
+            round(&self.rr_rates),
+            round(&self.bulk),
+            blocks,
+        );
+    }
+
     fn merge(&mut self, other: Acc) {
         self.last.extend(other.last);
         self.last_rates.extend(other.last_rates);
@@ -701,34 +728,77 @@ impl Acc {
     }
 }
 
-fn measure_round(env: &Env, set: &ServiceSet, cfg: &Config, acc: &mut Acc) -> Result<()> {
+/// Measures one block of `env` once, again (at most `cfg.max_retries`
+/// times) while other processes used more than `cfg.foreign_limit` of a
+/// CPU, and adds it to `acc` unless this is a warm-up round. An error is
+/// recorded in `acc` (the variant is then skipped); only an interrupt is
+/// returned.
+fn measure_block(
+    env: &Env,
+    acc: &mut Acc,
+    set: &ServiceSet,
+    cfg: &Config,
+    warmup: bool,
+) -> Result<()> {
+    check_interrupted()?;
+    if acc.error.is_some() {
+        return Ok(());
+    }
+    let mut attempt = 0;
+    loop {
+        let mut this = Acc::default();
+        let probe = cpu::Probe::start();
+        let measured = env
+            .enter()
+            .and_then(|_in| measure_one_block(env, set, cfg, &mut this));
+        let foreign = probe.foreign_cpus();
+        if let Err(e) = measured {
+            eprintln!("    {}: {e:#}", env.variant.name());
+            acc.error = Some(format!("{e:#}"));
+            return Ok(());
+        }
+        if foreign > cfg.foreign_limit && attempt < cfg.max_retries {
+            attempt += 1;
+            eprintln!(
+                "      other processes used {:.0}% of a CPU: measuring {} again",
+                foreign * 100.0,
+                env.variant.name()
+            );
+            if !warmup {
+                acc.repeated += 1;
+            }
+            continue;
+        }
+        if !warmup {
+            this.foreign.push(foreign);
+            acc.merge(this);
+        }
+        return Ok(());
+    }
+}
+
+/// One block: `cfg.connects / cfg.blocks` connections to the last
+/// service and as many to the random one (each series after its share of
+/// the warm-up connections), then request/response and bulk transfer to
+/// the last service for their share of the round's time.
+fn measure_one_block(env: &Env, set: &ServiceSet, cfg: &Config, acc: &mut Acc) -> Result<()> {
     let client = env.client();
+    let n = cfg.connects.div_ceil(cfg.blocks);
+    let warm = (cfg.warmup / cfg.blocks).max(cfg.warmup.min(BLOCK_WARMUP_MIN));
     let last = traffic::connects(
         client,
         &env.targets(set, set.last),
-        cfg.warmup,
-        cfg.connects,
+        warm,
+        n,
         cfg.connect_limit,
     )?;
     let random = traffic::connects(
         client,
         &env.targets(set, set.random),
-        cfg.warmup,
-        cfg.connects,
+        warm,
+        n,
         cfg.connect_limit,
     )?;
-    let target = env.targets(set, set.last)[0];
-    let rr = traffic::request_response(client, target, cfg.rr)?;
-    let bulk = traffic::bulk(client, target, cfg.bulk)?;
-    eprintln!(
-        "    {:<16} {:>9.0} conn/s (p50 {:>7.1} us) last, {:>9.0} conn/s random, {:>8.0} rr/s, {:>6.2} Gbit/s",
-        env.variant.name(),
-        last.rate(),
-        Latency::from_ns(last.latencies_ns.clone()).p50_us,
-        random.rate(),
-        rr.rate(),
-        bulk.gbit_per_s()
-    );
     acc.last_rates.push(last.rate());
     acc.last_errors += last.errors;
     acc.first_error = acc
@@ -740,11 +810,20 @@ fn measure_round(env: &Env, set: &ServiceSet, cfg: &Config, acc: &mut Acc) -> Re
     acc.random_rates.push(random.rate());
     acc.random_errors += random.errors;
     acc.random.extend(random.latencies_ns);
+    let blocks = u32::try_from(cfg.blocks).unwrap_or(u32::MAX);
+    let target = env.targets(set, set.last)[0];
+    let rr = traffic::request_response(client, target, cfg.rr / blocks)?;
+    let bulk = traffic::bulk(client, target, cfg.bulk / blocks)?;
     acc.rr_rates.push(rr.rate());
     acc.rr.extend(rr.rtts_ns);
     acc.bulk.push(bulk.gbit_per_s());
     Ok(())
 }
+
+/// Unrecorded connections before a block's series, at least (the caches
+/// and the neighbour entries of the variant's namespaces go cold while
+/// the other variants run).
+const BLOCK_WARMUP_MIN: usize = 20;
 
 fn finish(env: &Env, acc: Acc) -> VariantResult {
     VariantResult {
@@ -890,42 +969,17 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
         } else {
             eprintln!("  round {}/{}", round + 1 - cfg.warmup_rounds, cfg.rounds);
         }
-        for k in 0..envs.len() {
-            check_interrupted()?;
-            let i = (k + round) % envs.len();
-            if accs[i].error.is_some() {
-                continue;
-            }
-            let mut attempt = 0;
-            loop {
-                let mut this = Acc::default();
-                let probe = cpu::Probe::start();
-                let measured = envs[i]
-                    .enter()
-                    .and_then(|_in| measure_round(&envs[i], &set, cfg, &mut this));
-                let foreign = probe.foreign_cpus();
-                if let Err(e) = measured {
-                    eprintln!("    {}: {e:#}", envs[i].variant.name());
-                    accs[i].error = Some(format!("{e:#}"));
-                    break;
+        // The round in short blocks, every variant in turn within each
+        // pass: a burst of machine noise (on a VM, tens of milliseconds)
+        // then spoils one block of a variant, which the median over all
+        // blocks leaves out, not the variant's whole round.
+        for block in 0..cfg.blocks {
+            for k in 0..envs.len() {
+                let i = (k + round + block) % envs.len();
+                measure_block(&envs[i], &mut accs[i], &set, cfg, warmup)?;
+                if !warmup && block + 1 == cfg.blocks {
+                    accs[i].print_round(envs[i].variant.name(), cfg.blocks);
                 }
-                if foreign > cfg.foreign_limit && attempt < cfg.max_retries {
-                    attempt += 1;
-                    eprintln!(
-                        "      other processes used {:.0}% of a CPU: measuring {} again",
-                        foreign * 100.0,
-                        envs[i].variant.name()
-                    );
-                    if !warmup {
-                        accs[i].repeated += 1;
-                    }
-                    continue;
-                }
-                if !warmup {
-                    this.foreign.push(foreign);
-                    accs[i].merge(this);
-                }
-                break;
             }
         }
     }
@@ -998,6 +1052,7 @@ pub fn run(cfg: &Config) -> Result<Results> {
             rounds: cfg.rounds,
             warmup_rounds: cfg.warmup_rounds,
             connects_per_target_per_round: cfg.connects,
+            connect_blocks_per_round: cfg.blocks,
             warmup_connects: cfg.warmup,
             connect_series_limit_s: cfg.connect_limit.as_secs_f64(),
             pinned: cfg.pin,

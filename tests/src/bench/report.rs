@@ -741,17 +741,19 @@ pub fn markdown(r: &Results) -> String {
         if r.config.quick { " (--quick)" } else { "" }
     );
     let c = &r.config;
+    let blocks = c.connect_blocks_per_round.max(1);
     let _ = writeln!(
         t,
-        "Samples: {} recorded rounds (after {} unrecorded warm-up round(s)); per round and variant {} recorded connects per target service (after {} warm-up connects), {:.1} s of request/response, {:.1} s of bulk transfer. Connect percentiles pool {} samples per variant and target; rates are the median of the {} per-round rates. \"Other CPU\" is the CPU time other processes (and hypervisor steal) used during a round, as a share of one CPU; a round above {:.0}% is measured again, at most twice.\n",
+        "Samples: {} recorded rounds (after {} unrecorded warm-up round(s)), each in {} block(s), every variant in turn within each block pass; per round and variant {} recorded connects per target service (after {} warm-up connects), {:.1} s of request/response, {:.1} s of bulk transfer, shared out among the blocks. Connect percentiles pool {} samples per variant and target; rates are the median of the {} per-block rates. \"Other CPU\" is the CPU time other processes (and hypervisor steal) used during a block, as a share of one CPU; a block above {:.0}% is measured again, at most twice.\n",
         c.rounds,
         c.warmup_rounds,
+        blocks,
         c.connects_per_target_per_round,
         c.warmup_connects,
         c.rr_seconds_per_round,
         c.bulk_seconds_per_round,
         c.rounds * c.connects_per_target_per_round,
-        c.rounds,
+        c.rounds * blocks,
         c.foreign_limit * 100.0
     );
     for s in r.sizes.iter().filter(|_| !c.control_only) {

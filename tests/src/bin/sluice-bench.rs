@@ -32,6 +32,10 @@ struct Args {
     /// Recorded connects per target service per round.
     #[arg(long)]
     connects: Option<usize>,
+    /// Blocks each round's connects are measured in, every variant in
+    /// turn within each block pass.
+    #[arg(long)]
+    blocks: Option<usize>,
     /// Seconds allowed for loading one ruleset.
     #[arg(long)]
     load_budget: Option<u64>,
@@ -111,6 +115,9 @@ fn main() -> Result<()> {
     if let Some(c) = args.connects {
         cfg.connects = c;
     }
+    if let Some(b) = args.blocks {
+        cfg.blocks = b;
+    }
     if let Some(b) = args.load_budget {
         cfg.load_budget = Duration::from_secs(b);
     }
@@ -162,9 +169,13 @@ fn main() -> Result<()> {
         cfg.churn_rates = args.churn_rates.into_iter().filter(|r| *r > 0).collect();
     }
     cfg.pin = !args.no_pin;
-    if cfg.sizes.iter().any(|n| *n == 0 || *n >= 1_000_000) || cfg.rounds == 0 || cfg.connects == 0
+    if cfg.sizes.iter().any(|n| *n == 0 || *n >= 1_000_000)
+        || cfg.rounds == 0
+        || cfg.connects == 0
+        || cfg.blocks == 0
+        || cfg.blocks > cfg.connects
     {
-        bail!("services must be 1..999999, rounds and connects at least 1");
+        bail!("services must be 1..999999, rounds, connects and blocks at least 1, blocks at most connects");
     }
     bench::install_signal_handlers();
     bench::run(&cfg)?;
