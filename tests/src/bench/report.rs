@@ -6,7 +6,12 @@ use std::{fmt::Write as _, fs, path::Path};
 
 use anyhow::{Context, Result};
 
-use super::{churn::RatePoint, control::Churn, Measure, Results, SizeResult, VariantResult};
+use super::{
+    churn::RatePoint,
+    control::Churn,
+    stats::{relative, Rate},
+    Measure, Results, SizeResult, VariantResult,
+};
 
 pub fn measure_text(m: &Measure) -> String {
     match (&m.seconds, &m.not_measured) {
@@ -145,6 +150,15 @@ fn ms(us: f64) -> String {
     }
 }
 
+/// `a` relative to `b` pair by pair (`stats::paired`), with its 95%
+/// interval; the ratio of the medians where there are no pairs.
+fn ratio_of(a: &Rate, b: &Rate) -> String {
+    match super::stats::paired(a, b) {
+        Some(p) => format!("{:.2}x ({:.2}-{:.2})", p.median, p.low, p.high),
+        None => ratio(a.median, b.median),
+    }
+}
+
 fn ratio(a: f64, b: f64) -> String {
     if a > 0.0 && b > 0.0 {
         format!("{:.2}x", a / b)
@@ -190,26 +204,28 @@ fn data_table(size: &SizeResult) -> String {
             );
             continue;
         }
-        let d = |f: fn(&VariantResult) -> f64| direct.map_or("-".into(), |d| ratio(f(v), f(d)));
-        let l = |f: fn(&VariantResult) -> f64| legacy.map_or("-".into(), |l| ratio(f(v), f(l)));
+        let d =
+            |f: fn(&VariantResult) -> &Rate| direct.map_or("-".into(), |d| ratio_of(f(v), f(d)));
+        let l =
+            |f: fn(&VariantResult) -> &Rate| legacy.map_or("-".into(), |l| ratio_of(f(v), f(l)));
         let _ = writeln!(
             t,
             "| {} | {} | {:.0} | {} | {} | {:.1} / {:.1} µs | {:.0} | {} | {:.1} / {:.1} µs | {:.0} | {} | {:.2} | {} | {:.0}% ({}) |",
             v.variant,
             v.ruleset.as_deref().unwrap_or("-"),
             v.connect_last.rate.median,
-            d(|v| v.connect_last.rate.median),
-            l(|v| v.connect_last.rate.median),
+            d(|v| &v.connect_last.rate),
+            l(|v| &v.connect_last.rate),
             v.connect_last.latency.p50_us,
             v.connect_last.latency.p99_us,
             v.connect_random.rate.median,
-            d(|v| v.connect_random.rate.median),
+            d(|v| &v.connect_random.rate),
             v.connect_random.latency.p50_us,
             v.connect_random.latency.p99_us,
             v.rr.rate.median,
-            d(|v| v.rr.rate.median),
+            d(|v| &v.rr.rate),
             v.bulk_gbit.median,
-            d(|v| v.bulk_gbit.median),
+            d(|v| &v.bulk_gbit),
             v.foreign_cpu.iter().copied().fold(0.0, f64::max) * 100.0,
             v.repeated_rounds,
         );
@@ -364,6 +380,14 @@ struct Goal {
     met: Option<bool>,
 }
 
+/// " (95% interval a-b)" of `a` relative to `b`, or nothing without
+/// pairs.
+fn interval(a: &Rate, b: &Rate) -> String {
+    super::stats::paired(a, b).map_or(String::new(), |p| {
+        format!(" (95% interval {:.3}-{:.3})", p.low, p.high)
+    })
+}
+
 fn goals(r: &Results) -> Vec<Goal> {
     let mut out = Vec::new();
     let rate = |s: &SizeResult, v: &str| find(s, v).map(|v| v.connect_last.rate.median);
@@ -382,7 +406,7 @@ fn goals(r: &Results) -> Vec<Goal> {
             find(b, "direct"),
         ) {
             let rel_rate = |s: &VariantResult, d: &VariantResult| {
-                s.connect_last.rate.median / d.connect_last.rate.median
+                relative(&s.connect_last.rate, &d.connect_last.rate)
             };
             let rel_p50 = |s: &VariantResult, d: &VariantResult| {
                 s.connect_last.latency.p50_us / d.connect_last.latency.p50_us
@@ -421,42 +445,51 @@ fn goals(r: &Results) -> Vec<Goal> {
             "sluice-host-routing (TC path, --host-routing) within 5% of direct (every N)",
         ),
     ] {
-        let mut worst: Option<(usize, f64, f64)> = None;
+        let mut worst: Option<(usize, f64, f64, String)> = None;
         for s in &r.sizes {
             if let (Some(sl), Some(d)) = (find(s, variant), find(s, "direct")) {
-                let rr = sl.connect_last.rate.median / d.connect_last.rate.median;
+                let rr = relative(&sl.connect_last.rate, &d.connect_last.rate);
                 let lr = sl.connect_last.latency.p50_us / d.connect_last.latency.p50_us;
-                if worst.is_none_or(|(_, w, _)| rr < w) {
-                    worst = Some((s.services, rr, lr));
+                if worst.as_ref().is_none_or(|(_, w, _, _)| rr < *w) {
+                    let ci = interval(&sl.connect_last.rate, &d.connect_last.rate);
+                    worst = Some((s.services, rr, lr, ci));
                 }
             }
         }
-        if let Some((n, rr, lr)) = worst {
+        if let Some((n, rr, lr, ci)) = worst {
             out.push(Goal {
                 what: what.into(),
                 target: ">= 0.95x direct".into(),
-                measured: format!("worst {rr:.3}x conn/s at {n} services (p50 {lr:.3}x direct)"),
+                measured: format!(
+                    "worst {rr:.3}x{ci} conn/s at {n} services (p50 {lr:.3}x direct)"
+                ),
                 met: Some(rr >= 0.95),
             });
         }
     }
     // Socket balancing: at least 0.98x direct on new connections and 0.99x
     // on request/response and bulk, at every N (the worst of each).
-    let mut worst_sock: Option<(f64, f64, f64)> = None;
+    let mut worst_sock: Option<((f64, String), f64, f64)> = None;
     for s in &r.sizes {
         if let (Some(sk), Some(d)) = (find(s, "sluice-sock"), find(s, "direct")) {
-            let c = sk.connect_last.rate.median / d.connect_last.rate.median;
-            let q = sk.rr.rate.median / d.rr.rate.median;
-            let b = sk.bulk_gbit.median / d.bulk_gbit.median;
-            let (wc, wq, wb) = worst_sock.unwrap_or((f64::MAX, f64::MAX, f64::MAX));
-            worst_sock = Some((wc.min(c), wq.min(q), wb.min(b)));
+            let c = relative(&sk.connect_last.rate, &d.connect_last.rate);
+            let q = relative(&sk.rr.rate, &d.rr.rate);
+            let b = relative(&sk.bulk_gbit, &d.bulk_gbit);
+            let (wc, wq, wb) =
+                worst_sock.unwrap_or(((f64::MAX, String::new()), f64::MAX, f64::MAX));
+            let wc = if c < wc.0 {
+                (c, interval(&sk.connect_last.rate, &d.connect_last.rate))
+            } else {
+                wc
+            };
+            worst_sock = Some((wc, wq.min(q), wb.min(b)));
         }
     }
-    if let Some((c, q, b)) = worst_sock {
+    if let Some(((c, ci), q, b)) = worst_sock {
         out.push(Goal {
             what: "sluice-sock (socket balancing) near direct (every N)".into(),
             target: ">= 0.98x conn/s, >= 0.99x rr/s and bulk".into(),
-            measured: format!("worst {c:.3}x conn/s, {q:.3}x rr/s, {b:.3}x bulk"),
+            measured: format!("worst {c:.3}x{ci} conn/s, {q:.3}x rr/s, {b:.3}x bulk"),
             met: Some(c >= 0.98 && q >= 0.99 && b >= 0.99),
         });
     }
@@ -465,8 +498,9 @@ fn goals(r: &Results) -> Vec<Goal> {
     // (both targets pooled: both are the pods), with what empty programs
     // on the same hooks cost beside it.
     let pooled = |v: &VariantResult, d: &VariantResult| {
-        (v.connect_last.rate.median + v.connect_random.rate.median)
-            / (d.connect_last.rate.median + d.connect_random.rate.median)
+        (relative(&v.connect_last.rate, &d.connect_last.rate)
+            + relative(&v.connect_random.rate, &d.connect_random.rate))
+            / 2.0
     };
     // Connect p50 (both targets averaged), relative to direct: steadier
     // than the rates on a shared machine.
@@ -480,8 +514,8 @@ fn goals(r: &Results) -> Vec<Goal> {
         let Some(d) = find(s, "direct") else { continue };
         if let Some(p) = find(s, "sluice-passthrough") {
             let c = pooled(p, d);
-            let q = p.rr.rate.median / d.rr.rate.median;
-            let b = p.bulk_gbit.median / d.bulk_gbit.median;
+            let q = relative(&p.rr.rate, &d.rr.rate);
+            let b = relative(&p.bulk_gbit, &d.bulk_gbit);
             let l = p50(p, d);
             let (wc, wq, wb, wl) = worst_pass.unwrap_or((f64::MAX, f64::MAX, f64::MAX, f64::MIN));
             worst_pass = Some((wc.min(c), wq.min(q), wb.min(b), wl.max(l)));
