@@ -50,6 +50,10 @@ pub enum Variant {
     /// connects to the pods directly: what the programs cost traffic that
     /// is not a service's (the goal: within 1% of `direct`).
     SluicePassthrough,
+    /// `sluice-sock`'s datapath (the default `--socket-lb=all`), the
+    /// client in the covered cgroup connecting to the pods directly: what
+    /// the default configuration costs traffic that is not a service's.
+    SluiceSockPassthrough,
     /// A TC program that does nothing (`return TCX_NEXT`) on every hook
     /// sluice's TC programs use, the client connecting to the pods
     /// directly: what the hooks cost with nothing in them, the floor under
@@ -61,12 +65,13 @@ pub enum Variant {
 }
 
 impl Variant {
-    pub const ALL: [Variant; 9] = [
+    pub const ALL: [Variant; 10] = [
         Variant::Direct,
         Variant::Sluice,
         Variant::SluiceSock,
         Variant::SluiceHostRouting,
         Variant::SluicePassthrough,
+        Variant::SluiceSockPassthrough,
         Variant::TcFloor,
         Variant::IptablesLegacy,
         Variant::IptablesNft,
@@ -80,11 +85,18 @@ impl Variant {
             Variant::SluiceSock => "sluice-sock",
             Variant::SluiceHostRouting => "sluice-host-routing",
             Variant::SluicePassthrough => "sluice-passthrough",
+            Variant::SluiceSockPassthrough => "sluice-sock-passthrough",
             Variant::TcFloor => "tc-floor",
             Variant::IptablesLegacy => "iptables-legacy",
             Variant::IptablesNft => "iptables-nft",
             Variant::Nftables => "nftables",
         }
+    }
+
+    /// Whether the client's sockets are balanced by the socket programs
+    /// (`--socket-lb=all`).
+    pub fn on_sockets(self) -> bool {
+        matches!(self, Variant::SluiceSock | Variant::SluiceSockPassthrough)
     }
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -223,7 +235,10 @@ impl Env {
     /// (direct) the backend pods themselves, in turn.
     pub fn targets(&self, set: &ServiceSet, i: usize) -> Vec<SocketAddrV4> {
         match self.variant {
-            Variant::Direct | Variant::SluicePassthrough | Variant::TcFloor => self
+            Variant::Direct
+            | Variant::SluicePassthrough
+            | Variant::SluiceSockPassthrough
+            | Variant::TcFloor => self
                 .topo
                 .backends
                 .iter()
@@ -254,7 +269,7 @@ impl Env {
         if self.variant == Variant::SluiceHostRouting {
             lb.host_routing(&self.topo, true)?;
         }
-        if self.variant == Variant::SluiceSock {
+        if self.variant.on_sockets() {
             let cookie = self.topo.node.run(sluice::datapath::netns_cookie)??;
             lb.reconciler
                 .set_socket_lb(cookie, sluice_common::config::CFG_F_SOCK_PODS)?;
@@ -277,7 +292,7 @@ impl Env {
     /// The process in this variant's cgroup while it measures, for
     /// `sluice-sock` (whose socket programs cover that cgroup only).
     pub fn enter(&self) -> Result<Option<super::progcost::InCgroup>> {
-        if self.variant != Variant::SluiceSock {
+        if !self.variant.on_sockets() {
             return Ok(None);
         }
         super::progcost::InCgroup::enter(self.topo.cgroup.path()).map(Some)

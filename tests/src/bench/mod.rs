@@ -874,7 +874,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
             Variant::Sluice | Variant::SluiceHostRouting => {
                 program_sluice(env, &set, sizes, cfg, &mut control)
             }
-            Variant::SluicePassthrough | Variant::SluiceSock => {
+            Variant::SluicePassthrough | Variant::SluiceSock | Variant::SluiceSockPassthrough => {
                 program_passthrough(env, &set, sizes)
             }
             Variant::TcFloor => env.attach_floor(),
