@@ -427,6 +427,53 @@ mod tests {
         let later = 100 * S + ORPHAN_GRACE.as_nanos() as u64 + 1;
         assert_eq!(scan(&[reply], &backends, later).stale, vec![reply.0]);
     }
+
+    fn sock(proto: u8, counted: bool) -> SockEntry {
+        let mut e = SockEntry {
+            proto,
+            ..SockEntry::default()
+        };
+        if counted {
+            e.set_counted();
+        }
+        e
+    }
+
+    #[test]
+    fn socket_marks_are_trusted_only_when_every_tcp_entry_is_counted() {
+        use sluice_common::{socket::mark_slot, IPPROTO_TCP, IPPROTO_UDP};
+        let slots = sluice_common::maps::SOCK_MARK_SLOTS as usize;
+        let mut marks = vec![0u64; slots];
+        // Nothing to count: trusted.
+        assert!(marks_complete(&[], &marks));
+        // Two counted TCP sockets whose cookies share a slot, one UDP
+        // socket (never counted).
+        let (a, b) = (7u64, 7 + u64::from(sluice_common::maps::SOCK_MARK_SLOTS));
+        assert_eq!(mark_slot(a), mark_slot(b));
+        let sockets = vec![
+            (a, sock(IPPROTO_TCP, true)),
+            (b, sock(IPPROTO_TCP, true)),
+            (99, sock(IPPROTO_UDP, false)),
+        ];
+        // A count lower than the slot's entries (a copy that lost an
+        // update): not trusted.
+        marks[mark_slot(a) as usize] = 1;
+        assert!(!marks_complete(&sockets, &marks));
+        marks[mark_slot(a) as usize] = 2;
+        assert!(marks_complete(&sockets, &marks));
+        // Higher is harmless (an entry the LRU evicted).
+        marks[mark_slot(a) as usize] = 5;
+        assert!(marks_complete(&sockets, &marks));
+        // An uncounted TCP entry (0.1.0 wrote it): not trusted, whatever
+        // the counts say.
+        let mut legacy = sockets.clone();
+        legacy.push((12, sock(IPPROTO_TCP, false)));
+        marks[mark_slot(12) as usize] = 1;
+        assert!(!marks_complete(&legacy, &marks));
+        // Counts shorter than the slots (a map that could not be read
+        // whole): not trusted.
+        assert!(!marks_complete(&sockets, &[]));
+    }
 }
 
 /// The node's own sockets (socket-level balancing): live flows per backend
@@ -500,6 +547,29 @@ pub fn scan_sockets(
         .copied()
         .collect();
     out
+}
+
+/// Whether `sl_sockmark`'s counts (`marks`, by slot, read after
+/// `sockets`) may be trusted: every TCP entry of `sl_sock` is counted
+/// (none is 0.1.0's, or from before a copy of the maps), and no slot
+/// counts fewer entries than it holds (a copy of the counts that lost an
+/// update). A count above its entries is harmless: a socket released
+/// between the two reads, an entry the LRU or the agent took.
+pub fn marks_complete(sockets: &[(u64, SockEntry)], marks: &[u64]) -> bool {
+    let mut held: HashMap<u32, u64> = HashMap::new();
+    for (cookie, e) in sockets {
+        if e.proto != sluice_common::IPPROTO_TCP {
+            continue;
+        }
+        if !e.counted() {
+            return false;
+        }
+        *held
+            .entry(sluice_common::socket::mark_slot(*cookie))
+            .or_default() += 1;
+    }
+    held.iter()
+        .all(|(slot, n)| marks.get(*slot as usize).is_some_and(|m| m >= n))
 }
 
 /// Live flows per backend: both conntrack maps' and the node's own

@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 use sluice::datapath::Maps;
-use sluice_common::{Stat, IPPROTO_TCP, IPPROTO_UDP};
+use sluice_common::{socket::MARKS_VALID, Stat, IPPROTO_TCP, IPPROTO_UDP};
 use sluice_tests::{
     agent::{Agent, ManifestDir},
     host::HostClient,
@@ -377,6 +377,26 @@ fn pods_reach_every_kind_of_frontend_through_their_sockets() -> Result<()> {
             "v6={v6}: sockets {sockets:?}, reverse entries of {revs:?}"
         );
         drop((tcp, udp));
+        // The TCP sockets' closes took their entries and their counts back
+        // (`sl_sockmark`: a balanced TCP socket is counted in its cookie's
+        // slot), and the counts are trusted, so that the close of a socket
+        // never balanced skips the `sl_sock` lookup: the agent's scan found
+        // every TCP entry counted.
+        agent.wait_until(
+            "the TCP sockets' entries and counts gone, the counts trusted",
+            Duration::from_secs(15),
+            |_| {
+                let m = maps()?;
+                let tcp_left = m
+                    .sockets
+                    .iter()
+                    .flatten()
+                    .any(|(_, e)| e.proto == IPPROTO_TCP);
+                let counts = m.sock_marks()?;
+                let valid = m.sock_marks.get(&MARKS_VALID, 0)?;
+                Ok(!tcp_left && counts.iter().all(|c| *c == 0) && valid == 1)
+            },
+        )?;
         // UDP, connected: getpeername and the reply's source.
         let out = HostClient::once_in(&topo, &client.ns, "udpc", &dns, 53)?;
         ensure!(
@@ -1045,5 +1065,89 @@ fn a_bit_set_before_a_rollback_to_0_1_0_is_not_trusted_after_it() -> Result<()> 
         Ok(a.metric("sluice_conntrack_entries")? >= 8.0)
     })?;
     ensure!(!pods_bit(&topo)?, "set while flows of the TC path live");
+    Ok(())
+}
+
+/// A TCP socket that 0.1.0 balanced is looked up in `sl_sock` at its close
+/// after the upgrade back, although `sl_sockmark`'s counts were trusted
+/// before the rollback: 0.1.0 knows nothing of the counts, so its entry is
+/// uncounted and its slot may count none. The loader clears the counts'
+/// validity at every start, and the agent trusts them again only once no
+/// uncounted TCP entry is left. (Were the stale validity kept, the close
+/// would skip the lookup and the entry would outlive its socket.)
+#[test]
+fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Result<()> {
+    let topo = Topology::new(1, 2)?;
+    let mut servers = Vec::new();
+    for pod in &topo.backends {
+        servers.push(servers::tcp_greeter(&pod.ns, 8080, &pod.name)?);
+    }
+    let web: Vec<Ep> = topo
+        .backends
+        .iter()
+        .map(|p| (IpAddr::from(p.ip), "node-1", READY))
+        .collect();
+    let dir = ManifestDir::create()?;
+    dir.write("node.yaml", &node_yaml(&topo))?;
+    dir.write(
+        "web.yaml",
+        &service("web", &["10.96.7.1"], "", "", "TCP", (80, 8080, None), &web),
+    )?;
+    let source = format!("dir:{}", dir.path().display());
+    let env = [("SLUICE_CONNTRACK_GC_INTERVAL", "200ms")];
+    let maps = || Maps::open_pinned(topo.bpf.path());
+    let valid = || -> Result<bool> { Ok(maps()?.sock_marks.get(&MARKS_VALID, 0)? == 1) };
+    let bin = sluice_tests::agent::binary()?;
+    let mut agent = Agent::start(&topo, &source, &[])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    agent.replace(&topo.node, &bin, &env)?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    agent.wait_until("the counts trusted", Duration::from_secs(10), |_| valid())?;
+
+    let old = sluice_tests::agent::release_binary("0.1.0")?;
+    agent.replace(&topo.node, &old, &env)?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    ensure!(valid()?, "0.1.0 left the validity word as it found it");
+    // The node's own socket, balanced by 0.1.0 and held open.
+    let mut tcp = HostClient::start(&topo, "tcp", "10.96.7.1", 80)?;
+    let held = tcp.line()?;
+    ensure!(held.len() == 3 && held[0] == "ok", "{held:?}");
+    let tcp_entries = || -> Result<Vec<(u64, bool)>> {
+        Ok(maps()?
+            .sockets
+            .iter()
+            .flatten()
+            .filter(|(_, e)| e.proto == IPPROTO_TCP)
+            .map(|(cookie, e)| (cookie, e.counted()))
+            .collect())
+    };
+    let entries = tcp_entries()?;
+    ensure!(
+        entries.len() == 1 && !entries[0].1,
+        "0.1.0's entry: {entries:?}"
+    );
+
+    agent.replace(&topo.node, &bin, &env)?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    // Scans every 200 ms: five of them find 0.1.0's entry.
+    std::thread::sleep(Duration::from_secs(1));
+    ensure!(!valid()?, "trusted while 0.1.0's socket lives");
+    drop(tcp);
+    agent.wait_until(
+        "0.1.0's entry gone at its socket's close",
+        Duration::from_secs(10),
+        |_| Ok(tcp_entries()?.is_empty()),
+    )?;
+    agent.wait_until("the counts trusted again", Duration::from_secs(10), |_| {
+        valid()
+    })?;
+    // A socket balanced now is counted, and its close takes the count back.
+    let out = HostClient::once(&topo, "tcp", "10.96.7.1", 80)?;
+    ensure!(out.len() == 3 && out[0] == "ok", "{out:?}");
+    agent.wait_until(
+        "the new socket's entry and count gone",
+        Duration::from_secs(10),
+        |_| Ok(tcp_entries()?.is_empty() && maps()?.sock_marks()?.iter().all(|c| *c == 0)),
+    )?;
     Ok(())
 }

@@ -13,7 +13,7 @@ use aya::{
     programs::{SchedClassifier, Xdp},
     Ebpf, EbpfLoader,
 };
-use sluice_common::{abi::MAPS, maps as names};
+use sluice_common::{abi::MAPS, maps as names, socket::MARKS_VALID};
 
 use super::{
     layout,
@@ -130,7 +130,7 @@ impl Datapath {
         // log reader) comes before the copy commits a migration: a
         // refusal after the commit point would leave a committed
         // generation that no agent of this build can take up.
-        let maps = Maps::take(&mut ebpf)?;
+        let mut maps = Maps::take(&mut ebpf)?;
         let logger = if log_level == LogLevel::Off {
             None
         } else {
@@ -140,6 +140,15 @@ impl Datapath {
             )
         };
         migration.copy()?;
+        // `sl_sockmark`'s counts are trusted only once this agent's scan
+        // found them complete: the pins may come from a rollback whose
+        // programs never counted (or a copy may have lost an update).
+        maps.sock_marks
+            .set(MARKS_VALID, 0, 0)
+            .map_err(|source| DatapathError::Map {
+                name: names::SOCK_MARKS,
+                source,
+            })?;
         if migration.pending() {
             let name = names::HANDOVER;
             match ebpf.map(name) {

@@ -10,9 +10,9 @@ use aya::{
     Ebpf,
 };
 use sluice_common::{
-    maps as names, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key,
-    CtEntry, MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6, Stat, Svc4Key,
-    Svc6Key, SvcValue, SvcnetSummary4,
+    maps as names, maps::SOCK_MARK_SLOTS, Affinity4Key, Affinity6Key, AffinityValue, Backend,
+    Config, Ct4Key, Ct6Key, CtEntry, MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4,
+    SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue, SvcnetSummary4,
 };
 
 use super::DatapathError;
@@ -46,6 +46,7 @@ pub struct Maps {
     pub svcnet_v4: LpmTrie<MapData, [u8; 4], u8>,
     pub svcnet_v6: LpmTrie<MapData, [u8; 16], u8>,
     pub svcnet_summary_v4: Array<MapData, SvcnetSummary4>,
+    pub sock_marks: Array<MapData, u64>,
     /// The loaded programs' filters (`sluice_common::filter`): not pinned,
     /// so only a writer over freshly loaded programs has them.
     pub filters: Option<FilterMaps>,
@@ -92,6 +93,7 @@ impl Maps {
             svcnet_v4: convert(names::SVCNET_V4, take(names::SVCNET_V4)?)?,
             svcnet_v6: convert(names::SVCNET_V6, take(names::SVCNET_V6)?)?,
             svcnet_summary_v4: convert(names::SVCNET_SUMMARY_V4, take(names::SVCNET_SUMMARY_V4)?)?,
+            sock_marks: convert(names::SOCK_MARKS, take(names::SOCK_MARKS)?)?,
             filters: Some(FilterMaps {
                 frontends: convert(names::FE_FILTER, take(names::FE_FILTER)?)?,
                 ports: convert(names::PORT_FILTER, take(names::PORT_FILTER)?)?,
@@ -129,6 +131,7 @@ impl Maps {
             svcnet_v4: convert(names::SVCNET_V4, open(names::SVCNET_V4)?)?,
             svcnet_v6: convert(names::SVCNET_V6, open(names::SVCNET_V6)?)?,
             svcnet_summary_v4: convert(names::SVCNET_SUMMARY_V4, open(names::SVCNET_SUMMARY_V4)?)?,
+            sock_marks: convert(names::SOCK_MARKS, open(names::SOCK_MARKS)?)?,
             filters: None,
         })
     }
@@ -143,6 +146,23 @@ impl Maps {
             .get(&index, 0)
             .map_err(|source| DatapathError::Map { name, source })?;
         Ok(values.iter().sum())
+    }
+
+    /// `sl_sockmark`'s counts by slot (`sluice_common::socket`), without
+    /// the validity word.
+    pub fn sock_marks(&self) -> Result<Vec<u64>, DatapathError> {
+        let mut out = Vec::with_capacity(SOCK_MARK_SLOTS as usize);
+        for slot in 0..SOCK_MARK_SLOTS {
+            out.push(
+                self.sock_marks
+                    .get(&slot, 0)
+                    .map_err(|source| DatapathError::Map {
+                        name: names::SOCK_MARKS,
+                        source,
+                    })?,
+            );
+        }
+        Ok(out)
     }
 
     /// The config entry (all zero before the agent first wrote it).

@@ -21,6 +21,8 @@ use sluice_common::{
     CtEntry, MaglevTable, SockRevKey, SrcRange4, SrcRange6, Stat, SvcValue, SvcnetSummary4,
 };
 
+use sluice_common::socket::MARKS_VALID;
+
 use super::{maps::ServiceKey, read_map_state, sys, DatapathError, Maps, WriteError};
 use crate::{
     conntrack::{self, SocketEntries},
@@ -43,6 +45,8 @@ pub enum Entry<'a> {
     ServiceNet(SourceRange, u8),
     /// The prefixes covering the IPv4 service address space.
     SvcnetSummary4(&'a SvcnetSummary4),
+    /// `sl_sockmark`'s validity word (`sluice_common::socket`).
+    SockMarksValid(bool),
 }
 
 /// The key of one entry to delete.
@@ -74,6 +78,8 @@ pub trait MapReads {
     fn conntrack4(&self) -> Result<Vec<(Ct4Key, CtEntry)>, DatapathError>;
     fn conntrack6(&self) -> Result<Vec<(Ct6Key, CtEntry)>, DatapathError>;
     fn sockets(&self) -> Result<SocketEntries, DatapathError>;
+    /// `sl_sockmark`'s counts by slot (without the validity word).
+    fn sock_marks(&self) -> Result<Vec<u64>, DatapathError>;
     fn affinities4(&self) -> Result<Vec<(Affinity4Key, AffinityValue)>, DatapathError>;
     fn affinities6(&self) -> Result<Vec<(Affinity6Key, AffinityValue)>, DatapathError>;
     /// The sum over CPUs of one datapath counter.
@@ -322,6 +328,10 @@ impl MapReads for MapWriter {
         conntrack::read_sockets(&self.maps)
     }
 
+    fn sock_marks(&self) -> Result<Vec<u64>, DatapathError> {
+        self.maps.sock_marks()
+    }
+
     fn affinities4(&self) -> Result<Vec<(Affinity4Key, AffinityValue)>, DatapathError> {
         conntrack::read_affinities(&self.maps.affinity_v4, names::AFFINITY_V4)
     }
@@ -371,6 +381,10 @@ impl MapWrites for MapWriter {
             Entry::SvcnetSummary4(summary) => (
                 names::SVCNET_SUMMARY_V4,
                 m.svcnet_summary_v4.set(0, summary, 0),
+            ),
+            Entry::SockMarksValid(valid) => (
+                names::SOCK_MARKS,
+                m.sock_marks.set(MARKS_VALID, u64::from(valid), 0),
             ),
         };
         result.map_err(|e| WriteError::from_map(map, e))?;

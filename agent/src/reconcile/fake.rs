@@ -74,6 +74,10 @@ pub struct FakeMaps {
     pub conntrack6: Vec<(Ct6Key, CtEntry)>,
     pub sockets: Vec<(u64, SockEntry)>,
     pub sock_revs: Vec<SockRevKey>,
+    /// `sl_sockmark`: the counts by slot (empty: all zero) and the
+    /// validity word.
+    pub sock_marks: Vec<u64>,
+    pub sock_marks_valid: bool,
     pub affinities4: Vec<(Affinity4Key, AffinityValue)>,
     pub affinities6: Vec<(Affinity6Key, AffinityValue)>,
     pub stats: BTreeMap<usize, u64>,
@@ -272,6 +276,7 @@ impl FakeMaps {
         Write::Put(match *entry {
             Entry::Config(_) => return Write::Config,
             Entry::SvcnetSummary4(_) => return Write::SvcnetSummary,
+            Entry::SockMarksValid(_) => return Write::Config,
             Entry::Backend(id, _) => EntryKey::Backend(id),
             Entry::Service(k, _) => EntryKey::Service(k),
             Entry::Maglev(k, _) => EntryKey::Maglev(k),
@@ -391,6 +396,12 @@ impl MapReads for FakeMaps {
         Ok((self.sockets.clone(), self.sock_revs.clone()))
     }
 
+    fn sock_marks(&self) -> Result<Vec<u64>, DatapathError> {
+        let mut marks = self.sock_marks.clone();
+        marks.resize(sluice_common::maps::SOCK_MARK_SLOTS as usize, 0);
+        Ok(marks)
+    }
+
     fn affinities4(&self) -> Result<Vec<(Affinity4Key, AffinityValue)>, DatapathError> {
         Ok(self.affinities4.clone())
     }
@@ -474,6 +485,7 @@ impl MapWrites for FakeMaps {
                 self.service_nets.insert(n, kind);
             }
             Entry::SvcnetSummary4(summary) => self.svcnet_summary_v4 = *summary,
+            Entry::SockMarksValid(valid) => self.sock_marks_valid = valid,
         }
         Ok(())
     }

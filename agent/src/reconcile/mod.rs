@@ -52,7 +52,7 @@ use pods::PodFlows;
 use sluice_common::{
     config::CFG_F_PODS_ON_SOCKETS,
     maps::{self as names, MAX_SLOTS, SVCNET_CIDR, SVCNET_CLUSTER_IP},
-    Backend, Config, Ct4Key, Ct6Key, SvcnetSummary4, ABI_VERSION,
+    Backend, Config, Ct4Key, Ct6Key, SockEntry, SvcnetSummary4, ABI_VERSION,
 };
 use units::Units;
 
@@ -183,6 +183,9 @@ pub struct Reconciler<W = MapWriter> {
     left_to_tc: usize,
     /// `CFG_F_PODS_ON_SOCKETS` as written (see `pods.rs`).
     pods: PodFlows<Ct4Key, Ct6Key>,
+    /// Whether this agent found `sl_sockmark`'s counts complete and wrote
+    /// its validity word (the loader clears it at every start).
+    marks_valid: bool,
 }
 
 /// Service-map entries per address family (`sl_svc4`, `sl_svc6`).
@@ -328,6 +331,7 @@ impl<W: MapWrites> Reconciler<W> {
             filters: Filters::new(),
             left_to_tc: 0,
             pods: PodFlows::new(),
+            marks_valid: false,
         };
         // Each unit's backends indexed at once (one slice per unit).
         r.units.index_backends(
@@ -449,6 +453,32 @@ impl<W: MapWrites> Reconciler<W> {
             info!("the pods' devices look at replies again: a frontend is left to the TC path for pods, or pods' sockets are not all balanced");
         }
         Ok(())
+    }
+
+    /// Writes `sl_sockmark`'s validity word once its counts are complete
+    /// (`conntrack::marks_complete`, the counts read after `sockets`):
+    /// from then on a closing TCP socket whose slot counts none skips the
+    /// `sl_sock` lookup. Until then (after an upgrade from 0.1.0, while a
+    /// socket it balanced lives) every release looks.
+    fn validate_sock_marks(&mut self, sockets: &[(u64, SockEntry)], report: &mut ScanReport) {
+        let marks = match self.writer.sock_marks() {
+            Ok(m) => m,
+            Err(e) => {
+                debug!(error = %e, "sl_sockmark unread: its counts stay untrusted");
+                return;
+            }
+        };
+        if !conntrack::marks_complete(sockets, &marks) {
+            debug!("a TCP socket of sl_sock is not counted in sl_sockmark: every socket release looks it up until it closes");
+            return;
+        }
+        match self.writer.put(Entry::SockMarksValid(true)) {
+            Ok(()) => {
+                self.marks_valid = true;
+                debug!("sl_sockmark counts every TCP socket: releases of sockets never balanced skip the sl_sock lookup");
+            }
+            Err(e) => report.errors.push(e),
+        }
     }
 
     /// Sets the bits of `Config::flags` under `mask` to `bits` (written only
@@ -1396,6 +1426,9 @@ impl<W: MapWrites> Reconciler<W> {
             }
         }
         conntrack::add_flows(&mut flows, socks.flows);
+        if !self.marks_valid {
+            self.validate_sock_marks(&sockets, &mut report);
+        }
         let now_ns = conntrack::monotonic_ns();
         let affinities = self.writer.affinities4()?;
         for key in conntrack::stale_affinities(&affinities, &self.programmed.backends, now_ns) {

@@ -497,9 +497,38 @@ fn stale_conntrack_entries_of_removed_backends_are_deleted() {
     assert_eq!((scan.entries, scan.deleted), (1, 1));
     assert!(r.writer().conntrack4.is_empty());
     assert_eq!(
-        r.writer().log.last(),
+        r.writer().map_writes().last(),
         Some(&Write::Delete(EntryKey::Conntrack4(ct_key)))
     );
+}
+
+#[test]
+fn the_socket_marks_are_declared_valid_once_every_tcp_socket_is_counted() {
+    use sluice_common::{socket::mark_slot, SockEntry, IPPROTO_TCP};
+    let mut r = start(FakeMaps::new());
+    let now = Instant::now();
+    // A TCP socket 0.1.0 balanced (its entry uncounted) and one this
+    // agent's programs counted.
+    let legacy = SockEntry {
+        proto: IPPROTO_TCP,
+        ..SockEntry::default()
+    };
+    let mut counted = legacy;
+    counted.set_counted();
+    r.writer_mut().sockets = vec![(5, legacy), (6, counted)];
+    let mut marks = vec![0; sluice_common::maps::SOCK_MARK_SLOTS as usize];
+    marks[mark_slot(6) as usize] = 1;
+    r.writer_mut().sock_marks = marks;
+    r.scan_conntrack(now).unwrap();
+    assert!(!r.writer().sock_marks_valid, "an uncounted socket lives");
+    // The old socket closes (its release found its entry by lookup).
+    r.writer_mut().sockets.retain(|(c, _)| *c != 5);
+    r.scan_conntrack(now).unwrap();
+    assert!(r.writer().sock_marks_valid);
+    // Written once: later scans do not write it again.
+    let writes = r.writer().log.len();
+    r.scan_conntrack(now).unwrap();
+    assert_eq!(r.writer().log.len(), writes);
 }
 
 #[test]

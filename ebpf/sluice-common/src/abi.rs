@@ -98,7 +98,7 @@ pub const PREALLOCATABLE: [&str; 3] = [names::SERVICES_V4, names::SERVICES_V6, n
 
 /// Every map the agent pins, in the order it creates them. (The per-CPU
 /// scratch maps are per program generation and never pinned.)
-pub const MAPS: [MapDecl; 26] = [
+pub const MAPS: [MapDecl; 27] = [
     decl(
         names::CONFIG,
         MapKind::Array,
@@ -313,6 +313,14 @@ pub const MAPS: [MapDecl; 26] = [
         4,
         size_of::<SvcnetSummary4>(),
         Capacity::Fixed(1),
+        false,
+    ),
+    decl(
+        names::SOCK_MARKS,
+        MapKind::Array,
+        4,
+        8,
+        Capacity::Fixed(names::SOCK_MARK_SLOTS + 1),
         false,
     ),
 ];

@@ -46,6 +46,12 @@ pub const SOCKETS: &str = "sl_sock";
 /// Socket-level reverse translation, both families: `SockRevKey` ->
 /// `SockRevValue` (LRU).
 pub const SOCK_REV: &str = "sl_sockrev";
+/// How many counted (`SockEntry::counted`) TCP entries of `sl_sock` hash
+/// to each slot (`socket::mark_slot`), and in its last slot whether the
+/// counts are complete (`socket::MARKS_VALID`): array of `u64`. With it,
+/// `sock_release` skips the `sl_sock` lookup for a TCP socket whose slot
+/// counts none, which was never balanced.
+pub const SOCK_MARKS: &str = "sl_sockmark";
 /// The cluster's own sources (local-traffic detection: `--cluster-cidr`,
 /// or this node's pod CIDRs): LPM trie of an IPv4 network (`[u8; 4]`) ->
 /// `u8` (1).
@@ -160,6 +166,10 @@ pub const MAGLEV_MAX: u32 = 4_096;
 /// Capacity of `sl_sock` and `sl_sockrev` (sockets of the node itself
 /// talking to services). Preallocated (LRU).
 pub const SOCKETS_MAX: u32 = 65_536;
+
+/// Counting slots of `sl_sockmark` (8 pages of `u64`); the map has one
+/// more, the validity word.
+pub const SOCK_MARK_SLOTS: u32 = 4_096;
 
 /// Largest number of backend slots one frontend may have (slot is a `u16`
 /// and slot 0 is the master entry).

@@ -18,7 +18,20 @@
 //! TCP socket connected by a later agent reports its backend as peer; its
 //! flow is not affected.
 
-use crate::{assert_size, user_pod};
+//!
+//! `sl_sockmark` counts the TCP entries of `sl_sock` by slot of their
+//! cookie, so that a closing TCP socket that was never balanced (its slot
+//! counts none) costs `sock_release` no lookup in `sl_sock`, a map too big
+//! to stay in the caches. An entry the counts hold is marked `counted`
+//! (its first padding byte; 0.1.0 writes 0 there and never reads it); the
+//! release of a counted entry takes its count back. A count may stay too
+//! high (an entry the LRU evicted or the agent deleted), never too low
+//! within one set of maps; the counts are trusted only while the validity
+//! word is set, which the agent writes after a scan of `sl_sock` found no
+//! uncounted TCP entry (0.1.0's, or one balanced before the maps moved to
+//! a new generation) and every slot's count at least its entries.
+
+use crate::{assert_size, maps::SOCK_MARK_SLOTS, user_pod};
 
 /// Value of `sl_sock` (key: the socket cookie, `u64`).
 #[repr(C)]
@@ -39,6 +52,32 @@ pub struct SockEntry {
     pub _pad: [u8; 2],
 }
 assert_size!(SockEntry, 48);
+
+/// `SockEntry::_pad[0]` bit: the entry is counted in `sl_sockmark`.
+pub const SOCK_F_COUNTED: u8 = 1;
+
+impl SockEntry {
+    /// Whether `sl_sockmark` counts this entry.
+    #[inline(always)]
+    pub fn counted(&self) -> bool {
+        self._pad[0] & SOCK_F_COUNTED != 0
+    }
+
+    #[inline(always)]
+    pub fn set_counted(&mut self) {
+        self._pad[0] |= SOCK_F_COUNTED;
+    }
+}
+
+/// The `sl_sockmark` slot counting the socket with `cookie` (cookies are
+/// handed out in sequence, so their low bits spread).
+#[inline(always)]
+pub const fn mark_slot(cookie: u64) -> u32 {
+    ((cookie ^ (cookie >> 32)) as u32) % SOCK_MARK_SLOTS
+}
+
+/// The index of `sl_sockmark`'s validity word.
+pub const MARKS_VALID: u32 = SOCK_MARK_SLOTS;
 
 /// Key of `sl_sockrev`.
 #[repr(C)]

@@ -28,6 +28,10 @@
 //! `docs/architecture.md` for the walk of one packet.
 #![no_std]
 #![no_main]
+// `atomic_xadd`: the BPF target has no compare-and-swap, so `core`'s
+// atomic types offer no `fetch_add`; the intrinsic lowers to BPF's XADD.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
 mod checksum;
 mod clock;

@@ -17,7 +17,7 @@ use sluice_common::{
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX,
         FRAGMENTS_MAX, HANDOVER_MAX, LOCAL_IFS_MAX, LOCAL_MAX, MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX,
-        SOURCE_RANGES_MAX, SVCNET_MAX,
+        SOCK_MARK_SLOTS, SOURCE_RANGES_MAX, SVCNET_MAX,
     },
     stats::{STATS2_MAX, STAT_COUNT},
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Event,
@@ -116,6 +116,11 @@ pub static MAGLEV_V6: HashMap<Svc6Key, MaglevTable, { MAGLEV_MAX as usize }, NO_
 
 #[btf_map(name = "sl_sock")]
 pub static SOCKETS: LruHashMap<u64, SockEntry, { SOCKETS_MAX as usize }> = LruHashMap::new();
+
+/// Counts of `sl_sock`'s TCP entries by cookie slot, and the validity
+/// word (`sluice_common::socket`).
+#[btf_map(name = "sl_sockmark")]
+pub static SOCK_MARKS: Array<u64, { SOCK_MARK_SLOTS as usize + 1 }> = Array::new();
 
 #[btf_map(name = "sl_sockrev")]
 pub static SOCK_REV: LruHashMap<SockRevKey, SockRevValue, { SOCKETS_MAX as usize }> =
@@ -319,6 +324,7 @@ const _: () = assert!(same("sl_aff4", names::AFFINITY_V4));
 const _: () = assert!(same("sl_srcrng4", names::SOURCE_RANGES_V4));
 const _: () = assert!(same("sl_sock", names::SOCKETS));
 const _: () = assert!(same("sl_sockrev", names::SOCK_REV));
+const _: () = assert!(same("sl_sockmark", names::SOCK_MARKS));
 const _: () = assert!(same("sl_aff6", names::AFFINITY_V6));
 const _: () = assert!(same("sl_srcrng6", names::SOURCE_RANGES_V6));
 const _: () = assert!(same("sl_progs", names::PROGS));
@@ -405,6 +411,34 @@ pub fn backend(id: u32) -> Option<&'static Backend> {
 pub fn config() -> Config {
     // SAFETY: array slot 0 always exists; copied at once.
     CONFIG.get_ptr(0).map(|p| unsafe { *p }).unwrap_or_default()
+}
+
+/// Adds `delta` (1, or -1 as two's complement) to the count of `slot` in
+/// `sl_sockmark`, atomically: sockets close on every CPU.
+#[inline(always)]
+pub fn add_sock_mark(slot: u32, delta: u64) {
+    if let Some(p) = SOCK_MARKS.get_ptr_mut(slot) {
+        // SAFETY: an array slot, valid for the program run; the atomic add
+        // is the only access.
+        unsafe {
+            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+                p, delta,
+            )
+        };
+    }
+}
+
+/// Whether the release of the TCP socket counted in `slot` may skip the
+/// `sl_sock` lookup: the counts are valid and `slot` counts none.
+#[inline(always)]
+pub fn sock_surely_unmarked(slot: u32) -> bool {
+    // SAFETY: array slots, valid for the program run; one word each.
+    let read = |i: u32| {
+        SOCK_MARKS
+            .get_ptr(i)
+            .map(|p| unsafe { core::ptr::read_volatile(p) })
+    };
+    read(sluice_common::socket::MARKS_VALID) == Some(1) && read(slot) == Some(0)
 }
 
 /// Whether every pod's flows are the socket programs' (see

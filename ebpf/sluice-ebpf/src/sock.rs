@@ -36,6 +36,7 @@ use sluice_common::{
         SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MAGLEV,
         SVC_F_NODE_DENIED, SVC_F_SOURCE_RANGES,
     },
+    socket::mark_slot,
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtKind, SockEntry,
     SockRevKey, SockRevValue, Stat, Svc4Key, Svc6Key, SvcValue, FAMILY_V4, FAMILY_V6, IPPROTO_TCP,
     IPPROTO_UDP,
@@ -527,7 +528,7 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
     let baddr = socket_view(backend, mapped);
     write_addr(sa, family, &baddr, backend.port);
     let port = at.port;
-    let entry = SockEntry {
+    let mut entry = SockEntry {
         backend_id,
         svc_id: master.svc_id,
         backend: baddr,
@@ -552,10 +553,17 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         port,
         _pad: [0; 2],
     };
-    let _ = SOCKETS.insert(cookie, entry, BPF_ANY as u64);
-    // A TCP socket has one peer, which `reverse` finds in `sl_sock`; a UDP
-    // socket may send to several frontends, one reverse entry each.
-    if proto != IPPROTO_TCP {
+    if proto == IPPROTO_TCP {
+        // Counted in `sl_sockmark` once it is in (a socket that connects
+        // twice is counted twice: a count too high only costs a lookup).
+        entry.set_counted();
+        if SOCKETS.insert(cookie, entry, BPF_ANY as u64).is_ok() {
+            maps::add_sock_mark(mark_slot(cookie), 1);
+        }
+    } else {
+        let _ = SOCKETS.insert(cookie, entry, BPF_ANY as u64);
+        // A TCP socket has one peer, which `reverse` finds in `sl_sock`; a
+        // UDP socket may send to several frontends, one reverse entry each.
         let _ = SOCK_REV.insert(rev_key, rev, BPF_ANY as u64);
     }
     count(Stat::SockConnect);
@@ -627,20 +635,31 @@ pub fn release(ctx: &SockContext) -> i32 {
     }
     // SAFETY: plain helper call on the program's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let slot = mark_slot(cookie);
+    // A TCP socket whose slot counts no entry was never balanced (while
+    // the counts are valid: `sluice_common::socket`): no lookup in the
+    // big `sl_sock`.
+    if proto == u32::from(IPPROTO_TCP) && maps::sock_surely_unmarked(slot) {
+        return ALLOW;
+    }
     if let Some(e) = SOCKETS.get_ptr(cookie) {
         // SAFETY: the pointer comes from a successful lookup.
-        let (backend, port, proto) = unsafe { ((*e).backend, (*e).backend_port, (*e).proto) };
+        let e = unsafe { *e };
         // A TCP socket has no reverse entry (one that 0.1.0 wrote goes with
         // the agent's next scan: its socket is gone from `sl_sock`).
-        if proto != IPPROTO_TCP {
+        if e.proto != IPPROTO_TCP {
             let _ = SOCK_REV.remove(SockRevKey {
                 cookie,
-                backend,
-                port,
+                backend: e.backend,
+                port: e.backend_port,
                 _pad: [0; 6],
             });
         }
-        let _ = SOCKETS.remove(cookie);
+        // Its count goes with the entry that held it (an entry the LRU or
+        // the agent took first leaves its count: too high, never too low).
+        if SOCKETS.remove(cookie).is_ok() && e.counted() {
+            maps::add_sock_mark(slot, u64::MAX);
+        }
     }
     ALLOW
 }
