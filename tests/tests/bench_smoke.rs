@@ -55,6 +55,7 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
                 "sluice-sock",
                 "sluice-host-routing",
                 "sluice-passthrough",
+                "sluice-sock-passthrough",
                 "tc-floor",
                 "iptables-legacy",
                 "iptables-nft",
@@ -74,6 +75,16 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
             ] {
                 positive(v, path).with_context(|| format!("{} at {n} services", v["variant"]))?;
             }
+            // Every block's rate is kept, one per block of every round
+            // (the ratios against direct pair them).
+            let blocks = results["config"]["connect_blocks_per_round"]
+                .as_u64()
+                .context("connect_blocks_per_round")?;
+            let rounds = results["config"]["rounds"].as_u64().context("rounds")?;
+            let samples = v["connect_last"]["rate"]["samples"]
+                .as_array()
+                .context("samples")?;
+            assert_eq!(samples.len() as u64, blocks * rounds, "{}", v["variant"]);
         }
         let programming = size["control"]["programming"]
             .as_object()
@@ -166,6 +177,7 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
     assert!(report.contains("| sluice |"));
     assert!(report.contains("| sluice-sock | sl_connect4 |"));
     assert!(report.contains("non-service traffic within 1% of no sluice"));
+    assert!(report.contains("(sluice-sock-passthrough: the default --socket-lb=all"));
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
