@@ -440,12 +440,43 @@ mod tests {
     }
 
     #[test]
-    fn socket_marks_are_trusted_only_when_every_tcp_entry_is_counted() {
+    fn a_counted_socket_of_a_gone_backend_is_orphaned_not_deleted() {
+        use sluice_common::{IPPROTO_TCP, IPPROTO_UDP};
+        let mut backends = HashMap::new();
+        backends.insert(BackendId(3), backend(1));
+        let mut live = sock(IPPROTO_TCP, true);
+        (live.backend_id, live.svc_id) = (3, 1);
+        let mut counted = sock(IPPROTO_TCP, true);
+        (counted.backend_id, counted.svc_id) = (9, 1);
+        let mut uncounted = sock(IPPROTO_TCP, false);
+        (uncounted.backend_id, uncounted.svc_id) = (9, 1);
+        let mut udp = sock(IPPROTO_UDP, false);
+        (udp.backend_id, udp.svc_id) = (9, 1);
+        let mut orphaned = counted;
+        (orphaned.backend_id, orphaned.svc_id) = (0, 0);
+        let sockets = [
+            (1, live),
+            (2, counted),
+            (3, uncounted),
+            (4, udp),
+            (5, orphaned),
+        ];
+        let scan = scan_sockets(&sockets, &[], &backends);
+        assert_eq!(scan.flows, HashMap::from([(BackendId(3), 1)]));
+        // The counted one keeps its entry (its close takes its count
+        // back), under no backend; one already orphaned is left as it is.
+        assert_eq!(scan.orphans, vec![(2, orphaned)]);
+        assert_eq!(scan.stale_sockets, vec![3, 4]);
+    }
+
+    #[test]
+    fn socket_marks_fall_short_only_of_counted_entries_they_miss() {
         use sluice_common::{socket::mark_slot, IPPROTO_TCP, IPPROTO_UDP};
         let slots = sluice_common::maps::SOCK_MARK_SLOTS as usize;
         let mut marks = vec![0u64; slots];
+        let complete = |s: &[(u64, SockEntry)], m: &[u64]| marks_shortfall(s, m) == Some(vec![]);
         // Nothing to count: trusted.
-        assert!(marks_complete(&[], &marks));
+        assert!(complete(&[], &marks));
         // Two counted TCP sockets whose cookies share a slot, one UDP
         // socket (never counted).
         let (a, b) = (7u64, 7 + u64::from(sluice_common::maps::SOCK_MARK_SLOTS));
@@ -455,24 +486,31 @@ mod tests {
             (b, sock(IPPROTO_TCP, true)),
             (99, sock(IPPROTO_UDP, false)),
         ];
-        // A count lower than the slot's entries (a copy that lost an
-        // update): not trusted.
+        // A count lower than the slot's entries (a socket connected
+        // between the reads, or a copy that lost an update): that slot,
+        // with its cookies, to look at again.
         marks[mark_slot(a) as usize] = 1;
-        assert!(!marks_complete(&sockets, &marks));
+        assert_eq!(
+            marks_shortfall(&sockets, &marks),
+            Some(vec![(mark_slot(a), vec![a, b])])
+        );
         marks[mark_slot(a) as usize] = 2;
-        assert!(marks_complete(&sockets, &marks));
+        assert!(complete(&sockets, &marks));
         // Higher is harmless (an entry the LRU evicted).
         marks[mark_slot(a) as usize] = 5;
-        assert!(marks_complete(&sockets, &marks));
+        assert!(complete(&sockets, &marks));
         // An uncounted TCP entry (0.1.0 wrote it): not trusted, whatever
         // the counts say.
         let mut legacy = sockets.clone();
         legacy.push((12, sock(IPPROTO_TCP, false)));
         marks[mark_slot(12) as usize] = 1;
-        assert!(!marks_complete(&legacy, &marks));
+        assert_eq!(marks_shortfall(&legacy, &marks), None);
         // Counts shorter than the slots (a map that could not be read
-        // whole): not trusted.
-        assert!(!marks_complete(&sockets, &[]));
+        // whole): every slot past them falls short.
+        assert_eq!(
+            marks_shortfall(&sockets, &[]),
+            Some(vec![(mark_slot(a), vec![a, b])])
+        );
     }
 }
 
@@ -483,6 +521,12 @@ pub struct SockScan {
     pub flows: HashMap<BackendId, u32>,
     /// Sockets whose backend is gone (they cannot reach it any more).
     pub stale_sockets: Vec<u64>,
+    /// Counted TCP sockets (`sl_sockmark`) whose backend is gone, as their
+    /// entries are to be rewritten: backend and service 0, so that no
+    /// backend counts them, while the socket's close still finds the entry
+    /// and takes its count back (deleting it here would leave the count
+    /// too high for good, and its slot would never skip a lookup again).
+    pub orphans: Vec<(u64, SockEntry)>,
     /// Reverse entries of sockets that were released, or whose backend is
     /// gone.
     pub stale_revs: Vec<SockRevKey>,
@@ -537,6 +581,13 @@ pub fn scan_sockets(
         {
             *out.flows.entry(BackendId(e.backend_id)).or_default() += 1;
             live.insert(*cookie);
+        } else if e.proto == sluice_common::IPPROTO_TCP && e.counted() {
+            if e.backend_id != 0 || e.svc_id != 0 {
+                let mut orphan = *e;
+                orphan.backend_id = 0;
+                orphan.svc_id = 0;
+                out.orphans.push((*cookie, orphan));
+            }
         } else {
             out.stale_sockets.push(*cookie);
         }
@@ -549,27 +600,41 @@ pub fn scan_sockets(
     out
 }
 
-/// Whether `sl_sockmark`'s counts (`marks`, by slot, read after
-/// `sockets`) may be trusted: every TCP entry of `sl_sock` is counted
-/// (none is 0.1.0's, or from before a copy of the maps), and no slot
-/// counts fewer entries than it holds (a copy of the counts that lost an
-/// update). A count above its entries is harmless: a socket released
-/// between the two reads, an entry the LRU or the agent took.
-pub fn marks_complete(sockets: &[(u64, SockEntry)], marks: &[u64]) -> bool {
-    let mut held: HashMap<u32, u64> = HashMap::new();
+/// How far `sl_sockmark`'s counts (`marks`, by slot) fall short of the
+/// counted TCP entries of `sl_sock` (`sockets`, read after `marks`):
+/// `None` when some TCP entry is not counted (0.1.0's, or one whose
+/// counted bit a copy into a new layout dropped), else the slots that
+/// count fewer entries than they hold, each with its cookies. A slot may
+/// fall short only because a socket connected between the two reads, or
+/// because a copy of the counts lost an update; a count above its
+/// entries is harmless (a socket released between the reads, an entry the
+/// LRU evicted).
+pub fn marks_shortfall(
+    sockets: &[(u64, SockEntry)],
+    marks: &[u64],
+) -> Option<Vec<(u32, Vec<u64>)>> {
+    let mut held: HashMap<u32, Vec<u64>> = HashMap::new();
     for (cookie, e) in sockets {
         if e.proto != sluice_common::IPPROTO_TCP {
             continue;
         }
         if !e.counted() {
-            return false;
+            return None;
         }
-        *held
-            .entry(sluice_common::socket::mark_slot(*cookie))
-            .or_default() += 1;
+        held.entry(sluice_common::socket::mark_slot(*cookie))
+            .or_default()
+            .push(*cookie);
     }
-    held.iter()
-        .all(|(slot, n)| marks.get(*slot as usize).is_some_and(|m| m >= n))
+    let mut short: Vec<(u32, Vec<u64>)> = held
+        .into_iter()
+        .filter(|(slot, cookies)| {
+            marks
+                .get(*slot as usize)
+                .is_none_or(|m| *m < cookies.len() as u64)
+        })
+        .collect();
+    short.sort_unstable();
+    Some(short)
 }
 
 /// Live flows per backend: both conntrack maps' and the node's own

@@ -211,6 +211,13 @@ impl<W: MapWrites> Sync<W> {
             }
             self.step(&mut due);
         }
+        // The next agent may not count balanced sockets (a rollback to
+        // 0.1.0): until one that does finds the counts complete, every
+        // socket's close looks it up. (After a crash the word stays: the
+        // next agent's loader clears it, a window a rollback may hit.)
+        if let Err(e) = self.reconciler.distrust_sock_marks() {
+            warn!(error = %e, "sl_sockmark's validity could not be cleared");
+        }
         info!("sync task stopped; the datapath keeps running on its pinned maps");
     }
 

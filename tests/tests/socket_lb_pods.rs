@@ -376,6 +376,11 @@ fn pods_reach_every_kind_of_frontend_through_their_sockets() -> Result<()> {
                 && of(IPPROTO_UDP).all(|(c, _)| revs.contains(c)),
             "v6={v6}: sockets {sockets:?}, reverse entries of {revs:?}"
         );
+        // The counts trusted before the closes, so that they run the
+        // skipping path.
+        agent.wait_until("the counts trusted", Duration::from_secs(15), |_| {
+            Ok(maps()?.sock_marks.get(&MARKS_VALID, 0)? == 1)
+        })?;
         drop((tcp, udp));
         // The TCP sockets' closes took their entries and their counts back
         // (`sl_sockmark`: a balanced TCP socket is counted in its cookie's
@@ -1071,10 +1076,11 @@ fn a_bit_set_before_a_rollback_to_0_1_0_is_not_trusted_after_it() -> Result<()> 
 /// A TCP socket that 0.1.0 balanced is looked up in `sl_sock` at its close
 /// after the upgrade back, although `sl_sockmark`'s counts were trusted
 /// before the rollback: 0.1.0 knows nothing of the counts, so its entry is
-/// uncounted and its slot may count none. The loader clears the counts'
-/// validity at every start, and the agent trusts them again only once no
-/// uncounted TCP entry is left. (Were the stale validity kept, the close
-/// would skip the lookup and the entry would outlive its socket.)
+/// uncounted and its slot may count none. A stopping agent clears the
+/// counts' validity; one that crashed leaves it (as here), and the loader
+/// clears it at every start; the agent trusts the counts again only once
+/// no uncounted TCP entry is left. (Were the stale validity kept, the
+/// close would skip the lookup and the entry would outlive its socket.)
 #[test]
 fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Result<()> {
     let topo = Topology::new(1, 2)?;
@@ -1104,10 +1110,12 @@ fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Re
     agent.wait_ready(Duration::from_secs(20))?;
     agent.wait_until("the counts trusted", Duration::from_secs(10), |_| valid())?;
 
+    // A crash, then the rollback.
+    agent.kill9();
     let old = sluice_tests::agent::release_binary("0.1.0")?;
     agent.replace(&topo.node, &old, &env)?;
     agent.wait_ready(Duration::from_secs(20))?;
-    ensure!(valid()?, "0.1.0 left the validity word as it found it");
+    ensure!(valid()?, "0.1.0 left the validity word as the crash did");
     // The node's own socket, balanced by 0.1.0 and held open.
     let mut tcp = HostClient::start(&topo, "tcp", "10.96.7.1", 80)?;
     let held = tcp.line()?;
@@ -1148,6 +1156,92 @@ fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Re
         "the new socket's entry and count gone",
         Duration::from_secs(10),
         |_| Ok(tcp_entries()?.is_empty() && maps()?.sock_marks()?.iter().all(|c| *c == 0)),
+    )?;
+    // A stopping agent takes the validity away for the next one.
+    agent.stop()?;
+    ensure!(!valid()?, "still trusted after the agent stopped");
+    Ok(())
+}
+
+/// A balanced TCP socket outlives its backend (removed, and past the
+/// drain timeout): the agent's scan does not delete its `sl_sock` entry
+/// but orphans it (backend and service 0, so no backend counts it), so
+/// that the socket's close still finds the entry and takes its count in
+/// `sl_sockmark` back. Deleting it would leave the count too high for
+/// good: its slot would never again spare a release the lookup.
+#[test]
+fn a_socket_whose_backend_is_gone_gives_its_count_back_at_its_close() -> Result<()> {
+    let topo = Topology::new(1, 2)?;
+    let mut servers = Vec::new();
+    for pod in &topo.backends {
+        servers.push(servers::tcp_greeter(&pod.ns, 8080, &pod.name)?);
+    }
+    let eps = |pods: &[&sluice_tests::Pod]| -> Vec<Ep> {
+        pods.iter()
+            .map(|p| (IpAddr::from(p.ip), "node-1", READY))
+            .collect()
+    };
+    let all: Vec<_> = topo.backends.iter().collect();
+    let dir = ManifestDir::create()?;
+    dir.write("node.yaml", &node_yaml(&topo))?;
+    let web = |pods: &[&sluice_tests::Pod]| {
+        service(
+            "web",
+            &["10.96.8.1"],
+            "",
+            "",
+            "TCP",
+            (80, 8080, None),
+            &eps(pods),
+        )
+    };
+    dir.write("web.yaml", &web(&all))?;
+    let mut agent = Agent::start(
+        &topo,
+        &format!("dir:{}", dir.path().display()),
+        &["--drain-timeout", "1s", "--conntrack-gc-interval", "200ms"],
+    )?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    let maps = || Maps::open_pinned(topo.bpf.path());
+    let mut tcp = HostClient::start(&topo, "tcp", "10.96.8.1", 80)?;
+    let held = tcp.line()?;
+    ensure!(held.len() == 3 && held[0] == "ok", "{held:?}");
+    let reached = topo
+        .backends
+        .iter()
+        .position(|p| p.name == held[1])
+        .with_context(|| format!("reached {held:?}"))?;
+    let entry = || -> Result<Option<sluice_common::SockEntry>> {
+        Ok(maps()?
+            .sockets
+            .iter()
+            .flatten()
+            .find(|(_, e)| e.proto == IPPROTO_TCP)
+            .map(|(_, e)| e))
+    };
+    ensure!(
+        entry()?.is_some_and(|e| e.counted() && e.backend_id != 0),
+        "{:?}",
+        entry()?
+    );
+    // Its backend goes; the drain gives up on the socket after 1 s.
+    let left: Vec<_> = topo
+        .backends
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != reached)
+        .map(|(_, p)| p)
+        .collect();
+    dir.write("web.yaml", &web(&left))?;
+    agent.wait_until("the entry orphaned", Duration::from_secs(15), |_| {
+        Ok(entry()?.is_some_and(|e| e.counted() && e.backend_id == 0 && e.svc_id == 0))
+    })?;
+    ensure!(maps()?.sock_marks()?.iter().sum::<u64>() == 1);
+    drop(tcp);
+    agent.wait_until(
+        "the entry and its count gone at the close",
+        Duration::from_secs(10),
+        |_| Ok(entry()?.is_none() && maps()?.sock_marks()?.iter().all(|c| *c == 0)),
     )?;
     Ok(())
 }

@@ -23,6 +23,8 @@ const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 pub const NOEXIST: u64 = 1;
 /// `BPF_ANY`.
 pub const ANY: u64 = 0;
+/// `BPF_EXIST`: update only.
+pub const EXIST: u64 = 2;
 
 fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> io::Result<i64> {
     // SAFETY: `attr` is a zero-padded 128-byte `union bpf_attr` whose

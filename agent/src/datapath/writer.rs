@@ -18,7 +18,8 @@ use aya::{
 };
 use sluice_common::{
     maps as names, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key,
-    CtEntry, MaglevTable, SockRevKey, SrcRange4, SrcRange6, Stat, SvcValue, SvcnetSummary4,
+    CtEntry, MaglevTable, SockEntry, SockRevKey, SrcRange4, SrcRange6, Stat, SvcValue,
+    SvcnetSummary4,
 };
 
 use sluice_common::socket::MARKS_VALID;
@@ -47,6 +48,9 @@ pub enum Entry<'a> {
     SvcnetSummary4(&'a SvcnetSummary4),
     /// `sl_sockmark`'s validity word (`sluice_common::socket`).
     SockMarksValid(bool),
+    /// An `sl_sock` entry rewritten in place (`BPF_EXIST`): a socket that
+    /// closed meanwhile is not brought back, and that is no error.
+    Socket(u64, &'a SockEntry),
 }
 
 /// The key of one entry to delete.
@@ -80,6 +84,10 @@ pub trait MapReads {
     fn sockets(&self) -> Result<SocketEntries, DatapathError>;
     /// `sl_sockmark`'s counts by slot (without the validity word).
     fn sock_marks(&self) -> Result<Vec<u64>, DatapathError>;
+    /// One slot's count of `sl_sockmark`.
+    fn sock_mark(&self, slot: u32) -> Result<u64, DatapathError>;
+    /// The `sl_sock` entry of socket `cookie`, if any.
+    fn socket(&self, cookie: u64) -> Result<Option<SockEntry>, DatapathError>;
     fn affinities4(&self) -> Result<Vec<(Affinity4Key, AffinityValue)>, DatapathError>;
     fn affinities6(&self) -> Result<Vec<(Affinity6Key, AffinityValue)>, DatapathError>;
     /// The sum over CPUs of one datapath counter.
@@ -332,6 +340,27 @@ impl MapReads for MapWriter {
         self.maps.sock_marks()
     }
 
+    fn sock_mark(&self, slot: u32) -> Result<u64, DatapathError> {
+        self.maps
+            .sock_marks
+            .get(&slot, 0)
+            .map_err(|source| DatapathError::Map {
+                name: names::SOCK_MARKS,
+                source,
+            })
+    }
+
+    fn socket(&self, cookie: u64) -> Result<Option<SockEntry>, DatapathError> {
+        match self.maps.sockets.get(&cookie, 0) {
+            Ok(e) => Ok(Some(e)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(source) => Err(DatapathError::Map {
+                name: names::SOCKETS,
+                source,
+            }),
+        }
+    }
+
     fn affinities4(&self) -> Result<Vec<(Affinity4Key, AffinityValue)>, DatapathError> {
         conntrack::read_affinities(&self.maps.affinity_v4, names::AFFINITY_V4)
     }
@@ -386,6 +415,14 @@ impl MapWrites for MapWriter {
                 names::SOCK_MARKS,
                 m.sock_marks.set(MARKS_VALID, u64::from(valid), 0),
             ),
+            Entry::Socket(cookie, e) => match m.sockets.insert(cookie, e, sys::EXIST) {
+                Err(aya::maps::MapError::SyscallError(ref s))
+                    if s.io_error.raw_os_error() == Some(libc::ENOENT) =>
+                {
+                    return Ok(());
+                }
+                other => (names::SOCKETS, other),
+            },
         };
         result.map_err(|e| WriteError::from_map(map, e))?;
         self.writes += 1;

@@ -32,6 +32,8 @@ pub enum Write {
     Config,
     /// `sl_svcnetsum4` (one entry, no key).
     SvcnetSummary,
+    /// `sl_sockmark`'s validity word.
+    SockMarksValid(bool),
     Put(EntryKey),
     Delete(EntryKey),
 }
@@ -276,7 +278,8 @@ impl FakeMaps {
         Write::Put(match *entry {
             Entry::Config(_) => return Write::Config,
             Entry::SvcnetSummary4(_) => return Write::SvcnetSummary,
-            Entry::SockMarksValid(_) => return Write::Config,
+            Entry::SockMarksValid(valid) => return Write::SockMarksValid(valid),
+            Entry::Socket(c, _) => EntryKey::Socket(c),
             Entry::Backend(id, _) => EntryKey::Backend(id),
             Entry::Service(k, _) => EntryKey::Service(k),
             Entry::Maglev(k, _) => EntryKey::Maglev(k),
@@ -323,11 +326,12 @@ impl FakeMaps {
         }
     }
 
-    /// Puts and deletions recorded, without the config entry.
+    /// Puts and deletions recorded, without the config entry and
+    /// `sl_sockmark`'s validity word.
     pub fn map_writes(&self) -> Vec<Write> {
         self.log
             .iter()
-            .filter(|w| **w != Write::Config)
+            .filter(|w| !matches!(w, Write::Config | Write::SockMarksValid(_)))
             .copied()
             .collect()
     }
@@ -394,6 +398,18 @@ impl MapReads for FakeMaps {
 
     fn sockets(&self) -> Result<SocketEntries, DatapathError> {
         Ok((self.sockets.clone(), self.sock_revs.clone()))
+    }
+
+    fn sock_mark(&self, slot: u32) -> Result<u64, DatapathError> {
+        Ok(self.sock_marks.get(slot as usize).copied().unwrap_or(0))
+    }
+
+    fn socket(&self, cookie: u64) -> Result<Option<SockEntry>, DatapathError> {
+        Ok(self
+            .sockets
+            .iter()
+            .find(|(c, _)| *c == cookie)
+            .map(|(_, e)| *e))
     }
 
     fn sock_marks(&self) -> Result<Vec<u64>, DatapathError> {
@@ -486,6 +502,12 @@ impl MapWrites for FakeMaps {
             }
             Entry::SvcnetSummary4(summary) => self.svcnet_summary_v4 = *summary,
             Entry::SockMarksValid(valid) => self.sock_marks_valid = valid,
+            // In place only: a socket that closed meanwhile stays gone.
+            Entry::Socket(c, e) => {
+                if let Some(slot) = self.sockets.iter_mut().find(|(x, _)| *x == c) {
+                    slot.1 = *e;
+                }
+            }
         }
         Ok(())
     }

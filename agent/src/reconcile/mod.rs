@@ -52,7 +52,7 @@ use pods::PodFlows;
 use sluice_common::{
     config::CFG_F_PODS_ON_SOCKETS,
     maps::{self as names, MAX_SLOTS, SVCNET_CIDR, SVCNET_CLUSTER_IP},
-    Backend, Config, Ct4Key, Ct6Key, SockEntry, SvcnetSummary4, ABI_VERSION,
+    Backend, Config, Ct4Key, Ct6Key, SvcnetSummary4, ABI_VERSION,
 };
 use units::Units;
 
@@ -456,21 +456,44 @@ impl<W: MapWrites> Reconciler<W> {
     }
 
     /// Writes `sl_sockmark`'s validity word once its counts are complete
-    /// (`conntrack::marks_complete`, the counts read after `sockets`):
-    /// from then on a closing TCP socket whose slot counts none skips the
-    /// `sl_sock` lookup. Until then (after an upgrade from 0.1.0, while a
-    /// socket it balanced lives) every release looks.
-    fn validate_sock_marks(&mut self, sockets: &[(u64, SockEntry)], report: &mut ScanReport) {
-        let marks = match self.writer.sock_marks() {
-            Ok(m) => m,
+    /// (`conntrack::marks_shortfall`): from then on a closing TCP socket
+    /// whose slot counts none skips the `sl_sock` lookup. Until then
+    /// (after an upgrade from 0.1.0, while a socket it balanced lives)
+    /// every release looks. The counts are read before the entries, so a
+    /// slot falls short only of a socket that connected between the two
+    /// reads (or of a copy that lost an update): such a slot's count is
+    /// read again, then its cookies looked up again, and a socket closed
+    /// meanwhile is not held against it.
+    fn validate_sock_marks(&mut self, report: &mut ScanReport) {
+        let checked = (|| -> Result<bool, DatapathError> {
+            let marks = self.writer.sock_marks()?;
+            let (sockets, _) = self.writer.sockets()?;
+            let Some(short) = conntrack::marks_shortfall(&sockets, &marks) else {
+                debug!("a TCP socket of sl_sock is not counted in sl_sockmark: every socket release looks it up until it closes");
+                return Ok(false);
+            };
+            for (slot, cookies) in short {
+                let count = self.writer.sock_mark(slot)?;
+                let mut held = 0u64;
+                for cookie in cookies {
+                    if self.writer.socket(cookie)?.is_some() {
+                        held += 1;
+                    }
+                }
+                if count < held {
+                    debug!(slot, count, held, "an sl_sockmark slot counts fewer sockets than sl_sock holds: its counts stay untrusted");
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })();
+        match checked {
+            Ok(true) => {}
+            Ok(false) => return,
             Err(e) => {
                 debug!(error = %e, "sl_sockmark unread: its counts stay untrusted");
                 return;
             }
-        };
-        if !conntrack::marks_complete(sockets, &marks) {
-            debug!("a TCP socket of sl_sock is not counted in sl_sockmark: every socket release looks it up until it closes");
-            return;
         }
         match self.writer.put(Entry::SockMarksValid(true)) {
             Ok(()) => {
@@ -479,6 +502,16 @@ impl<W: MapWrites> Reconciler<W> {
             }
             Err(e) => report.errors.push(e),
         }
+    }
+
+    /// Takes `sl_sockmark`'s validity away, as the agent stops: the next
+    /// agent may be one that does not count (a rollback to 0.1.0, whose
+    /// connect programs write uncounted entries while this build's release
+    /// program is still attached), and it validates them again itself.
+    pub fn distrust_sock_marks(&mut self) -> Result<(), WriteError> {
+        self.writer.put(Entry::SockMarksValid(false))?;
+        self.marks_valid = false;
+        Ok(())
     }
 
     /// Sets the bits of `Config::flags` under `mask` to `bits` (written only
@@ -1419,6 +1452,11 @@ impl<W: MapWrites> Reconciler<W> {
                 Err(e) => report.errors.push(e),
             }
         }
+        for (cookie, entry) in &socks.orphans {
+            if let Err(e) = self.writer.put(Entry::Socket(*cookie, entry)) {
+                report.errors.push(e);
+            }
+        }
         for key in &socks.stale_revs {
             match self.writer.delete(EntryKey::SockRev(*key)) {
                 Ok(()) => report.deleted += 1,
@@ -1427,7 +1465,7 @@ impl<W: MapWrites> Reconciler<W> {
         }
         conntrack::add_flows(&mut flows, socks.flows);
         if !self.marks_valid {
-            self.validate_sock_marks(&sockets, &mut report);
+            self.validate_sock_marks(&mut report);
         }
         let now_ns = conntrack::monotonic_ns();
         let affinities = self.writer.affinities4()?;

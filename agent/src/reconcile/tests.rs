@@ -507,10 +507,27 @@ fn the_socket_marks_are_declared_valid_once_every_tcp_socket_is_counted() {
     use sluice_common::{socket::mark_slot, SockEntry, IPPROTO_TCP};
     let mut r = start(FakeMaps::new());
     let now = Instant::now();
+    sync_all(
+        &mut r,
+        &desired(vec![(
+            "web",
+            service(key("10.96.0.10", 80), active(&["10.1.0.1"])),
+        )]),
+        now,
+    );
+    let (id, backend) = r
+        .writer()
+        .backends
+        .iter()
+        .next()
+        .map(|(id, b)| (*id, *b))
+        .expect("a backend");
     // A TCP socket 0.1.0 balanced (its entry uncounted) and one this
-    // agent's programs counted.
+    // agent's programs counted, both on the live backend.
     let legacy = SockEntry {
         proto: IPPROTO_TCP,
+        backend_id: id.get(),
+        svc_id: backend.svc_id,
         ..SockEntry::default()
     };
     let mut counted = legacy;
@@ -518,17 +535,28 @@ fn the_socket_marks_are_declared_valid_once_every_tcp_socket_is_counted() {
     r.writer_mut().sockets = vec![(5, legacy), (6, counted)];
     let mut marks = vec![0; sluice_common::maps::SOCK_MARK_SLOTS as usize];
     marks[mark_slot(6) as usize] = 1;
-    r.writer_mut().sock_marks = marks;
+    r.writer_mut().sock_marks = marks.clone();
     r.scan_conntrack(now).unwrap();
     assert!(!r.writer().sock_marks_valid, "an uncounted socket lives");
-    // The old socket closes (its release found its entry by lookup).
+    assert_eq!(r.writer().sockets.len(), 2, "both sockets are live flows");
+    // A slot counting fewer sockets than it holds (a copy that lost an
+    // update) is not trusted either.
     r.writer_mut().sockets.retain(|(c, _)| *c != 5);
+    r.writer_mut().sock_marks[mark_slot(6) as usize] = 0;
+    r.scan_conntrack(now).unwrap();
+    assert!(!r.writer().sock_marks_valid, "a count too low");
+    // Counted as it should be: trusted.
+    r.writer_mut().sock_marks = marks;
     r.scan_conntrack(now).unwrap();
     assert!(r.writer().sock_marks_valid);
+    assert_eq!(r.writer().sockets, vec![(6, counted)]);
     // Written once: later scans do not write it again.
     let writes = r.writer().log.len();
     r.scan_conntrack(now).unwrap();
     assert_eq!(r.writer().log.len(), writes);
+    // Stopping takes the validity away for the next agent.
+    r.distrust_sock_marks().unwrap();
+    assert!(!r.writer().sock_marks_valid);
 }
 
 #[test]

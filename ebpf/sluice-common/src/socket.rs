@@ -25,11 +25,12 @@
 //! to stay in the caches. An entry the counts hold is marked `counted`
 //! (its first padding byte; 0.1.0 writes 0 there and never reads it); the
 //! release of a counted entry takes its count back. A count may stay too
-//! high (an entry the LRU evicted or the agent deleted), never too low
-//! within one set of maps; the counts are trusted only while the validity
-//! word is set, which the agent writes after a scan of `sl_sock` found no
-//! uncounted TCP entry (0.1.0's, or one balanced before the maps moved to
-//! a new generation) and every slot's count at least its entries.
+//! high (an entry the LRU evicted, a socket that connected twice), never
+//! too low within one set of maps; the counts are trusted only while the
+//! validity word is set, which the agent writes after a scan of `sl_sock`
+//! found no uncounted TCP entry (0.1.0's, or one a migration stripped of
+//! its bit) and every slot's count at least its entries, and clears as it
+//! stops (the loader clears it at every start too).
 
 use crate::{assert_size, maps::SOCK_MARK_SLOTS, user_pod};
 
@@ -53,7 +54,10 @@ pub struct SockEntry {
 }
 assert_size!(SockEntry, 48);
 
-/// `SockEntry::_pad[0]` bit: the entry is counted in `sl_sockmark`.
+/// `SockEntry::_pad[0]` bit: the entry is counted in `sl_sockmark`. A
+/// migration into a new `sl_sock` layout does not copy `_` fields, so it
+/// strips the bit: such entries then keep the counts untrusted until their
+/// sockets close (safe), unless that migration carries the bit itself.
 pub const SOCK_F_COUNTED: u8 = 1;
 
 impl SockEntry {

@@ -554,8 +554,9 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         _pad: [0; 2],
     };
     if proto == IPPROTO_TCP {
-        // Counted in `sl_sockmark` once it is in (a socket that connects
-        // twice is counted twice: a count too high only costs a lookup).
+        // Counted in `sl_sockmark` once it is in. A socket that connects
+        // twice is counted twice: counts are never rebased, so its slot
+        // looks `sl_sock` up at every close from then on (safe, slower).
         entry.set_counted();
         if SOCKETS.insert(cookie, entry, BPF_ANY as u64).is_ok() {
             maps::add_sock_mark(mark_slot(cookie), 1);
@@ -621,24 +622,19 @@ pub fn reverse(ctx: &SockAddrContext, family: Family) -> i32 {
 /// it as a live flow of its backend).
 #[inline(always)]
 pub fn release(ctx: &SockContext) -> i32 {
-    // A TCP socket connected to a port no backend listens on was never
-    // balanced (a balanced one keeps its backend as peer): no lookup. (A
-    // UDP socket may have connected to a service before its last peer,
-    // and a TCP socket without a peer may have failed its balanced
-    // connect: those look. So does the rare TCP socket that disconnected
-    // with `AF_UNSPEC` after a balanced connect and connected elsewhere;
-    // its entry, not looked for, goes with its backend or the LRU.)
-    // SAFETY: reading fields of the program's context.
-    let (proto, peer_port) = unsafe { ((*ctx.sock).protocol, u16::from_be((*ctx.sock).dst_port)) };
-    if proto == u32::from(IPPROTO_TCP) && peer_port != 0 && !maps::may_be_backend_port(peer_port) {
-        return ALLOW;
-    }
+    // SAFETY: reading a field of the program's context.
+    let proto = unsafe { (*ctx.sock).protocol };
     // SAFETY: plain helper call on the program's context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let slot = mark_slot(cookie);
-    // A TCP socket whose slot counts no entry was never balanced (while
-    // the counts are valid: `sluice_common::socket`): no lookup in the
-    // big `sl_sock`.
+    // A TCP socket whose slot counts no entry was never balanced, while
+    // the counts are valid (`sluice_common::socket`): no lookup in the
+    // big `sl_sock`. This holds for an entry whatever became of its
+    // backend's port (an orphan, or a socket that disconnected with
+    // `AF_UNSPEC` and connected elsewhere), which a check of the peer's
+    // port would not. Until the counts are valid, every TCP socket looks.
+    // (A UDP socket always looks: it may have sent to a service before
+    // its last peer.)
     if proto == u32::from(IPPROTO_TCP) && maps::sock_surely_unmarked(slot) {
         return ALLOW;
     }
@@ -655,8 +651,8 @@ pub fn release(ctx: &SockContext) -> i32 {
                 _pad: [0; 6],
             });
         }
-        // Its count goes with the entry that held it (an entry the LRU or
-        // the agent took first leaves its count: too high, never too low).
+        // Its count goes with the entry that held it (an entry the LRU
+        // evicted first leaves its count: too high, never too low).
         if SOCKETS.remove(cookie).is_ok() && e.counted() {
             maps::add_sock_mark(slot, u64::MAX);
         }
