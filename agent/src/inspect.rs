@@ -462,6 +462,18 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     let xdp = xdp_devices(root);
     let socket_lb = socket_lb_mode(root, &config);
     let host_routing = config.flags() & sluice_common::config::CFG_F_HOST_ROUTING != 0;
+    // `sl_sockmark`: whether a never-balanced TCP socket's close skips the
+    // `sl_sock` lookup, and how many slots count some socket (a slot that
+    // counts one always looks; counts only come down at a close).
+    let marks_valid = maps
+        .sock_marks
+        .get(&sluice_common::socket::MARKS_VALID, 0)
+        .unwrap_or(0)
+        == 1;
+    let marks_counting = maps
+        .sock_marks()
+        .map(|m| m.iter().filter(|c| **c > 0).count())
+        .unwrap_or(0);
     let agent = http_get(&args.healthz_url);
 
     if args.json {
@@ -485,6 +497,11 @@ pub fn status(args: &StatusArgs) -> Result<()> {
             "devices": devices,
             "xdp_devices": xdp,
             "socket_lb": socket_lb,
+            "sock_marks": {
+                "valid": marks_valid,
+                "slots_counting": marks_counting,
+                "slots": sluice_common::maps::SOCK_MARK_SLOTS,
+            },
             "host_routing": host_routing,
             "datapath": counters,
             "events": match (events_on, tracing) {
@@ -554,6 +571,14 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         println!("socket lb: {socket_lb} (every pod's flow is the sockets': the pods' devices pass replies without a look)");
     } else {
         println!("socket lb: {socket_lb}");
+    }
+    if marks_valid {
+        println!(
+            "sock close: a TCP socket never balanced skips the sl_sock lookup ({marks_counting} of {} sl_sockmark slots count sockets)",
+            sluice_common::maps::SOCK_MARK_SLOTS
+        );
+    } else {
+        println!("sock close: every TCP socket is looked up in sl_sock (sl_sockmark's counts not trusted yet)");
     }
     println!(
         "routing:   {}",

@@ -377,10 +377,15 @@ fn pods_reach_every_kind_of_frontend_through_their_sockets() -> Result<()> {
             "v6={v6}: sockets {sockets:?}, reverse entries of {revs:?}"
         );
         // The counts trusted before the closes, so that they run the
-        // skipping path.
+        // skipping path; `sluice status` says so.
         agent.wait_until("the counts trusted", Duration::from_secs(15), |_| {
             Ok(maps()?.sock_marks.get(&MARKS_VALID, 0)? == 1)
         })?;
+        let status = agent.cli(&["status"])?;
+        ensure!(
+            status.contains("sock close: a TCP socket never balanced skips the sl_sock lookup"),
+            "{status}"
+        );
         drop((tcp, udp));
         // The TCP sockets' closes took their entries and their counts back
         // (`sl_sockmark`: a balanced TCP socket is counted in its cookie's
@@ -1140,6 +1145,11 @@ fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Re
     // Scans every 200 ms: five of them find 0.1.0's entry.
     std::thread::sleep(Duration::from_secs(1));
     ensure!(!valid()?, "trusted while 0.1.0's socket lives");
+    let status = agent.cli(&["status"])?;
+    ensure!(
+        status.contains("sock close: every TCP socket is looked up in sl_sock"),
+        "{status}"
+    );
     drop(tcp);
     agent.wait_until(
         "0.1.0's entry gone at its socket's close",
