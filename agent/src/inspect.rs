@@ -466,8 +466,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     // `sl_sock` lookup, and how many slots count some socket (a slot that
     // counts one always looks; counts only come down at a close).
     let marks_valid = maps
-        .sock_marks
-        .get(&sluice_common::socket::MARKS_VALID, 0)
+        .sock_mark(sluice_common::socket::MARKS_VALID)
         .unwrap_or(0)
         == 1;
     let marks_counting = maps

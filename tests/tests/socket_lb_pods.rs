@@ -379,7 +379,7 @@ fn pods_reach_every_kind_of_frontend_through_their_sockets() -> Result<()> {
         // The counts trusted before the closes, so that they run the
         // skipping path; `sluice status` says so.
         agent.wait_until("the counts trusted", Duration::from_secs(15), |_| {
-            Ok(maps()?.sock_marks.get(&MARKS_VALID, 0)? == 1)
+            marks_trusted(&maps()?)
         })?;
         let status = agent.cli(&["status"])?;
         ensure!(
@@ -397,14 +397,7 @@ fn pods_reach_every_kind_of_frontend_through_their_sockets() -> Result<()> {
             Duration::from_secs(15),
             |_| {
                 let m = maps()?;
-                let tcp_left = m
-                    .sockets
-                    .iter()
-                    .flatten()
-                    .any(|(_, e)| e.proto == IPPROTO_TCP);
-                let counts = m.sock_marks()?;
-                let valid = m.sock_marks.get(&MARKS_VALID, 0)?;
-                Ok(!tcp_left && counts.iter().all(|c| *c == 0) && valid == 1)
+                Ok(tcp_sockets(&m).is_empty() && no_marks(&m)? && marks_trusted(&m)?)
             },
         )?;
         // UDP, connected: getpeername and the reply's source.
@@ -719,17 +712,52 @@ fn dns_on_every_backend(topo: &Topology, vip: &str) -> Result<(Vec<servers::Serv
         .iter()
         .map(|b| servers::udp_greeter(&b.ns, 5353, &b.name))
         .collect::<Result<Vec<_>>>()?;
-    let eps: Vec<Ep> = topo
-        .backends
-        .iter()
-        .map(|b| (IpAddr::from(b.ip), "node-1", READY))
-        .collect();
+    let all: Vec<_> = topo.backends.iter().collect();
     let dir = ManifestDir::create()?;
     dir.write(
         "dns.yaml",
-        &service("dns", &[vip], "", "", "UDP", (53, 5353, None), &eps),
+        &service("dns", &[vip], "", "", "UDP", (53, 5353, None), &ready(&all)),
     )?;
     Ok((greeters, dir))
+}
+
+/// `pods` as ready endpoints on node-1 (IPv4).
+fn ready(pods: &[&sluice_tests::Pod]) -> Vec<Ep> {
+    pods.iter()
+        .map(|p| (IpAddr::from(p.ip), "node-1", READY))
+        .collect()
+}
+
+/// A TCP greeter on port 8080 of every backend pod.
+fn tcp_on_every_backend(topo: &Topology) -> Result<Vec<servers::Server>> {
+    topo.backends
+        .iter()
+        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
+        .collect()
+}
+
+/// Service `web` at `vip` (TCP 80 -> 8080), `pods` its endpoints.
+fn web_service(vip: &str, pods: &[&sluice_tests::Pod]) -> String {
+    service("web", &[vip], "", "", "TCP", (80, 8080, None), &ready(pods))
+}
+
+/// The TCP entries of `sl_sock`.
+fn tcp_sockets(maps: &Maps) -> Vec<(u64, sluice_common::SockEntry)> {
+    maps.sockets
+        .iter()
+        .flatten()
+        .filter(|(_, e)| e.proto == IPPROTO_TCP)
+        .collect()
+}
+
+/// Whether `sl_sockmark`'s counts are trusted (its validity word).
+fn marks_trusted(maps: &Maps) -> Result<bool> {
+    Ok(maps.sock_marks.get(&MARKS_VALID, 0)? == 1)
+}
+
+/// Whether every `sl_sockmark` slot counts no socket.
+fn no_marks(maps: &Maps) -> Result<bool> {
+    Ok(maps.sock_marks()?.iter().all(|c| *c == 0))
 }
 
 /// `n` unconnected UDP sockets of the first client pod, bound to its
@@ -1089,25 +1117,15 @@ fn a_bit_set_before_a_rollback_to_0_1_0_is_not_trusted_after_it() -> Result<()> 
 #[test]
 fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Result<()> {
     let topo = Topology::new(1, 2)?;
-    let mut servers = Vec::new();
-    for pod in &topo.backends {
-        servers.push(servers::tcp_greeter(&pod.ns, 8080, &pod.name)?);
-    }
-    let web: Vec<Ep> = topo
-        .backends
-        .iter()
-        .map(|p| (IpAddr::from(p.ip), "node-1", READY))
-        .collect();
+    let _servers = tcp_on_every_backend(&topo)?;
+    let all: Vec<_> = topo.backends.iter().collect();
     let dir = ManifestDir::create()?;
     dir.write("node.yaml", &node_yaml(&topo))?;
-    dir.write(
-        "web.yaml",
-        &service("web", &["10.96.7.1"], "", "", "TCP", (80, 8080, None), &web),
-    )?;
+    dir.write("web.yaml", &web_service("10.96.7.1", &all))?;
     let source = format!("dir:{}", dir.path().display());
     let env = [("SLUICE_CONNTRACK_GC_INTERVAL", "200ms")];
     let maps = || Maps::open_pinned(topo.bpf.path());
-    let valid = || -> Result<bool> { Ok(maps()?.sock_marks.get(&MARKS_VALID, 0)? == 1) };
+    let valid = || marks_trusted(&maps()?);
     let bin = sluice_tests::agent::binary()?;
     let mut agent = Agent::start(&topo, &source, &[])?;
     agent.wait_ready(Duration::from_secs(20))?;
@@ -1125,18 +1143,10 @@ fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Re
     let mut tcp = HostClient::start(&topo, "tcp", "10.96.7.1", 80)?;
     let held = tcp.line()?;
     ensure!(held.len() == 3 && held[0] == "ok", "{held:?}");
-    let tcp_entries = || -> Result<Vec<(u64, bool)>> {
-        Ok(maps()?
-            .sockets
-            .iter()
-            .flatten()
-            .filter(|(_, e)| e.proto == IPPROTO_TCP)
-            .map(|(cookie, e)| (cookie, e.counted()))
-            .collect())
-    };
+    let tcp_entries = || -> Result<_> { Ok(tcp_sockets(&maps()?)) };
     let entries = tcp_entries()?;
     ensure!(
-        entries.len() == 1 && !entries[0].1,
+        entries.len() == 1 && !entries[0].1.counted(),
         "0.1.0's entry: {entries:?}"
     );
 
@@ -1165,7 +1175,7 @@ fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Re
     agent.wait_until(
         "the new socket's entry and count gone",
         Duration::from_secs(10),
-        |_| Ok(tcp_entries()?.is_empty() && maps()?.sock_marks()?.iter().all(|c| *c == 0)),
+        |_| Ok(tcp_entries()?.is_empty() && no_marks(&maps()?)?),
     )?;
     // A stopping agent takes the validity away for the next one.
     agent.stop()?;
@@ -1182,30 +1192,11 @@ fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Re
 #[test]
 fn a_socket_whose_backend_is_gone_gives_its_count_back_at_its_close() -> Result<()> {
     let topo = Topology::new(1, 2)?;
-    let mut servers = Vec::new();
-    for pod in &topo.backends {
-        servers.push(servers::tcp_greeter(&pod.ns, 8080, &pod.name)?);
-    }
-    let eps = |pods: &[&sluice_tests::Pod]| -> Vec<Ep> {
-        pods.iter()
-            .map(|p| (IpAddr::from(p.ip), "node-1", READY))
-            .collect()
-    };
+    let _servers = tcp_on_every_backend(&topo)?;
     let all: Vec<_> = topo.backends.iter().collect();
     let dir = ManifestDir::create()?;
     dir.write("node.yaml", &node_yaml(&topo))?;
-    let web = |pods: &[&sluice_tests::Pod]| {
-        service(
-            "web",
-            &["10.96.8.1"],
-            "",
-            "",
-            "TCP",
-            (80, 8080, None),
-            &eps(pods),
-        )
-    };
-    dir.write("web.yaml", &web(&all))?;
+    dir.write("web.yaml", &web_service("10.96.8.1", &all))?;
     let mut agent = Agent::start(
         &topo,
         &format!("dir:{}", dir.path().display()),
@@ -1221,14 +1212,7 @@ fn a_socket_whose_backend_is_gone_gives_its_count_back_at_its_close() -> Result<
         .iter()
         .position(|p| p.name == held[1])
         .with_context(|| format!("reached {held:?}"))?;
-    let entry = || -> Result<Option<sluice_common::SockEntry>> {
-        Ok(maps()?
-            .sockets
-            .iter()
-            .flatten()
-            .find(|(_, e)| e.proto == IPPROTO_TCP)
-            .map(|(_, e)| e))
-    };
+    let entry = || -> Result<_> { Ok(tcp_sockets(&maps()?).first().map(|(_, e)| *e)) };
     ensure!(
         entry()?.is_some_and(|e| e.counted() && e.backend_id != 0),
         "{:?}",
@@ -1242,7 +1226,7 @@ fn a_socket_whose_backend_is_gone_gives_its_count_back_at_its_close() -> Result<
         .filter(|(i, _)| *i != reached)
         .map(|(_, p)| p)
         .collect();
-    dir.write("web.yaml", &web(&left))?;
+    dir.write("web.yaml", &web_service("10.96.8.1", &left))?;
     agent.wait_until("the entry orphaned", Duration::from_secs(15), |_| {
         Ok(entry()?.is_some_and(|e| e.counted() && e.backend_id == 0 && e.svc_id == 0))
     })?;
@@ -1251,7 +1235,7 @@ fn a_socket_whose_backend_is_gone_gives_its_count_back_at_its_close() -> Result<
     agent.wait_until(
         "the entry and its count gone at the close",
         Duration::from_secs(10),
-        |_| Ok(entry()?.is_none() && maps()?.sock_marks()?.iter().all(|c| *c == 0)),
+        |_| Ok(entry()?.is_none() && no_marks(&maps()?)?),
     )?;
     Ok(())
 }

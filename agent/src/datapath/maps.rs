@@ -151,18 +151,20 @@ impl Maps {
     /// `sl_sockmark`'s counts by slot (`sluice_common::socket`), without
     /// the validity word.
     pub fn sock_marks(&self) -> Result<Vec<u64>, DatapathError> {
-        let mut out = Vec::with_capacity(SOCK_MARK_SLOTS as usize);
-        for slot in 0..SOCK_MARK_SLOTS {
-            out.push(
-                self.sock_marks
-                    .get(&slot, 0)
-                    .map_err(|source| DatapathError::Map {
-                        name: names::SOCK_MARKS,
-                        source,
-                    })?,
-            );
-        }
-        Ok(out)
+        (0..SOCK_MARK_SLOTS)
+            .map(|slot| self.sock_mark(slot))
+            .collect()
+    }
+
+    /// One word of `sl_sockmark`: a slot's count, or at
+    /// `socket::MARKS_VALID` the validity word.
+    pub fn sock_mark(&self, index: u32) -> Result<u64, DatapathError> {
+        self.sock_marks
+            .get(&index, 0)
+            .map_err(|source| DatapathError::Map {
+                name: names::SOCK_MARKS,
+                source,
+            })
     }
 
     /// The config entry (all zero before the agent first wrote it).

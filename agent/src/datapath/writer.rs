@@ -17,12 +17,10 @@ use aya::{
     sys::SyscallError,
 };
 use sluice_common::{
-    maps as names, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key,
-    CtEntry, MaglevTable, SockEntry, SockRevKey, SrcRange4, SrcRange6, Stat, SvcValue,
-    SvcnetSummary4,
+    maps as names, socket::MARKS_VALID, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config,
+    Ct4Key, Ct6Key, CtEntry, MaglevTable, SockEntry, SockRevKey, SrcRange4, SrcRange6, Stat,
+    SvcValue, SvcnetSummary4,
 };
-
-use sluice_common::socket::MARKS_VALID;
 
 use super::{maps::ServiceKey, read_map_state, sys, DatapathError, Maps, WriteError};
 use crate::{
@@ -341,19 +339,13 @@ impl MapReads for MapWriter {
     }
 
     fn sock_mark(&self, slot: u32) -> Result<u64, DatapathError> {
-        self.maps
-            .sock_marks
-            .get(&slot, 0)
-            .map_err(|source| DatapathError::Map {
-                name: names::SOCK_MARKS,
-                source,
-            })
+        self.maps.sock_mark(slot)
     }
 
     fn socket(&self, cookie: u64) -> Result<Option<SockEntry>, DatapathError> {
         match self.maps.sockets.get(&cookie, 0) {
             Ok(e) => Ok(Some(e)),
-            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) if is_missing(&e) => Ok(None),
             Err(source) => Err(DatapathError::Map {
                 name: names::SOCKETS,
                 source,
@@ -416,11 +408,7 @@ impl MapWrites for MapWriter {
                 m.sock_marks.set(MARKS_VALID, u64::from(valid), 0),
             ),
             Entry::Socket(cookie, e) => match m.sockets.insert(cookie, e, sys::EXIST) {
-                Err(aya::maps::MapError::SyscallError(ref s))
-                    if s.io_error.raw_os_error() == Some(libc::ENOENT) =>
-                {
-                    return Ok(());
-                }
+                Err(e) if is_missing(&e) => return Ok(()),
                 other => (names::SOCKETS, other),
             },
         };

@@ -465,29 +465,7 @@ impl<W: MapWrites> Reconciler<W> {
     /// read again, then its cookies looked up again, and a socket closed
     /// meanwhile is not held against it.
     fn validate_sock_marks(&mut self, report: &mut ScanReport) {
-        let checked = (|| -> Result<bool, DatapathError> {
-            let marks = self.writer.sock_marks()?;
-            let (sockets, _) = self.writer.sockets()?;
-            let Some(short) = conntrack::marks_shortfall(&sockets, &marks) else {
-                debug!("a TCP socket of sl_sock is not counted in sl_sockmark: every socket release looks it up until it closes");
-                return Ok(false);
-            };
-            for (slot, cookies) in short {
-                let count = self.writer.sock_mark(slot)?;
-                let mut held = 0u64;
-                for cookie in cookies {
-                    if self.writer.socket(cookie)?.is_some() {
-                        held += 1;
-                    }
-                }
-                if count < held {
-                    debug!(slot, count, held, "an sl_sockmark slot counts fewer sockets than sl_sock holds: its counts stay untrusted");
-                    return Ok(false);
-                }
-            }
-            Ok(true)
-        })();
-        match checked {
+        match self.sock_marks_complete() {
             Ok(true) => {}
             Ok(false) => return,
             Err(e) => {
@@ -502,6 +480,31 @@ impl<W: MapWrites> Reconciler<W> {
             }
             Err(e) => report.errors.push(e),
         }
+    }
+
+    /// Whether `sl_sockmark`'s counts hold every TCP socket of `sl_sock`
+    /// (see `validate_sock_marks`).
+    fn sock_marks_complete(&self) -> Result<bool, DatapathError> {
+        let marks = self.writer.sock_marks()?;
+        let (sockets, _) = self.writer.sockets()?;
+        let Some(short) = conntrack::marks_shortfall(&sockets, &marks) else {
+            debug!("a TCP socket of sl_sock is not counted in sl_sockmark: every socket release looks it up until it closes");
+            return Ok(false);
+        };
+        for (slot, cookies) in short {
+            let count = self.writer.sock_mark(slot)?;
+            let mut held = 0u64;
+            for cookie in cookies {
+                if self.writer.socket(cookie)?.is_some() {
+                    held += 1;
+                }
+            }
+            if count < held {
+                debug!(slot, count, held, "an sl_sockmark slot counts fewer sockets than sl_sock holds: its counts stay untrusted");
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Takes `sl_sockmark`'s validity away, as the agent stops: the next

@@ -469,10 +469,10 @@ fn a_failed_write_leaves_an_exact_record_and_the_next_reconcile_repairs_it() {
     }
 }
 
-#[test]
-fn stale_conntrack_entries_of_removed_backends_are_deleted() {
+/// A reconciler that programmed one service: web, 10.96.0.10:80 on
+/// 10.1.0.1.
+fn one_web_service(now: Instant) -> Reconciler<FakeMaps> {
     let mut r = start(FakeMaps::new());
-    let now = Instant::now();
     sync_all(
         &mut r,
         &desired(vec![(
@@ -481,6 +481,13 @@ fn stale_conntrack_entries_of_removed_backends_are_deleted() {
         )]),
         now,
     );
+    r
+}
+
+#[test]
+fn stale_conntrack_entries_of_removed_backends_are_deleted() {
+    let now = Instant::now();
+    let mut r = one_web_service(now);
     let entry = CtEntry {
         last_seen_ns: crate::conntrack::monotonic_ns(),
         backend_id: 4242,
@@ -505,16 +512,8 @@ fn stale_conntrack_entries_of_removed_backends_are_deleted() {
 #[test]
 fn the_socket_marks_are_declared_valid_once_every_tcp_socket_is_counted() {
     use sluice_common::{socket::mark_slot, SockEntry, IPPROTO_TCP};
-    let mut r = start(FakeMaps::new());
     let now = Instant::now();
-    sync_all(
-        &mut r,
-        &desired(vec![(
-            "web",
-            service(key("10.96.0.10", 80), active(&["10.1.0.1"])),
-        )]),
-        now,
-    );
+    let mut r = one_web_service(now);
     let (id, backend) = r
         .writer()
         .backends
