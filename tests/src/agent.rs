@@ -332,6 +332,29 @@ impl Agent {
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
+    /// The lines of every agent's log (the file outlives `replace`) that
+    /// tell the steps of start-up and migration, with their times: what
+    /// a failure during a rollout is read against.
+    pub fn migration_log(&self) -> String {
+        const STEPS: [&str; 10] = [
+            "migrat",
+            "copied",
+            "standing by",
+            "swap",
+            "link",
+            "handover",
+            "pin",
+            "ready",
+            "failpoint",
+            "starting",
+        ];
+        self.log()
+            .lines()
+            .filter(|l| STEPS.iter().any(|s| l.contains(s)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     pub fn log(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -398,6 +398,22 @@ pub fn udp_echoes(
     })
 }
 
+/// The wall clock's time of day in UTC (`HH:MM:SS.mmm`), as the agent's
+/// log lines carry it: puts a failure beside what the agent was doing.
+pub fn utc_time_of_day() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let s = now.as_secs() % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        s / 3600,
+        s / 60 % 60,
+        s % 60,
+        now.subsec_millis()
+    )
+}
+
 /// What a prober thread returns: successes and failures.
 type ProbeOutcome = std::io::Result<(u64, Vec<String>)>;
 
@@ -421,10 +437,20 @@ impl Prober {
             let (mut ok, mut failures) = (0u64, Vec::new());
             while !stop2.load(Ordering::Relaxed) {
                 let started = std::time::Instant::now();
-                match TcpStream::connect_timeout(&addr, TIMEOUT).and_then(hello) {
+                let at = utc_time_of_day();
+                // Which half failed tells a lost handshake from a flow
+                // whose data went astray after it.
+                let outcome = match TcpStream::connect_timeout(&addr, TIMEOUT) {
+                    Err(e) => Err(format!("connect: {e}")),
+                    Ok(s) => {
+                        let local = s.local_addr().ok();
+                        hello(s).map_err(|e| format!("greeting on {local:?} (connected): {e}"))
+                    }
+                };
+                match outcome {
                     Ok(_) => ok += 1,
                     Err(e) => failures.push(format!(
-                        "after {ok} ok, {:?} into the loop: {e} ({:?})",
+                        "after {ok} ok, {:?} into the loop (at {at} UTC): {e} ({:?})",
                         started.duration_since(begun),
                         started.elapsed()
                     )),

@@ -94,7 +94,8 @@ fn crash_at(point: &str, then: Then) -> Result<()> {
     } else {
         ensure!(
             failed.is_empty(),
-            "failed connects after a crash at {point}: {failed:?}"
+            "failed connects after a crash at {point}: {failed:?}\n--- what the agents did ---\n{}",
+            agent.migration_log()
         );
     }
     Ok(())
