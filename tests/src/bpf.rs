@@ -154,6 +154,126 @@ impl NopTcEverywhere {
     }
 }
 
+const BPF_PROG_TYPE_CGROUP_SOCK: u32 = 9;
+const BPF_PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
+
+/// The cgroup hooks sluice's socket programs use, as (attach type, name
+/// of the empty program put there): connect, sendmsg, recvmsg and
+/// getpeername of both families, and the socket's release.
+const SOCK_HOOKS: [(u32, &str); 9] = [
+    (10, "floor_connect4"),
+    (11, "floor_connect6"),
+    (14, "floor_sendmsg4"),
+    (15, "floor_sendmsg6"),
+    (19, "floor_recvmsg4"),
+    (20, "floor_recvmsg6"),
+    (29, "floor_getpeer4"),
+    (30, "floor_getpeer6"),
+    (34, "floor_release"),
+];
+
+/// Loads a cgroup socket program named `name` for `attach_type` that does
+/// nothing: `r0 = 1` (carry on); exit.
+fn nop_sock(name: &str, attach_type: u32) -> Result<OwnedFd> {
+    let insns: [u8; 16] = [0xb7, 0, 0, 0, 1, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+    let prog_type = if attach_type == 34 {
+        BPF_PROG_TYPE_CGROUP_SOCK
+    } else {
+        BPF_PROG_TYPE_CGROUP_SOCK_ADDR
+    };
+    let license = CString::new("GPL")?;
+    let mut attr = [0u8; 128];
+    put(&mut attr, 0, &prog_type.to_ne_bytes());
+    put(&mut attr, 4, &2u32.to_ne_bytes());
+    put(&mut attr, 8, &(insns.as_ptr() as u64).to_ne_bytes());
+    put(&mut attr, 16, &(license.as_ptr() as u64).to_ne_bytes());
+    let name = name.as_bytes();
+    put(&mut attr, 48, &name[..name.len().min(15)]);
+    put(&mut attr, 68, &attach_type.to_ne_bytes());
+    Ok(fd(sys_bpf(BPF_PROG_LOAD, &mut attr).with_context(
+        || format!("BPF_PROG_LOAD (cgroup, attach type {attach_type})"),
+    )?)?)
+}
+
+/// An empty program on every cgroup hook sluice's socket programs use,
+/// attached to `cgroup` by links this holds (detached on drop): what the
+/// hooks cost a socket with nothing in them (the benchmark's
+/// `sock-floor`).
+pub struct NopSockEverywhere {
+    _links: Vec<OwnedFd>,
+    progs: Vec<(OwnedFd, &'static str)>,
+}
+
+impl NopSockEverywhere {
+    pub fn attach(cgroup: &Path) -> Result<Self> {
+        let dir =
+            std::fs::File::open(cgroup).with_context(|| format!("opening {}", cgroup.display()))?;
+        let mut links = Vec::new();
+        let mut progs = Vec::new();
+        for (attach_type, name) in SOCK_HOOKS {
+            let prog = nop_sock(name, attach_type)?;
+            let mut attr = [0u8; 128];
+            put(&mut attr, 0, &(prog.as_raw_fd() as u32).to_ne_bytes());
+            put(&mut attr, 4, &(dir.as_raw_fd() as u32).to_ne_bytes());
+            put(&mut attr, 8, &attach_type.to_ne_bytes());
+            let rc = sys_bpf(BPF_LINK_CREATE, &mut attr).with_context(|| {
+                format!(
+                    "BPF_LINK_CREATE (attach type {attach_type}) on {}",
+                    cgroup.display()
+                )
+            })?;
+            links.push(fd(rc)?);
+            progs.push((prog, name));
+        }
+        Ok(Self {
+            _links: links,
+            progs,
+        })
+    }
+
+    /// The programs' ids and names.
+    pub fn prog_ids(&self) -> Result<Vec<(u64, &'static str)>> {
+        self.progs
+            .iter()
+            .map(|(p, name)| {
+                Ok((
+                    fdinfo_field(p, "prog_id")?.context("no prog_id in fdinfo")?,
+                    *name,
+                ))
+            })
+            .collect()
+    }
+}
+
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+
+/// An fd of the loaded program `id`.
+pub fn prog_fd_by_id(id: u64) -> Result<OwnedFd> {
+    let id = u32::try_from(id).context("program id out of range")?;
+    let mut attr = [0u8; 128];
+    put(&mut attr, 0, &id.to_ne_bytes());
+    Ok(fd(sys_bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)
+        .with_context(|| format!("BPF_PROG_GET_FD_BY_ID {id}"))?)?)
+}
+
+/// One `BPF_PROG_TEST_RUN` of `prog` on `frame` (repeat 1): (return
+/// value, the kernel's duration of that run in ns). One run, so a frame
+/// the program rewrites is timed as it came, and a map it writes holds
+/// what that one run wrote.
+pub fn test_run_once(prog: &OwnedFd, frame: &[u8]) -> Result<(u32, u32)> {
+    let mut out = vec![0u8; frame.len() + 256];
+    let mut attr = [0u8; 128];
+    put(&mut attr, 0, &(prog.as_raw_fd() as u32).to_ne_bytes());
+    put(&mut attr, 8, &(frame.len() as u32).to_ne_bytes());
+    put(&mut attr, 12, &(out.len() as u32).to_ne_bytes());
+    put(&mut attr, 16, &(frame.as_ptr() as u64).to_ne_bytes());
+    put(&mut attr, 24, &(out.as_mut_ptr() as u64).to_ne_bytes());
+    put(&mut attr, 32, &1u32.to_ne_bytes());
+    sys_bpf(BPF_PROG_TEST_RUN, &mut attr).context("BPF_PROG_TEST_RUN")?;
+    let word = |at: usize| u32::from_ne_bytes([attr[at], attr[at + 1], attr[at + 2], attr[at + 3]]);
+    Ok((word(4), word(36)))
+}
+
 /// Opens the object pinned at `path`: holding it keeps it alive (and a
 /// link attached) after its pin is removed.
 pub fn hold_pin(path: &Path) -> Result<OwnedFd> {

@@ -57,6 +57,7 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
                 "sluice-passthrough",
                 "sluice-sock-passthrough",
                 "tc-floor",
+                "sock-floor",
                 "iptables-legacy",
                 "iptables-nft",
                 "nftables"
@@ -136,6 +137,42 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
                     && c["runs"].as_u64().is_some_and(|r| r > 0)
                     && c["ns_per_run"].as_f64().is_some_and(|ns| ns > 0.0)),
                 "tc-floor {traffic} at {n} services: {costs:?}"
+            );
+        }
+        // The TC path's packets timed alone: a new flow's SYN costs more
+        // than an established flow's ACK (the pick and two conntrack
+        // inserts against lookups), which costs more than a packet to a
+        // pod (the early return).
+        for variant in ["sluice", "sluice-host-routing"] {
+            let ns = |traffic: &str| {
+                costs
+                    .iter()
+                    .find(|c| {
+                        c["variant"] == variant
+                            && c["program"] == "sl_ingress"
+                            && c["traffic"] == traffic
+                    })
+                    .and_then(|c| c["ns_per_run"].as_f64())
+            };
+            let (syn, ack, pod) = (
+                ns("service SYN (test run)"),
+                ns("service ACK (test run)"),
+                ns("pod ACK (test run)"),
+            );
+            assert!(
+                matches!((syn, ack, pod), (Some(s), Some(a), Some(p)) if p > 0.0 && a > p && s > a),
+                "{variant} service SYN {syn:?} / ACK {ack:?} / pod ACK {pod:?} ns at {n} services"
+            );
+        }
+        // sock-floor's empty socket programs ran for the client's pod
+        // connections: connect and release once per connection.
+        for program in ["floor_connect4", "floor_release"] {
+            assert!(
+                costs.iter().any(|c| c["variant"] == "sock-floor"
+                    && c["program"] == program
+                    && c["traffic"] == "non-service"
+                    && c["runs"].as_u64().is_some_and(|r| r > 0)),
+                "sock-floor {program} at {n} services: {costs:?}"
             );
         }
         // With socket balancing the client's connections are balanced at

@@ -59,13 +59,18 @@ pub enum Variant {
     /// directly: what the hooks cost with nothing in them, the floor under
     /// `sluice-passthrough`.
     TcFloor,
+    /// `tc-floor`'s empty TC programs, and an empty program on every
+    /// cgroup hook sluice's socket programs use, the client in that
+    /// cgroup connecting to the pods directly: the floor under
+    /// `sluice-sock-passthrough` (and the least `sluice-sock` can cost).
+    SockFloor,
     IptablesLegacy,
     IptablesNft,
     Nftables,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 10] = [
+    pub const ALL: [Variant; 11] = [
         Variant::Direct,
         Variant::Sluice,
         Variant::SluiceSock,
@@ -73,6 +78,7 @@ impl Variant {
         Variant::SluicePassthrough,
         Variant::SluiceSockPassthrough,
         Variant::TcFloor,
+        Variant::SockFloor,
         Variant::IptablesLegacy,
         Variant::IptablesNft,
         Variant::Nftables,
@@ -87,6 +93,7 @@ impl Variant {
             Variant::SluicePassthrough => "sluice-passthrough",
             Variant::SluiceSockPassthrough => "sluice-sock-passthrough",
             Variant::TcFloor => "tc-floor",
+            Variant::SockFloor => "sock-floor",
             Variant::IptablesLegacy => "iptables-legacy",
             Variant::IptablesNft => "iptables-nft",
             Variant::Nftables => "nftables",
@@ -96,7 +103,10 @@ impl Variant {
     /// Whether the client's sockets are balanced by the socket programs
     /// (`--socket-lb=all`).
     pub fn on_sockets(self) -> bool {
-        matches!(self, Variant::SluiceSock | Variant::SluiceSockPassthrough)
+        matches!(
+            self,
+            Variant::SluiceSock | Variant::SluiceSockPassthrough | Variant::SockFloor
+        )
     }
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -192,8 +202,10 @@ pub struct Env {
     // Field order is drop order: the datapath and servers go before the
     // namespaces.
     pub lb: Option<Lb>,
-    /// `tc-floor`'s empty programs.
+    /// `tc-floor`'s (and `sock-floor`'s) empty TC programs.
     pub floor: Option<crate::bpf::NopTcEverywhere>,
+    /// `sock-floor`'s empty cgroup programs.
+    pub sock_floor: Option<crate::bpf::NopSockEverywhere>,
     _servers: Vec<Server>,
     pub topo: Topology,
     /// Which kube-proxy layout is loaded, if any.
@@ -217,6 +229,7 @@ impl Env {
             variant,
             lb: None,
             floor: None,
+            sock_floor: None,
             _servers: servers,
             topo,
             layout: None,
@@ -238,7 +251,8 @@ impl Env {
             Variant::Direct
             | Variant::SluicePassthrough
             | Variant::SluiceSockPassthrough
-            | Variant::TcFloor => self
+            | Variant::TcFloor
+            | Variant::SockFloor => self
                 .topo
                 .backends
                 .iter()
@@ -248,7 +262,8 @@ impl Env {
         }
     }
 
-    /// Attaches `tc-floor`'s empty program where sluice's TC programs go.
+    /// Attaches `tc-floor`'s empty program where sluice's TC programs go,
+    /// and for `sock-floor` also where its socket programs go.
     pub fn attach_floor(&mut self) -> Result<()> {
         let floor = crate::bpf::NopTcEverywhere::attach(
             &self.topo.node,
@@ -256,6 +271,10 @@ impl Env {
             super::progcost::FLOOR,
         )?;
         self.floor = Some(floor);
+        if self.variant == Variant::SockFloor {
+            let sock = crate::bpf::NopSockEverywhere::attach(self.topo.cgroup.path())?;
+            self.sock_floor = Some(sock);
+        }
         Ok(())
     }
 

@@ -877,7 +877,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
             Variant::SluicePassthrough | Variant::SluiceSock | Variant::SluiceSockPassthrough => {
                 program_passthrough(env, &set, sizes)
             }
-            Variant::TcFloor => env.attach_floor(),
+            Variant::TcFloor | Variant::SockFloor => env.attach_floor(),
             Variant::IptablesLegacy | Variant::IptablesNft => {
                 program_iptables(env, &set, cfg, history, &mut control)
             }
@@ -994,6 +994,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
                     | Variant::SluiceHostRouting
                     | Variant::SluiceSock
                     | Variant::TcFloor
+                    | Variant::SockFloor
             )
         {
             continue;
@@ -1006,6 +1007,12 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
         match progcost::isolated(env) {
             Ok(costs) => prog_costs.extend(costs),
             Err(e) => eprintln!("  {} isolated program costs: {e:#}", env.variant.name()),
+        }
+        if matches!(env.variant, Variant::Sluice | Variant::SluiceHostRouting) {
+            match progcost::service_paths(env, &set) {
+                Ok(costs) => prog_costs.extend(costs),
+                Err(e) => eprintln!("  {} service paths: {e:#}", env.variant.name()),
+            }
         }
     }
     if !prog_costs.is_empty() {

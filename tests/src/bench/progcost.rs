@@ -142,12 +142,19 @@ fn programs_of(root: &Path) -> Result<BTreeMap<u64, String>> {
 /// tables show it.
 pub(super) const FLOOR: &str = "tc_floor";
 
-/// The programs of `env` by id: sluice's, or `tc-floor`'s empty one.
+/// The programs of `env` by id: sluice's, or the empty ones of
+/// `tc-floor` and `sock-floor`.
 fn programs(env: &Env) -> Result<BTreeMap<u64, String>> {
-    match &env.floor {
-        Some(floor) => Ok([(floor.prog_id()?, FLOOR.to_owned())].into()),
-        None => programs_of(env.topo.bpf.path()),
+    let Some(floor) = &env.floor else {
+        return programs_of(env.topo.bpf.path());
+    };
+    let mut ids: BTreeMap<u64, String> = [(floor.prog_id()?, FLOOR.to_owned())].into();
+    if let Some(sock) = &env.sock_floor {
+        for (id, name) in sock.prog_ids()? {
+            ids.insert(id, name.to_owned());
+        }
     }
+    Ok(ids)
 }
 
 /// (run_time_ns, run_cnt) of each of `ids`.
@@ -204,6 +211,12 @@ const TEST_RUNS: u32 = 200_000;
 
 /// An Ethernet + IPv4 + TCP ACK frame from `src` to `dst:port`.
 fn tcp_frame(src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> Vec<u8> {
+    tcp_segment(src, 40_000, dst, port, 0x10)
+}
+
+/// An Ethernet + IPv4 + TCP frame from `src:sport` to `dst:dport` with
+/// TCP flags `flags` (SYN 0x02, ACK 0x10).
+fn tcp_segment(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, flags: u8) -> Vec<u8> {
     let mut f = vec![0u8; 14 + 20 + 20];
     f[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 1]);
     f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 2]);
@@ -224,10 +237,10 @@ fn tcp_frame(src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> Vec<u8> {
     let sum = !(((sum & 0xffff) + (sum >> 16)) as u16);
     ip[10..12].copy_from_slice(&sum.to_be_bytes());
     let tcp = &mut f[34..54];
-    tcp[..2].copy_from_slice(&40_000u16.to_be_bytes());
-    tcp[2..4].copy_from_slice(&port.to_be_bytes());
+    tcp[..2].copy_from_slice(&sport.to_be_bytes());
+    tcp[2..4].copy_from_slice(&dport.to_be_bytes());
     tcp[12] = 5 << 4;
-    tcp[13] = 0x10; // ACK
+    tcp[13] = flags;
     tcp[14..16].copy_from_slice(&64_240u16.to_be_bytes());
     f
 }
@@ -279,6 +292,74 @@ pub fn isolated(env: &Env) -> Result<Vec<ProgCost>> {
             traffic: "non-service (test run)".to_owned(),
             runs: u64::from(TEST_RUNS),
             ns_per_run: test_run(*id, frame.path())?,
+        });
+    }
+    Ok(out)
+}
+
+/// Client ports of the flows `service_paths` makes up: above the
+/// client's local port range (1024-65000, `Env::new`), so no real
+/// connection of the client ever meets their conntrack entries.
+const MADE_UP_PORTS: std::ops::RangeInclusive<u16> = 65_001..=65_400;
+
+/// `sl_ingress` of a TC variant (`sluice`, `sluice-host-routing`) timed
+/// alone on service packets, one `BPF_PROG_TEST_RUN` each, on the
+/// variant's own maps: a SYN from the client pod to service `set.last`
+/// for each of `MADE_UP_PORTS` (a new flow: the pick and both conntrack
+/// entries), then an ACK of each of those flows (established: its
+/// conntrack entry and the translation), and an ACK to a pod of the
+/// same flows (no service: the early return, and what one test run
+/// costs on its own). The median of each kind, as `service SYN (test
+/// run)`, `service ACK (test run)` and `pod ACK (test run)`: where the
+/// TC path's cost per service packet goes, without the statistics'
+/// clock or the other traffic.
+pub fn service_paths(env: &Env, set: &ServiceSet) -> Result<Vec<ProgCost>> {
+    let ids = programs(env)?;
+    let Some((&id, _)) = ids.iter().find(|(_, name)| name.as_str() == "sl_ingress") else {
+        bail!("no sl_ingress in this datapath");
+    };
+    let prog = crate::bpf::prog_fd_by_id(id)?;
+    let client = env.topo.clients[0].ip;
+    let vip = set.vip(set.last);
+    let mut out = Vec::new();
+    let pod = env.topo.backends[0].ip;
+    for (kind, dst, dport, flags) in [
+        (
+            "service SYN (test run)",
+            vip,
+            super::services::SERVICE_PORT,
+            0x02,
+        ),
+        (
+            "service ACK (test run)",
+            vip,
+            super::services::SERVICE_PORT,
+            0x10,
+        ),
+        (
+            "pod ACK (test run)",
+            pod,
+            super::services::TARGET_PORT,
+            0x10,
+        ),
+    ] {
+        let mut times = Vec::new();
+        for sport in MADE_UP_PORTS {
+            let frame = tcp_segment(client, sport, dst, dport, flags);
+            let (verdict, ns) = crate::bpf::test_run_once(&prog, &frame)?;
+            // TCX_NEXT (-1) or TC_ACT_OK (0): passed on, translated.
+            if verdict != u32::MAX && verdict != 0 {
+                bail!("{kind} from port {sport}: verdict {verdict}");
+            }
+            times.push(ns);
+        }
+        times.sort_unstable();
+        out.push(ProgCost {
+            variant: env.variant.name().to_owned(),
+            program: "sl_ingress".to_owned(),
+            traffic: kind.to_owned(),
+            runs: times.len() as u64,
+            ns_per_run: f64::from(times[times.len() / 2]),
         });
     }
     Ok(out)

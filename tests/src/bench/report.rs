@@ -508,22 +508,37 @@ fn goals(r: &Results) -> Vec<Goal> {
         (v.connect_last.latency.p50_us + v.connect_random.latency.p50_us)
             / (d.connect_last.latency.p50_us + d.connect_random.latency.p50_us)
     };
-    let mut worst_floor: Option<(f64, f64)> = None;
-    for s in &r.sizes {
-        let Some(d) = find(s, "direct") else { continue };
-        if let Some(f) = find(s, "tc-floor") {
-            let (wc, wl) = worst_floor.unwrap_or((f64::MAX, f64::MIN));
-            worst_floor = Some((wc.min(pooled(f, d)), wl.max(p50(f, d))));
+    // What empty programs on the same hooks cost (`floor` variant), as a
+    // note for the goals whose variant uses those hooks.
+    let floor_note = |floor: &str, hooks: &str| {
+        let mut worst: Option<(f64, f64)> = None;
+        for s in &r.sizes {
+            if let (Some(d), Some(f)) = (find(s, "direct"), find(s, floor)) {
+                let (wc, wl) = worst.unwrap_or((f64::MAX, f64::MIN));
+                worst = Some((wc.min(pooled(f, d)), wl.max(p50(f, d))));
+            }
         }
+        worst.map_or(String::new(), |(f, fl)| {
+            format!(
+                "; empty programs on {hooks} ({floor}): worst {f:.3}x conn/s, connect p50 {fl:.3}x"
+            )
+        })
+    };
+    let tc_floor = floor_note("tc-floor", "the TC hooks");
+    let sock_floor = floor_note("sock-floor", "the TC and socket hooks");
+    if let Some(goal) = out
+        .iter_mut()
+        .find(|g| g.what.starts_with("sluice-sock (socket balancing)"))
+    {
+        goal.measured.push_str(&sock_floor);
     }
-    let floor = worst_floor.map_or(String::new(), |(f, fl)| {
-        format!(
-            "; empty programs on the TC hooks (tc-floor): worst {f:.3}x conn/s, connect p50 {fl:.3}x"
-        )
-    });
-    for (variant, config) in [
-        ("sluice-sock-passthrough", "the default --socket-lb=all"),
-        ("sluice-passthrough", "the TC path alone"),
+    for (variant, config, floor) in [
+        (
+            "sluice-sock-passthrough",
+            "the default --socket-lb=all",
+            &sock_floor,
+        ),
+        ("sluice-passthrough", "the TC path alone", &tc_floor),
     ] {
         let mut worst: Option<(f64, f64, f64, f64)> = None;
         for s in &r.sizes {
@@ -734,15 +749,15 @@ pub fn prog_cost_table(costs: &[super::progcost::ProgCost]) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "| variant | program | service: ns/run | runs | non-service: ns/run | runs | non-service, test run: ns/run |"
+        "| variant | program | service: ns/run | runs | non-service: ns/run | runs | non-service, test run: ns/run | one test run each, median ns: service SYN / service ACK / pod ACK |"
     );
-    let _ = writeln!(t, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(t, "|---|---|---|---|---|---|---|---|");
     // Programs that did not run on traffic (the IPv6 halves, the socket
     // programs of `sluice`, the egress program a variant did not attach)
     // are left out; a test run alone does not make a row.
     let mut rows: Vec<(&str, &str)> = costs
         .iter()
-        .filter(|c| c.runs > 0 && c.traffic != "non-service (test run)")
+        .filter(|c| c.runs > 0 && !c.traffic.ends_with("(test run)"))
         .map(|c| (c.variant.as_str(), c.program.as_str()))
         .collect();
     rows.sort();
@@ -759,9 +774,17 @@ pub fn prog_cost_table(costs: &[super::progcost::ProgCost]) -> String {
         let (s, sr) = cell("service");
         let (n, nr) = cell("non-service");
         let (i, _) = cell("non-service (test run)");
+        let (syn, _) = cell("service SYN (test run)");
+        let (ack, _) = cell("service ACK (test run)");
+        let (pod, _) = cell("pod ACK (test run)");
+        let paths = if syn == "-" && ack == "-" {
+            "-".to_owned()
+        } else {
+            format!("{syn} / {ack} / {pod}")
+        };
         let _ = writeln!(
             t,
-            "| {variant} | {program} | {s} | {sr} | {n} | {nr} | {i} |"
+            "| {variant} | {program} | {s} | {sr} | {n} | {nr} | {i} | {paths} |"
         );
     }
     t
@@ -906,7 +929,7 @@ fn events_table(e: &super::events::EventsCost) -> String {
     t
 }
 
-const COLORS: [(&str, &str); 10] = [
+const COLORS: [(&str, &str); 11] = [
     ("direct", "#555555"),
     ("sluice", "#1f77b4"),
     ("sluice-sock", "#17becf"),
@@ -914,6 +937,7 @@ const COLORS: [(&str, &str); 10] = [
     ("sluice-passthrough", "#9467bd"),
     ("sluice-sock-passthrough", "#c5b0d5"),
     ("tc-floor", "#8c564b"),
+    ("sock-floor", "#c49c94"),
     ("iptables-legacy", "#d62728"),
     ("iptables-nft", "#ff7f0e"),
     ("nftables", "#2ca02c"),
