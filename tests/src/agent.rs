@@ -336,17 +336,16 @@ impl Agent {
     /// tell the steps of start-up and migration, with their times: what
     /// a failure during a rollout is read against.
     pub fn migration_log(&self) -> String {
-        const STEPS: [&str; 10] = [
+        const STEPS: [&str; 9] = [
             "migrat",
             "copied",
             "standing by",
-            "swap",
-            "link",
-            "handover",
-            "pin",
-            "ready",
+            "replaced program",
+            "attached",
+            "shutting down",
+            "sync task stopped",
             "failpoint",
-            "starting",
+            "WARN",
         ];
         self.log()
             .lines()

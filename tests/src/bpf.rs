@@ -59,7 +59,7 @@ pub fn tcx_links(ns: &Netns, device: &str, attach_type: u32) -> Result<Vec<(u32,
         put(&mut attr, 24, &64u32.to_ne_bytes());
         put(&mut attr, 40, &(links.as_mut_ptr() as u64).to_ne_bytes());
         sys_bpf(BPF_PROG_QUERY, &mut attr).context("BPF_PROG_QUERY")?;
-        let count = u32::from_ne_bytes([attr[24], attr[25], attr[26], attr[27]]) as usize;
+        let count = attr_u32(&attr, 24) as usize;
         Ok(links
             .iter()
             .zip(progs.iter())
@@ -107,23 +107,58 @@ pub fn fdinfo_field(fd: &impl AsRawFd, name: &str) -> Result<Option<u64>> {
         .and_then(|v| v.trim().parse().ok()))
 }
 
-/// Loads a TC program named `name` that does nothing: `r0 = -1`
-/// (`TCX_NEXT`, the packet goes on as if no program were there); exit.
-pub fn nop_tc(name: &str) -> Result<OwnedFd> {
-    let insns: [u8; 16] = [
-        0xb7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x95, 0, 0, 0, 0, 0, 0, 0,
-    ];
+/// Loads a program of `prog_type` (for `expected_attach_type`, 0 when
+/// the type needs none) named `name` that does nothing but `r0 = r0_imm;
+/// exit`.
+fn load_nop(prog_type: u32, expected_attach_type: u32, r0_imm: i32, name: &str) -> Result<OwnedFd> {
+    let mut insns = [0u8; 16];
+    insns[0] = 0xb7; // r0 = imm
+    insns[4..8].copy_from_slice(&r0_imm.to_le_bytes());
+    insns[8] = 0x95; // exit
     let license = CString::new("GPL")?;
     let mut attr = [0u8; 128];
-    put(&mut attr, 0, &BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
+    put(&mut attr, 0, &prog_type.to_ne_bytes());
     put(&mut attr, 4, &2u32.to_ne_bytes());
     put(&mut attr, 8, &(insns.as_ptr() as u64).to_ne_bytes());
     put(&mut attr, 16, &(license.as_ptr() as u64).to_ne_bytes());
     let name = name.as_bytes();
     put(&mut attr, 48, &name[..name.len().min(15)]);
-    Ok(fd(
-        sys_bpf(BPF_PROG_LOAD, &mut attr).context("BPF_PROG_LOAD")?
-    )?)
+    put(&mut attr, 68, &expected_attach_type.to_ne_bytes());
+    Ok(fd(sys_bpf(BPF_PROG_LOAD, &mut attr).with_context(
+        || format!("BPF_PROG_LOAD (type {prog_type}, attach type {expected_attach_type})"),
+    )?)?)
+}
+
+/// Loads a TC program named `name` that does nothing: `r0 = -1`
+/// (`TCX_NEXT`, the packet goes on as if no program were there); exit.
+pub fn nop_tc(name: &str) -> Result<OwnedFd> {
+    load_nop(BPF_PROG_TYPE_SCHED_CLS, 0, -1, name)
+}
+
+/// `BPF_LINK_CREATE` of `prog` on `target_fd` (a device's ifindex, or a
+/// cgroup's fd) for `attach_type`, with `flags`: the link's fd.
+fn link_create_on(
+    prog: &OwnedFd,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+) -> io::Result<OwnedFd> {
+    let mut attr = [0u8; 128];
+    put(&mut attr, 0, &(prog.as_raw_fd() as u32).to_ne_bytes());
+    put(&mut attr, 4, &target_fd.to_ne_bytes());
+    put(&mut attr, 8, &attach_type.to_ne_bytes());
+    put(&mut attr, 12, &flags.to_ne_bytes());
+    fd(sys_bpf(BPF_LINK_CREATE, &mut attr)?)
+}
+
+/// The `u32` at `offset` of a `bpf_attr` the kernel filled in.
+fn attr_u32(attr: &[u8; 128], offset: usize) -> u32 {
+    u32::from_ne_bytes([
+        attr[offset],
+        attr[offset + 1],
+        attr[offset + 2],
+        attr[offset + 3],
+    ])
 }
 
 /// `nop_tc` attached to both TCX hooks of each device: what a TC hook
@@ -175,24 +210,12 @@ const SOCK_HOOKS: [(u32, &str); 9] = [
 /// Loads a cgroup socket program named `name` for `attach_type` that does
 /// nothing: `r0 = 1` (carry on); exit.
 fn nop_sock(name: &str, attach_type: u32) -> Result<OwnedFd> {
-    let insns: [u8; 16] = [0xb7, 0, 0, 0, 1, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
     let prog_type = if attach_type == 34 {
         BPF_PROG_TYPE_CGROUP_SOCK
     } else {
         BPF_PROG_TYPE_CGROUP_SOCK_ADDR
     };
-    let license = CString::new("GPL")?;
-    let mut attr = [0u8; 128];
-    put(&mut attr, 0, &prog_type.to_ne_bytes());
-    put(&mut attr, 4, &2u32.to_ne_bytes());
-    put(&mut attr, 8, &(insns.as_ptr() as u64).to_ne_bytes());
-    put(&mut attr, 16, &(license.as_ptr() as u64).to_ne_bytes());
-    let name = name.as_bytes();
-    put(&mut attr, 48, &name[..name.len().min(15)]);
-    put(&mut attr, 68, &attach_type.to_ne_bytes());
-    Ok(fd(sys_bpf(BPF_PROG_LOAD, &mut attr).with_context(
-        || format!("BPF_PROG_LOAD (cgroup, attach type {attach_type})"),
-    )?)?)
+    load_nop(prog_type, attach_type, 1, name)
 }
 
 /// An empty program on every cgroup hook sluice's socket programs use,
@@ -212,17 +235,15 @@ impl NopSockEverywhere {
         let mut progs = Vec::new();
         for (attach_type, name) in SOCK_HOOKS {
             let prog = nop_sock(name, attach_type)?;
-            let mut attr = [0u8; 128];
-            put(&mut attr, 0, &(prog.as_raw_fd() as u32).to_ne_bytes());
-            put(&mut attr, 4, &(dir.as_raw_fd() as u32).to_ne_bytes());
-            put(&mut attr, 8, &attach_type.to_ne_bytes());
-            let rc = sys_bpf(BPF_LINK_CREATE, &mut attr).with_context(|| {
-                format!(
-                    "BPF_LINK_CREATE (attach type {attach_type}) on {}",
-                    cgroup.display()
-                )
-            })?;
-            links.push(fd(rc)?);
+            let link = link_create_on(&prog, dir.as_raw_fd() as u32, attach_type, 0).with_context(
+                || {
+                    format!(
+                        "BPF_LINK_CREATE (attach type {attach_type}) on {}",
+                        cgroup.display()
+                    )
+                },
+            )?;
+            links.push(link);
             progs.push((prog, name));
         }
         Ok(Self {
@@ -256,11 +277,21 @@ pub fn prog_fd_by_id(id: u64) -> Result<OwnedFd> {
         .with_context(|| format!("BPF_PROG_GET_FD_BY_ID {id}"))?)?)
 }
 
-/// One `BPF_PROG_TEST_RUN` of `prog` on `frame` (repeat 1): (return
-/// value, the kernel's duration of that run in ns). One run, so a frame
-/// the program rewrites is timed as it came, and a map it writes holds
-/// what that one run wrote.
-pub fn test_run_once(prog: &OwnedFd, frame: &[u8]) -> Result<(u32, u32)> {
+/// What one test run of a TC program gave.
+pub struct TestRun {
+    /// The program's return value.
+    pub verdict: u32,
+    /// The kernel's time for the run, in ns.
+    pub ns: u32,
+    /// The frame as the program left it.
+    pub frame: Vec<u8>,
+}
+
+/// `BPF_PROG_TEST_RUN` of the TC program `prog` on `frame`, `repeat`
+/// times on one CPU (`ns`: the average). Each run after the first sees
+/// the frame as the one before left it, so a frame the program rewrites
+/// is timed as it came only with `repeat` 1.
+pub fn test_run(prog: &OwnedFd, frame: &[u8], repeat: u32) -> Result<TestRun> {
     let mut out = vec![0u8; frame.len() + 256];
     let mut attr = [0u8; 128];
     put(&mut attr, 0, &(prog.as_raw_fd() as u32).to_ne_bytes());
@@ -268,10 +299,14 @@ pub fn test_run_once(prog: &OwnedFd, frame: &[u8]) -> Result<(u32, u32)> {
     put(&mut attr, 12, &(out.len() as u32).to_ne_bytes());
     put(&mut attr, 16, &(frame.as_ptr() as u64).to_ne_bytes());
     put(&mut attr, 24, &(out.as_mut_ptr() as u64).to_ne_bytes());
-    put(&mut attr, 32, &1u32.to_ne_bytes());
+    put(&mut attr, 32, &repeat.to_ne_bytes());
     sys_bpf(BPF_PROG_TEST_RUN, &mut attr).context("BPF_PROG_TEST_RUN")?;
-    let word = |at: usize| u32::from_ne_bytes([attr[at], attr[at + 1], attr[at + 2], attr[at + 3]]);
-    Ok((word(4), word(36)))
+    out.truncate(attr_u32(&attr, 12) as usize);
+    Ok(TestRun {
+        verdict: attr_u32(&attr, 4),
+        ns: attr_u32(&attr, 36),
+        frame: out,
+    })
 }
 
 /// Opens the object pinned at `path`: holding it keeps it alive (and a
@@ -336,7 +371,7 @@ fn ids(cmd: libc::c_long) -> Result<BTreeSet<u32>> {
         put(&mut attr, 0, &start.to_ne_bytes());
         match sys_bpf(cmd, &mut attr) {
             Ok(_) => {
-                start = u32::from_ne_bytes([attr[4], attr[5], attr[6], attr[7]]);
+                start = attr_u32(&attr, 4);
                 out.insert(start);
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
@@ -557,14 +592,8 @@ fn link_create(
 ) -> Result<OwnedFd> {
     let ifindex = ifindex(ns, device)?;
     ns.run(move || -> Result<OwnedFd> {
-        let mut attr = [0u8; 128];
-        put(&mut attr, 0, &(prog.as_raw_fd() as u32).to_ne_bytes());
-        put(&mut attr, 4, &ifindex.to_ne_bytes());
-        put(&mut attr, 8, &attach_type.to_ne_bytes());
-        put(&mut attr, 12, &flags.to_ne_bytes());
-        let rc = sys_bpf(BPF_LINK_CREATE, &mut attr)
-            .with_context(|| format!("BPF_LINK_CREATE (attach type {attach_type}) on {device}"))?;
-        Ok(fd(rc)?)
+        link_create_on(prog, ifindex, attach_type, flags)
+            .with_context(|| format!("BPF_LINK_CREATE (attach type {attach_type}) on {device}"))
     })?
 }
 

@@ -443,8 +443,10 @@ impl Prober {
                 let outcome = match TcpStream::connect_timeout(&addr, TIMEOUT) {
                     Err(e) => Err(format!("connect: {e}")),
                     Ok(s) => {
-                        let local = s.local_addr().ok();
-                        hello(s).map_err(|e| format!("greeting on {local:?} (connected): {e}"))
+                        let local = s
+                            .local_addr()
+                            .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+                        hello(s).map_err(|e| format!("greeting on {local} (connected): {e}"))
                     }
                 };
                 match outcome {

@@ -1008,7 +1008,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
             Ok(costs) => prog_costs.extend(costs),
             Err(e) => eprintln!("  {} isolated program costs: {e:#}", env.variant.name()),
         }
-        if matches!(env.variant, Variant::Sluice | Variant::SluiceHostRouting) {
+        if env.variant == Variant::Sluice {
             match progcost::service_paths(env, &set) {
                 Ok(costs) => prog_costs.extend(costs),
                 Err(e) => eprintln!("  {} service paths: {e:#}", env.variant.name()),

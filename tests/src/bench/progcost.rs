@@ -8,10 +8,11 @@
 //! back to what they were (they cost a little on every program run).
 //!
 //! `isolated` times the TC programs alone on a non-service packet with
-//! `BPF_PROG_TEST_RUN` (`bpftool prog run ... repeat`): the same frame run
-//! many times on one CPU, without the statistics' clock reads or the
-//! machine's other traffic. A service packet cannot be timed this way
-//! (its first run rewrites the frame, which the next runs reuse).
+//! `BPF_PROG_TEST_RUN` (repeat 200,000): the same frame run many times on
+//! one CPU, without the statistics' clock reads or the machine's other
+//! traffic. A service packet cannot be timed this way (its first run
+//! rewrites the frame, which the next runs reuse); `service_paths` times
+//! those one run at a time.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -245,28 +246,11 @@ fn tcp_segment(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, flags: u8) 
     f
 }
 
-/// The average duration bpftool reports for `TEST_RUNS` runs of program
-/// `id` on `frame`, in ns.
-fn test_run(id: u64, frame: &Path) -> Result<f64> {
-    let out = Command::new("bpftool")
-        .args(["prog", "run", "id", &id.to_string(), "data_in"])
-        .arg(frame)
-        .args(["repeat", &TEST_RUNS.to_string()])
-        .output()?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    // "Return value: 0, duration (average): 85ns"
-    let ns = text
-        .split("duration")
-        .nth(1)
-        .and_then(|rest| rest.split(':').nth(1))
-        .and_then(|v| {
-            v.trim()
-                .trim_end_matches(|c: char| !c.is_ascii_digit())
-                .parse()
-                .ok()
-        });
-    ns.with_context(|| format!("bpftool prog run id {id}: {}", text.trim()))
+/// The average duration of `TEST_RUNS` test runs of program `id` on
+/// `frame`, in ns.
+fn test_run(id: u64, frame: &[u8]) -> Result<f64> {
+    let prog = crate::bpf::prog_fd_by_id(id)?;
+    Ok(f64::from(crate::bpf::test_run(&prog, frame, TEST_RUNS)?.ns))
 }
 
 /// `sl_ingress` and `sl_egress` (or `sl_egress_pod`) of `env` timed alone on a TCP packet from
@@ -274,13 +258,9 @@ fn test_run(id: u64, frame: &Path) -> Result<f64> {
 /// non-service path.
 pub fn isolated(env: &Env) -> Result<Vec<ProgCost>> {
     let ids = programs(env)?;
-    let frame = super::env::TempFile::write("frame", "")?;
     let client = env.topo.clients[0].ip;
     let backend = env.topo.backends[0].ip;
-    fs::write(
-        frame.path(),
-        tcp_frame(client, backend, super::services::TARGET_PORT),
-    )?;
+    let frame = tcp_frame(client, backend, super::services::TARGET_PORT);
     let mut out = Vec::new();
     for (id, name) in &ids {
         if !["sl_ingress", "sl_egress", "sl_egress_pod", FLOOR].contains(&name.as_str()) {
@@ -291,7 +271,7 @@ pub fn isolated(env: &Env) -> Result<Vec<ProgCost>> {
             program: name.clone(),
             traffic: "non-service (test run)".to_owned(),
             runs: u64::from(TEST_RUNS),
-            ns_per_run: test_run(*id, frame.path())?,
+            ns_per_run: test_run(*id, &frame)?,
         });
     }
     Ok(out)
@@ -302,17 +282,20 @@ pub fn isolated(env: &Env) -> Result<Vec<ProgCost>> {
 /// connection of the client ever meets their conntrack entries.
 const MADE_UP_PORTS: std::ops::RangeInclusive<u16> = 65_001..=65_400;
 
-/// `sl_ingress` of a TC variant (`sluice`, `sluice-host-routing`) timed
-/// alone on service packets, one `BPF_PROG_TEST_RUN` each, on the
-/// variant's own maps: a SYN from the client pod to service `set.last`
-/// for each of `MADE_UP_PORTS` (a new flow: the pick and both conntrack
-/// entries), then an ACK of each of those flows (established: its
-/// conntrack entry and the translation), and an ACK to a pod of the
-/// same flows (no service: the early return, and what one test run
-/// costs on its own). The median of each kind, as `service SYN (test
-/// run)`, `service ACK (test run)` and `pod ACK (test run)`: where the
-/// TC path's cost per service packet goes, without the statistics'
-/// clock or the other traffic.
+/// `sl_ingress` of the TC path (`sluice`) timed alone on service packets,
+/// one `BPF_PROG_TEST_RUN` each, on the variant's own maps: a SYN from the
+/// client pod to service `set.last` for each of `MADE_UP_PORTS` (a new
+/// flow: the pick and both conntrack entries), then an ACK of each of
+/// those flows (established: its conntrack entry and the translation),
+/// and an ACK to a pod of the same flows (no service: the early return,
+/// and what one test run costs on its own). Each run's frame is checked:
+/// a service packet leaves DNATed to a backend, its source untouched; a
+/// pod's leaves as it came. The median of each kind, as `service SYN
+/// (test run)`, `service ACK (test run)` and `pod ACK (test run)`: where
+/// the TC path's cost per service packet goes, without the statistics'
+/// clock or the other traffic. (A test run enters through no device, so
+/// host routing's route lookup and redirect would not run: not timed for
+/// `sluice-host-routing`.)
 pub fn service_paths(env: &Env, set: &ServiceSet) -> Result<Vec<ProgCost>> {
     let ids = programs(env)?;
     let Some((&id, _)) = ids.iter().find(|(_, name)| name.as_str() == "sl_ingress") else {
@@ -321,8 +304,9 @@ pub fn service_paths(env: &Env, set: &ServiceSet) -> Result<Vec<ProgCost>> {
     let prog = crate::bpf::prog_fd_by_id(id)?;
     let client = env.topo.clients[0].ip;
     let vip = set.vip(set.last);
-    let mut out = Vec::new();
     let pod = env.topo.backends[0].ip;
+    let backends: Vec<[u8; 4]> = env.topo.backends.iter().map(|b| b.ip.octets()).collect();
+    let mut out = Vec::new();
     for (kind, dst, dport, flags) in [
         (
             "service SYN (test run)",
@@ -346,12 +330,20 @@ pub fn service_paths(env: &Env, set: &ServiceSet) -> Result<Vec<ProgCost>> {
         let mut times = Vec::new();
         for sport in MADE_UP_PORTS {
             let frame = tcp_segment(client, sport, dst, dport, flags);
-            let (verdict, ns) = crate::bpf::test_run_once(&prog, &frame)?;
-            // TCX_NEXT (-1) or TC_ACT_OK (0): passed on, translated.
-            if verdict != u32::MAX && verdict != 0 {
-                bail!("{kind} from port {sport}: verdict {verdict}");
+            let run = crate::bpf::test_run(&prog, &frame, 1)?;
+            let (src_out, dst_out) = (run.frame.get(26..30), run.frame.get(30..34));
+            let translated = dst != pod
+                && src_out == Some(&client.octets()[..])
+                && dst_out.is_some_and(|d| backends.iter().any(|b| d == b));
+            let untouched = dst == pod && run.frame == frame;
+            // TCX_NEXT (-1): passed on.
+            if run.verdict != u32::MAX || !(translated || untouched) {
+                bail!(
+                    "{kind} from port {sport}: verdict {}, left as {src_out:?} -> {dst_out:?}",
+                    run.verdict as i32
+                );
             }
-            times.push(ns);
+            times.push(run.ns);
         }
         times.sort_unstable();
         out.push(ProgCost {
