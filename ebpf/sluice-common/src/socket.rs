@@ -24,7 +24,9 @@
 //! counts none) costs `sock_release` no lookup in `sl_sock`, a map too big
 //! to stay in the caches. An entry the counts hold is marked `counted`
 //! (its first padding byte; 0.1.0 writes 0 there and never reads it); the
-//! release of a counted entry takes its count back. A count may stay too
+//! release of a counted entry takes its count back (while the counts are
+//! valid every TCP entry is counted, so that release deletes without a
+//! lookup first). A count may stay too
 //! high (an entry the LRU evicted, a socket that connected twice), never
 //! too low within one set of maps; the counts are trusted only while the
 //! validity word is set, which the agent writes after a scan of `sl_sock`

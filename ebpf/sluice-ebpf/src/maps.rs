@@ -428,17 +428,33 @@ pub fn add_sock_mark(slot: u32, delta: u64) {
     }
 }
 
-/// Whether the release of the TCP socket counted in `slot` may skip the
-/// `sl_sock` lookup: the counts are valid and `slot` counts none.
+/// What `sl_sockmark` says about the TCP sockets counted in `slot`.
+pub enum SockMarks {
+    /// The counts are not valid: look the socket up.
+    Unknown,
+    /// Valid, and `slot` counts none: the socket has no entry.
+    Unmarked,
+    /// Valid, and `slot` counts some: every TCP entry is counted.
+    Marked,
+}
+
+/// `sl_sockmark`'s answer for `slot`.
 #[inline(always)]
-pub fn sock_surely_unmarked(slot: u32) -> bool {
+pub fn sock_marks(slot: u32) -> SockMarks {
     // SAFETY: array slots, valid for the program run; one word each.
     let read = |i: u32| {
         SOCK_MARKS
             .get_ptr(i)
             .map(|p| unsafe { core::ptr::read_volatile(p) })
     };
-    read(sluice_common::socket::MARKS_VALID) == Some(1) && read(slot) == Some(0)
+    if read(sluice_common::socket::MARKS_VALID) != Some(1) {
+        return SockMarks::Unknown;
+    }
+    match read(slot) {
+        Some(0) => SockMarks::Unmarked,
+        Some(_) => SockMarks::Marked,
+        None => SockMarks::Unknown,
+    }
 }
 
 /// Whether every pod's flows are the socket programs' (see

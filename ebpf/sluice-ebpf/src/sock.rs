@@ -45,7 +45,10 @@ use sluice_common::{
 use crate::events;
 use crate::{
     maglev,
-    maps::{self, count, AFFINITY_V4, AFFINITY_V6, CONNTRACK_V4, CONNTRACK_V6, SOCKETS, SOCK_REV},
+    maps::{
+        self, count, SockMarks, AFFINITY_V4, AFFINITY_V6, CONNTRACK_V4, CONNTRACK_V6, SOCKETS,
+        SOCK_REV,
+    },
     select::{candidates, sticky, Pick},
 };
 
@@ -635,8 +638,23 @@ pub fn release(ctx: &SockContext) -> i32 {
     // port would not. Until the counts are valid, every TCP socket looks.
     // (A UDP socket always looks: it may have sent to a service before
     // its last peer.)
-    if proto == u32::from(IPPROTO_TCP) && maps::sock_surely_unmarked(slot) {
-        return ALLOW;
+    if proto == u32::from(IPPROTO_TCP) {
+        match maps::sock_marks(slot) {
+            SockMarks::Unmarked => return ALLOW,
+            SockMarks::Marked => {
+                // While the counts are valid every TCP entry is counted
+                // (the agent validated that none was not, and since then
+                // only this build's `connect` has written TCP entries,
+                // counted; a stopping agent clears the validity before an
+                // older release's programs can run), and a TCP socket has
+                // no reverse entry: one delete, no lookup first.
+                if SOCKETS.remove(cookie).is_ok() {
+                    maps::add_sock_mark(slot, u64::MAX);
+                }
+                return ALLOW;
+            }
+            SockMarks::Unknown => {}
+        }
     }
     if let Some(e) = SOCKETS.get_ptr(cookie) {
         // SAFETY: the pointer comes from a successful lookup.
