@@ -55,7 +55,9 @@ fn upgrade_and_rollback_across_an_abi_change_keep_every_flow() -> Result<()> {
             migrates,
         )?;
     }
-    let connects = flows.finish()?;
+    let connects = flows
+        .finish()
+        .with_context(|| format!("--- what the agents did ---\n{}", agent.migration_log()))?;
     eprintln!("connect loops: {connects} connections, none failed");
     Ok(())
 }
@@ -131,7 +133,9 @@ fn preallocating_the_maps_and_rolling_back_to_0_1_0_keep_every_flow() -> Result<
             );
         }
     }
-    let connects = flows.finish()?;
+    let connects = flows
+        .finish()
+        .with_context(|| format!("--- what the agents did ---\n{}", agent.migration_log()))?;
     eprintln!("connect loops: {connects} connections, none failed");
     Ok(())
 }
