@@ -728,12 +728,16 @@ fn ready(pods: &[&sluice_tests::Pod]) -> Vec<Ep> {
         .collect()
 }
 
-/// A TCP greeter on port 8080 of every backend pod.
-fn tcp_on_every_backend(topo: &Topology) -> Result<Vec<servers::Server>> {
-    topo.backends
-        .iter()
-        .map(|b| servers::tcp_greeter(&b.ns, 8080, &b.name))
-        .collect()
+/// One client and two backends, each greeting on TCP 8080, and a
+/// manifest directory with the node and service `web` at `vip` on both.
+fn web_on_every_backend(vip: &str) -> Result<(Topology, Vec<servers::Server>, ManifestDir)> {
+    let topo = Topology::new(1, 2)?;
+    let servers = servers::tcp_greeters(&topo, 8080)?;
+    let all: Vec<_> = topo.backends.iter().collect();
+    let dir = ManifestDir::create()?;
+    dir.write("node.yaml", &node_yaml(&topo))?;
+    dir.write("web.yaml", &web_service(vip, &all))?;
+    Ok((topo, servers, dir))
 }
 
 /// Service `web` at `vip` (TCP 80 -> 8080), `pods` its endpoints.
@@ -1116,12 +1120,7 @@ fn a_bit_set_before_a_rollback_to_0_1_0_is_not_trusted_after_it() -> Result<()> 
 /// close would skip the lookup and the entry would outlive its socket.)
 #[test]
 fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Result<()> {
-    let topo = Topology::new(1, 2)?;
-    let _servers = tcp_on_every_backend(&topo)?;
-    let all: Vec<_> = topo.backends.iter().collect();
-    let dir = ManifestDir::create()?;
-    dir.write("node.yaml", &node_yaml(&topo))?;
-    dir.write("web.yaml", &web_service("10.96.7.1", &all))?;
+    let (topo, _servers, dir) = web_on_every_backend("10.96.7.1")?;
     let source = format!("dir:{}", dir.path().display());
     let env = [("SLUICE_CONNTRACK_GC_INTERVAL", "200ms")];
     let maps = || Maps::open_pinned(topo.bpf.path());
@@ -1191,12 +1190,7 @@ fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Re
 /// good: its slot would never again spare a release the lookup.
 #[test]
 fn a_socket_whose_backend_is_gone_gives_its_count_back_at_its_close() -> Result<()> {
-    let topo = Topology::new(1, 2)?;
-    let _servers = tcp_on_every_backend(&topo)?;
-    let all: Vec<_> = topo.backends.iter().collect();
-    let dir = ManifestDir::create()?;
-    dir.write("node.yaml", &node_yaml(&topo))?;
-    dir.write("web.yaml", &web_service("10.96.8.1", &all))?;
+    let (topo, _servers, dir) = web_on_every_backend("10.96.8.1")?;
     let mut agent = Agent::start(
         &topo,
         &format!("dir:{}", dir.path().display()),
