@@ -439,6 +439,57 @@ mod tests {
         e
     }
 
+    /// A socket counts as a flow of its backend only while the backend id
+    /// still names the address and port it was sent to (as the socket sees
+    /// it: an `AF_INET` socket's address in the first 4 bytes, an
+    /// `AF_INET6` one's v4-mapped): an id given to another endpoint of the
+    /// service inherits no socket.
+    #[test]
+    fn a_socket_counts_for_its_backend_only_at_the_address_it_was_sent_to() {
+        use sluice_common::{FAMILY_V4, FAMILY_V6, IPPROTO_TCP};
+        let v4 = Backend {
+            addr: [10, 1, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            port: 8080,
+            family: FAMILY_V4,
+            svc_id: 1,
+            ..Backend::default()
+        };
+        let v6 = Backend {
+            addr: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2],
+            port: 8080,
+            family: FAMILY_V6,
+            svc_id: 1,
+            ..Backend::default()
+        };
+        let backends = HashMap::from([(BackendId(3), v4), (BackendId(4), v6)]);
+        let entry = |id: u32, backend: [u8; 16], port: u16| {
+            let mut e = sock(IPPROTO_TCP, true);
+            (e.backend_id, e.svc_id, e.backend, e.backend_port) = (id, 1, backend, port);
+            e
+        };
+        let mut mapped = [0u8; 16];
+        mapped[10..12].copy_from_slice(&[0xff, 0xff]);
+        mapped[12..].copy_from_slice(&[10, 1, 1, 2]);
+        let mut other = v4.addr;
+        other[3] = 9;
+        let sockets = [
+            (1, entry(3, v4.addr, 8080)),
+            (2, entry(3, mapped, 8080)),
+            (3, entry(4, v6.addr, 8080)),
+            // The id now names another endpoint, or another port.
+            (4, entry(3, other, 8080)),
+            (5, entry(3, v4.addr, 9090)),
+            (6, entry(4, mapped, 8080)),
+        ];
+        let scan = scan_sockets(&sockets, &[], &backends);
+        assert_eq!(
+            scan.flows,
+            HashMap::from([(BackendId(3), 2), (BackendId(4), 1)])
+        );
+        let orphaned: Vec<u64> = scan.orphans.iter().map(|(c, _)| *c).collect();
+        assert_eq!(orphaned, vec![4, 5, 6]);
+    }
+
     #[test]
     fn a_counted_socket_of_a_gone_backend_is_orphaned_not_deleted() {
         use sluice_common::{IPPROTO_TCP, IPPROTO_UDP};
@@ -522,7 +573,8 @@ pub struct SockScan {
     /// Sockets whose backend is gone (they cannot reach it any more).
     pub stale_sockets: Vec<u64>,
     /// Counted TCP sockets (`sl_sockmark`) whose backend is gone, as their
-    /// entries are to be rewritten: backend and service 0, so that no
+    /// entries are to be rewritten (in `sl_sock`; an `sl_socktab` entry is
+    /// left as it is, and its close gives its slot and count back): backend and service 0, so that no
     /// backend counts them, while the socket's close still finds the entry
     /// and takes its count back (deleting it here would leave the count
     /// too high for good, and its slot would never skip a lookup again).
@@ -535,9 +587,10 @@ pub struct SockScan {
 /// The socket map's entries and the reverse map's keys.
 pub type SocketEntries = (Vec<(u64, SockEntry)>, Vec<SockRevKey>);
 
-/// Every socket entry and every reverse entry.
+/// Every socket entry (`sl_socktab`'s, then `sl_sock`'s) and every
+/// reverse entry.
 pub fn read_sockets(maps: &Maps) -> Result<SocketEntries, DatapathError> {
-    let mut sockets = Vec::new();
+    let mut sockets = maps.sock_table.entries();
     for item in maps.sockets.iter() {
         match item {
             Ok(kv) => sockets.push(kv),
@@ -577,7 +630,7 @@ pub fn scan_sockets(
     for (cookie, e) in sockets {
         if backends
             .backend(BackendId(e.backend_id))
-            .is_some_and(|b| b.svc_id == e.svc_id)
+            .is_some_and(|b| b.svc_id == e.svc_id && sent_to(e, &b))
         {
             *out.flows.entry(BackendId(e.backend_id)).or_default() += 1;
             live.insert(*cookie);
@@ -598,6 +651,22 @@ pub fn scan_sockets(
         .copied()
         .collect();
     out
+}
+
+/// Whether the socket of `e` was sent to `b`'s address and port: a
+/// backend id given again to another endpoint of the same service does
+/// not inherit the sockets of the one it replaced (an `sl_socktab` entry
+/// cannot be orphaned while its socket lives, see `SockScan::orphans`).
+fn sent_to(e: &SockEntry, b: &sluice_common::Backend) -> bool {
+    const V4_MAPPED: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+    if e.backend_port != b.port {
+        return false;
+    }
+    if b.family == sluice_common::FAMILY_V6 {
+        return e.backend == b.addr;
+    }
+    let v4 = &b.addr[..4];
+    e.backend[..4] == *v4 || (e.backend[..12] == V4_MAPPED && e.backend[12..] == *v4)
 }
 
 /// How far `sl_sockmark`'s counts (`marks`, by slot) fall short of the

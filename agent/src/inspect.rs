@@ -473,6 +473,8 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         .sock_marks()
         .map(|m| m.iter().filter(|c| **c > 0).count())
         .unwrap_or(0);
+    // `sl_socktab`: balanced TCP sockets held in their cookie's slot.
+    let table_held = maps.sock_table.occupied();
     let agent = http_get(&args.healthz_url);
 
     if args.json {
@@ -500,6 +502,11 @@ pub fn status(args: &StatusArgs) -> Result<()> {
                 "valid": marks_valid,
                 "slots_counting": marks_counting,
                 "slots": sluice_common::maps::SOCK_MARK_SLOTS,
+            },
+            "sock_table": {
+                "sockets": table_held,
+                "slots": sluice_common::maps::SOCK_TABLE_SLOTS,
+                "in_use": marks_valid,
             },
             "host_routing": host_routing,
             "datapath": counters,
@@ -579,6 +586,15 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     } else {
         println!("sock close: every TCP socket is looked up in sl_sock (sl_sockmark's counts not trusted yet)");
     }
+    println!(
+        "sock table: {table_held} of {} sl_socktab slots hold a TCP socket ({})",
+        sluice_common::maps::SOCK_TABLE_SLOTS,
+        if marks_valid {
+            "new sockets take their slot"
+        } else {
+            "new sockets go to sl_sock until the counts are trusted"
+        }
+    );
     println!(
         "routing:   {}",
         if host_routing {

@@ -31,8 +31,10 @@ try:
         greeting = f.readline().strip()
         print("ok", greeting, show(s.getpeername()), flush=True)
         for line in sys.stdin:
+            # Each ping also says what getpeername() reads now.
             f.write("ping\n"); f.flush()
-            print("ok" if f.readline() == "ping\n" else "err", flush=True)
+            ok = "ok" if f.readline() == "ping\n" else "err"
+            print(ok, show(s.getpeername()), flush=True)
     elif mode == "udpc":
         # Connected UDP: getpeername() and every reply's source; one
         # datagram more per stdin line after the first.
@@ -155,6 +157,18 @@ impl HostClient {
         stdin.flush()?;
         match self.line()?.first().map(String::as_str) {
             Some("ok") => Ok(()),
+            other => bail!("ping failed: {other:?}"),
+        }
+    }
+
+    /// Asks a TCP client to exchange one line over its connection: the
+    /// peer its `getpeername()` reads afterwards.
+    pub fn ping_peer(&mut self) -> Result<String> {
+        let stdin = self.stdin.as_mut().context("stdin closed")?;
+        writeln!(stdin)?;
+        stdin.flush()?;
+        match self.line()?.as_slice() {
+            [ok, peer] if ok == "ok" => Ok(peer.clone()),
             other => bail!("ping failed: {other:?}"),
         }
     }

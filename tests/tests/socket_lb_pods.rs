@@ -349,8 +349,9 @@ fn pods_reach_every_kind_of_frontend_through_their_sockets() -> Result<()> {
             ensure!(next == first, "v6={v6}: {next:?} after {first:?}");
         }
         balanced += 4;
-        // A TCP socket held open: its peer is the VIP, read from
-        // `sl_sock`; only the UDP socket has reverse entries.
+        // A TCP socket held open: its peer is the VIP, read from its
+        // `sl_socktab` slot or `sl_sock`; only the UDP socket has reverse
+        // entries.
         let mut tcp = HostClient::start_in(&topo, &client.ns, "tcp", &vip, 80, None)?;
         let held = tcp.line()?;
         ensure!(
@@ -360,9 +361,10 @@ fn pods_reach_every_kind_of_frontend_through_their_sockets() -> Result<()> {
         balanced += 1;
         let m = maps()?;
         let sockets: Vec<(u64, u8)> = m
-            .sockets
-            .iter()
-            .flatten()
+            .sock_table
+            .entries()
+            .into_iter()
+            .chain(m.sockets.iter().flatten())
             .map(|(cookie, e)| (cookie, e.proto))
             .collect();
         let revs: Vec<u64> = m.sock_rev.keys().flatten().map(|k| k.cookie).collect();
@@ -745,13 +747,57 @@ fn web_service(vip: &str, pods: &[&sluice_tests::Pod]) -> String {
     service("web", &[vip], "", "", "TCP", (80, 8080, None), &ready(pods))
 }
 
-/// The TCP entries of `sl_sock`.
+/// The TCP sockets' entries: `sl_socktab`'s, then `sl_sock`'s.
 fn tcp_sockets(maps: &Maps) -> Vec<(u64, sluice_common::SockEntry)> {
+    maps.sock_table
+        .entries()
+        .into_iter()
+        .chain(sl_sock_tcp(maps))
+        .collect()
+}
+
+/// The TCP entries of `sl_sock`.
+fn sl_sock_tcp(maps: &Maps) -> Vec<(u64, sluice_common::SockEntry)> {
     maps.sockets
         .iter()
         .flatten()
         .filter(|(_, e)| e.proto == IPPROTO_TCP)
         .collect()
+}
+
+/// Takes every free `sl_socktab` slot for a socket that does not exist
+/// (cookies from `u64::MAX` down, far above any the kernel hands out), so
+/// that the next sockets go to `sl_sock`; `free_table` gives them back.
+fn fill_table(topo: &Topology) -> Result<()> {
+    let mut table = table_array(topo)?;
+    for i in 0..sluice_common::maps::SOCK_TABLE_SLOTS {
+        if table.get(&i, 0)?.cookie == 0 {
+            let slot = sluice_common::SockSlot {
+                cookie: u64::MAX - u64::from(i),
+                ..Default::default()
+            };
+            table.set(i, slot, 0)?;
+        }
+    }
+    Ok(())
+}
+
+/// Gives back the slots `fill_table` took.
+fn free_table(topo: &Topology) -> Result<()> {
+    let mut table = table_array(topo)?;
+    for i in 0..sluice_common::maps::SOCK_TABLE_SLOTS {
+        if table.get(&i, 0)?.cookie == u64::MAX - u64::from(i) {
+            table.set(i, sluice_common::SockSlot::default(), 0)?;
+        }
+    }
+    Ok(())
+}
+
+fn table_array(
+    topo: &Topology,
+) -> Result<aya::maps::Array<aya::maps::MapData, sluice_common::SockSlot>> {
+    let data = aya::maps::MapData::from_pin(topo.bpf.path().join(sluice_common::maps::SOCK_TABLE))?;
+    Ok(aya::maps::Array::try_from(aya::maps::Map::Array(data))?)
 }
 
 /// Whether `sl_sockmark`'s counts are trusted (its validity word).
@@ -1182,6 +1228,117 @@ fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Re
     Ok(())
 }
 
+/// A balanced TCP socket takes its cookie's `sl_socktab` slot while the
+/// counts are trusted (no `sl_sock` entry: no hash insert at connect, no
+/// hash delete at close), is counted in `sl_sockmark`, and reads the VIP
+/// as its peer. A stopping agent takes the counts' validity away and
+/// moves the table into `sl_sock` (where an older release looks), and the
+/// socket keeps its peer; the next agent leaves it there and puts new
+/// sockets in the table again. A socket whose slot is taken goes to
+/// `sl_sock` with the same answers. Every close gives its entry and its
+/// count back.
+#[test]
+fn tcp_sockets_live_in_the_socket_table_and_move_to_sl_sock_when_the_agent_stops() -> Result<()> {
+    let vip = "10.96.9.1";
+    let (topo, _servers, dir) = web_on_every_backend(vip)?;
+    let source = format!("dir:{}", dir.path().display());
+    let env = [("SLUICE_CONNTRACK_GC_INTERVAL", "200ms")];
+    let maps = || Maps::open_pinned(topo.bpf.path());
+    let bin = sluice_tests::agent::binary()?;
+    let mut agent = Agent::start(&topo, &source, &[])?;
+    agent.replace(&topo.node, &bin, &env)?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    agent.wait_until("the counts trusted", Duration::from_secs(15), |_| {
+        marks_trusted(&maps()?)
+    })?;
+    let peer = format!("{vip}:80");
+    let mut first = HostClient::start(&topo, "tcp", vip, 80)?;
+    let held = first.line()?;
+    ensure!(
+        held.len() == 3 && held[0] == "ok" && held[2] == peer,
+        "{held:?}"
+    );
+    let m = maps()?;
+    let table = m.sock_table.entries();
+    ensure!(
+        table.len() == 1 && sl_sock_tcp(&m).is_empty(),
+        "table {table:?}, sl_sock {:?}",
+        sl_sock_tcp(&m)
+    );
+    let (cookie, entry) = table[0];
+    ensure!(
+        entry.counted() && entry.proto == IPPROTO_TCP && entry.frontend_port == 80,
+        "{entry:?}"
+    );
+    ensure!(m.sock_marks()?.iter().sum::<u64>() == 1);
+    let status = agent.cli(&["status"])?;
+    ensure!(
+        status.contains("sock table: 1 of 65536 sl_socktab slots hold a TCP socket"),
+        "{status}"
+    );
+
+    // The agent stops: the table moves into `sl_sock`, counted.
+    agent.stop()?;
+    let m = maps()?;
+    ensure!(!marks_trusted(&m)?, "still trusted after the agent stopped");
+    ensure!(
+        m.sock_table.entries().is_empty() && sl_sock_tcp(&m) == vec![(cookie, entry)],
+        "table {:?}, sl_sock {:?}",
+        m.sock_table.entries(),
+        sl_sock_tcp(&m)
+    );
+    ensure!(m.sock_marks()?.iter().sum::<u64>() == 1);
+    ensure!(first.ping_peer()? == peer, "peer after the move");
+
+    // The next agent: the moved socket stays in `sl_sock`; a new one
+    // takes a slot once the counts are trusted again.
+    agent.replace(&topo.node, &bin, &env)?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    agent.wait_until("the counts trusted again", Duration::from_secs(15), |_| {
+        marks_trusted(&maps()?)
+    })?;
+    let mut second = HostClient::start(&topo, "tcp", vip, 80)?;
+    let held = second.line()?;
+    ensure!(
+        held.len() == 3 && held[0] == "ok" && held[2] == peer,
+        "{held:?}"
+    );
+    let m = maps()?;
+    ensure!(
+        m.sock_table.entries().len() == 1 && sl_sock_tcp(&m).len() == 1,
+        "table {:?}, sl_sock {:?}",
+        m.sock_table.entries(),
+        sl_sock_tcp(&m)
+    );
+    ensure!(first.ping_peer()? == peer && second.ping_peer()? == peer);
+
+    // A socket whose slot is taken: `sl_sock`, with the same answers.
+    fill_table(&topo)?;
+    let mut third = HostClient::start(&topo, "tcp", vip, 80)?;
+    let held = third.line()?;
+    ensure!(
+        held.len() == 3 && held[0] == "ok" && held[2] == peer,
+        "{held:?}"
+    );
+    ensure!(sl_sock_tcp(&maps()?).len() == 2);
+    ensure!(third.ping_peer()? == peer);
+    free_table(&topo)?;
+    ensure!(maps()?.sock_marks()?.iter().sum::<u64>() == 3);
+
+    // Every close gives its entry and its count back.
+    drop((first, second, third));
+    agent.wait_until(
+        "every entry and count gone",
+        Duration::from_secs(10),
+        |_| {
+            let m = maps()?;
+            Ok(tcp_sockets(&m).is_empty() && no_marks(&m)?)
+        },
+    )?;
+    ensure!(marks_trusted(&maps()?)?, "the counts lost their validity");
+    Ok(())
+}
+
 /// A balanced TCP socket outlives its backend (removed, and past the
 /// drain timeout): the agent's scan does not delete its `sl_sock` entry
 /// but orphans it (backend and service 0, so no backend counts it), so
@@ -1198,9 +1355,21 @@ fn a_socket_whose_backend_is_gone_gives_its_count_back_at_its_close() -> Result<
     )?;
     agent.wait_ready(Duration::from_secs(20))?;
     let maps = || Maps::open_pinned(topo.bpf.path());
+    // Every `sl_socktab` slot taken: the socket goes to `sl_sock`, whose
+    // entries the scan can rewrite (a table entry stays as it is).
+    agent.wait_until("the counts trusted", Duration::from_secs(15), |_| {
+        marks_trusted(&maps()?)
+    })?;
+    fill_table(&topo)?;
     let mut tcp = HostClient::start(&topo, "tcp", "10.96.8.1", 80)?;
     let held = tcp.line()?;
     ensure!(held.len() == 3 && held[0] == "ok", "{held:?}");
+    ensure!(
+        sl_sock_tcp(&maps()?).len() == 1,
+        "{:?}",
+        tcp_sockets(&maps()?)
+    );
+    free_table(&topo)?;
     let reached = topo
         .backends
         .iter()

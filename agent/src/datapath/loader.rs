@@ -149,6 +149,10 @@ impl Datapath {
                 name: names::SOCK_MARKS,
                 source,
             })?;
+        // With the counts not valid no program takes an `sl_socktab` slot:
+        // what the table holds (the last agent's, or stale ones an older
+        // release left behind) goes to `sl_sock`.
+        maps.move_sock_table();
         if migration.pending() {
             let name = names::HANDOVER;
             match ebpf.map(name) {

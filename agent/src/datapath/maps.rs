@@ -15,7 +15,7 @@ use sluice_common::{
     SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue, SvcnetSummary4,
 };
 
-use super::DatapathError;
+use super::{socktab::SockTable, DatapathError};
 use crate::{
     model::{Endpoint, FrontendKey, Proto, Scope},
     reconcile::{BackendId, MapState, SvcId},
@@ -47,6 +47,8 @@ pub struct Maps {
     pub svcnet_v6: LpmTrie<MapData, [u8; 16], u8>,
     pub svcnet_summary_v4: Array<MapData, SvcnetSummary4>,
     pub sock_marks: Array<MapData, u64>,
+    /// `sl_socktab`, mapped.
+    pub sock_table: SockTable,
     /// The loaded programs' filters (`sluice_common::filter`): not pinned,
     /// so only a writer over freshly loaded programs has them.
     pub filters: Option<FilterMaps>,
@@ -94,6 +96,7 @@ impl Maps {
             svcnet_v6: convert(names::SVCNET_V6, take(names::SVCNET_V6)?)?,
             svcnet_summary_v4: convert(names::SVCNET_SUMMARY_V4, take(names::SVCNET_SUMMARY_V4)?)?,
             sock_marks: convert(names::SOCK_MARKS, take(names::SOCK_MARKS)?)?,
+            sock_table: SockTable::new(take(names::SOCK_TABLE)?)?,
             filters: Some(FilterMaps {
                 frontends: convert(names::FE_FILTER, take(names::FE_FILTER)?)?,
                 ports: convert(names::PORT_FILTER, take(names::PORT_FILTER)?)?,
@@ -132,6 +135,7 @@ impl Maps {
             svcnet_v6: convert(names::SVCNET_V6, open(names::SVCNET_V6)?)?,
             svcnet_summary_v4: convert(names::SVCNET_SUMMARY_V4, open(names::SVCNET_SUMMARY_V4)?)?,
             sock_marks: convert(names::SOCK_MARKS, open(names::SOCK_MARKS)?)?,
+            sock_table: SockTable::new(open(names::SOCK_TABLE)?)?,
             filters: None,
         })
     }
@@ -165,6 +169,16 @@ impl Maps {
                 name: names::SOCK_MARKS,
                 source,
             })
+    }
+
+    /// Moves `sl_socktab` into `sl_sock` (`SockTable::move_into`): once
+    /// `sl_sockmark`'s counts are not valid, as an agent starts or stops.
+    pub fn move_sock_table(&mut self) -> usize {
+        let moved = self.sock_table.move_into(&mut self.sockets);
+        if moved > 0 {
+            tracing::info!(moved, "sockets of sl_socktab moved into sl_sock");
+        }
+        moved
     }
 
     /// The config entry (all zero before the agent first wrote it).

@@ -14,6 +14,7 @@ mod loader;
 pub mod log;
 mod maps;
 pub mod migrate;
+mod socktab;
 mod sys;
 mod writer;
 mod xdp;
@@ -29,6 +30,7 @@ pub use links::{
 pub(crate) use loader::{fs_type, BPF_FS_MAGIC};
 pub use loader::{Datapath, MapSizes};
 pub use maps::{read_map_state, FilterMaps, Maps, ServiceKey};
+pub use socktab::SockTable;
 pub use writer::{Entry, EntryKey, Filter, MapReads, MapWriter, MapWrites};
 pub use xdp::{detach_xdp, xdp_devices, XdpMode, PROGRAM as XDP_PROGRAM};
 

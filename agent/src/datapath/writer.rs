@@ -84,7 +84,7 @@ pub trait MapReads {
     fn sock_marks(&self) -> Result<Vec<u64>, DatapathError>;
     /// One slot's count of `sl_sockmark`.
     fn sock_mark(&self, slot: u32) -> Result<u64, DatapathError>;
-    /// The `sl_sock` entry of socket `cookie`, if any.
+    /// The entry of socket `cookie` in `sl_socktab` or `sl_sock`, if any.
     fn socket(&self, cookie: u64) -> Result<Option<SockEntry>, DatapathError>;
     fn affinities4(&self) -> Result<Vec<(Affinity4Key, AffinityValue)>, DatapathError>;
     fn affinities6(&self) -> Result<Vec<(Affinity6Key, AffinityValue)>, DatapathError>;
@@ -343,6 +343,9 @@ impl MapReads for MapWriter {
     }
 
     fn socket(&self, cookie: u64) -> Result<Option<SockEntry>, DatapathError> {
+        if let Some(e) = self.maps.sock_table.get(cookie) {
+            return Ok(Some(e));
+        }
         match self.maps.sockets.get(&cookie, 0) {
             Ok(e) => Ok(Some(e)),
             Err(e) if is_missing(&e) => Ok(None),
@@ -403,10 +406,15 @@ impl MapWrites for MapWriter {
                 names::SVCNET_SUMMARY_V4,
                 m.svcnet_summary_v4.set(0, summary, 0),
             ),
-            Entry::SockMarksValid(valid) => (
-                names::SOCK_MARKS,
-                m.sock_marks.set(MARKS_VALID, u64::from(valid), 0),
-            ),
+            Entry::SockMarksValid(valid) => {
+                let result = m.sock_marks.set(MARKS_VALID, u64::from(valid), 0);
+                if result.is_ok() && !valid {
+                    // No program takes a slot any more: the table's
+                    // sockets go where an older release looks for them.
+                    m.move_sock_table();
+                }
+                (names::SOCK_MARKS, result)
+            }
             Entry::Socket(cookie, e) => match m.sockets.insert(cookie, e, sys::EXIST) {
                 Err(e) if is_missing(&e) => return Ok(()),
                 other => (names::SOCKETS, other),

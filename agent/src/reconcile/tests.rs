@@ -527,6 +527,8 @@ fn the_socket_marks_are_declared_valid_once_every_tcp_socket_is_counted() {
         proto: IPPROTO_TCP,
         backend_id: id.get(),
         svc_id: backend.svc_id,
+        backend: backend.addr,
+        backend_port: backend.port,
         ..SockEntry::default()
     };
     let mut counted = legacy;

@@ -98,7 +98,7 @@ pub const PREALLOCATABLE: [&str; 3] = [names::SERVICES_V4, names::SERVICES_V6, n
 
 /// Every map the agent pins, in the order it creates them. (The per-CPU
 /// scratch maps are per program generation and never pinned.)
-pub const MAPS: [MapDecl; 27] = [
+pub const MAPS: [MapDecl; 28] = [
     decl(
         names::CONFIG,
         MapKind::Array,
@@ -321,6 +321,14 @@ pub const MAPS: [MapDecl; 27] = [
         4,
         8,
         Capacity::Fixed(names::SOCK_MARK_SLOTS + 1),
+        false,
+    ),
+    decl(
+        names::SOCK_TABLE,
+        MapKind::Array,
+        4,
+        size_of::<crate::SockSlot>(),
+        Capacity::Fixed(names::SOCK_TABLE_SLOTS),
         false,
     ),
 ];

@@ -40,7 +40,7 @@ pub use events::{Event, EventBucket, Hook};
 pub use fragment::{Frag4Key, Frag6Key, FragPorts};
 pub use maglev::MaglevTable;
 pub use service::{FrontendKind, Svc4Key, Svc6Key, SvcValue};
-pub use socket::{SockEntry, SockRevKey, SockRevValue};
+pub use socket::{SockEntry, SockRevKey, SockRevValue, SockSlot};
 pub use source_range::{SrcRange4, SrcRange6};
 pub use stats::Stat;
 pub use svcnet::SvcnetSummary4;

@@ -52,6 +52,11 @@ pub const SOCK_REV: &str = "sl_sockrev";
 /// `sock_release` skips the `sl_sock` lookup for a TCP socket whose slot
 /// counts none, which was never balanced.
 pub const SOCK_MARKS: &str = "sl_sockmark";
+/// Balanced TCP sockets by cookie slot (`socket::table_slot`), while
+/// `sl_sockmark`'s counts are valid: array of `SockSlot`, memory-mappable
+/// (the agent reads it in place and hands slots back with an atomic
+/// compare-and-swap). A socket whose slot is taken goes to `sl_sock`.
+pub const SOCK_TABLE: &str = "sl_socktab";
 /// The cluster's own sources (local-traffic detection: `--cluster-cidr`,
 /// or this node's pod CIDRs): LPM trie of an IPv4 network (`[u8; 4]`) ->
 /// `u8` (1).
@@ -166,6 +171,9 @@ pub const MAGLEV_MAX: u32 = 4_096;
 /// Capacity of `sl_sock` and `sl_sockrev` (sockets of the node itself
 /// talking to services). Preallocated (LRU).
 pub const SOCKETS_MAX: u32 = 65_536;
+
+/// Slots of `sl_socktab` (56 bytes each: 3.5 MiB, preallocated).
+pub const SOCK_TABLE_SLOTS: u32 = 65_536;
 
 /// Counting slots of `sl_sockmark` (8 pages of `u64`); the map has one
 /// more, the validity word.

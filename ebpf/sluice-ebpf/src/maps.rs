@@ -3,7 +3,7 @@
 
 use crate::{flow6::Flow6, headers::Ipv6Hdr};
 use aya_ebpf::{
-    bindings::{bpf_fib_lookup, BPF_F_NO_PREALLOC},
+    bindings::{bpf_fib_lookup, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     btf_maps::{
         lpm_trie::Key, Array, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray,
         RingBuf,
@@ -17,12 +17,12 @@ use sluice_common::{
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CONNTRACK_MAX, DEFAULT_SERVICES_MAX,
         FRAGMENTS_MAX, HANDOVER_MAX, LOCAL_IFS_MAX, LOCAL_MAX, MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX,
-        SOCK_MARK_SLOTS, SOURCE_RANGES_MAX, SVCNET_MAX,
+        SOCK_MARK_SLOTS, SOCK_TABLE_SLOTS, SOURCE_RANGES_MAX, SVCNET_MAX,
     },
     stats::{STATS2_MAX, STAT_COUNT},
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Event,
     EventBucket, Frag4Key, Frag6Key, FragPorts, MaglevTable, SockEntry, SockRevKey, SockRevValue,
-    SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue, SvcnetSummary4,
+    SockSlot, SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue, SvcnetSummary4,
 };
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -121,6 +121,12 @@ pub static SOCKETS: LruHashMap<u64, SockEntry, { SOCKETS_MAX as usize }> = LruHa
 /// word (`sluice_common::socket`).
 #[btf_map(name = "sl_sockmark")]
 pub static SOCK_MARKS: Array<u64, { SOCK_MARK_SLOTS as usize + 1 }> = Array::new();
+
+/// Balanced TCP sockets by cookie slot (`sluice_common::socket`),
+/// memory-mappable for the agent.
+#[btf_map(name = "sl_socktab")]
+pub static SOCK_TABLE: Array<SockSlot, { SOCK_TABLE_SLOTS as usize }, { BPF_F_MMAPABLE as usize }> =
+    Array::new();
 
 #[btf_map(name = "sl_sockrev")]
 pub static SOCK_REV: LruHashMap<SockRevKey, SockRevValue, { SOCKETS_MAX as usize }> =
@@ -325,6 +331,7 @@ const _: () = assert!(same("sl_srcrng4", names::SOURCE_RANGES_V4));
 const _: () = assert!(same("sl_sock", names::SOCKETS));
 const _: () = assert!(same("sl_sockrev", names::SOCK_REV));
 const _: () = assert!(same("sl_sockmark", names::SOCK_MARKS));
+const _: () = assert!(same("sl_socktab", names::SOCK_TABLE));
 const _: () = assert!(same("sl_aff6", names::AFFINITY_V6));
 const _: () = assert!(same("sl_srcrng6", names::SOURCE_RANGES_V6));
 const _: () = assert!(same("sl_progs", names::PROGS));
@@ -358,6 +365,7 @@ const _: () = assert!(sluice_common::abi::declared(names::SOURCE_RANGES_V4));
 const _: () = assert!(sluice_common::abi::declared(names::SOURCE_RANGES_V6));
 const _: () = assert!(sluice_common::abi::declared(names::SOCKETS));
 const _: () = assert!(sluice_common::abi::declared(names::SOCK_REV));
+const _: () = assert!(sluice_common::abi::declared(names::SOCK_TABLE));
 const _: () = assert!(sluice_common::abi::declared(names::PROGS));
 const _: () = assert!(sluice_common::abi::declared(names::MAGLEV_V4));
 const _: () = assert!(sluice_common::abi::declared(names::MAGLEV_V6));
@@ -436,6 +444,95 @@ pub enum SockMarks {
     Unmarked,
     /// Valid, and `slot` counts some: every TCP entry is counted.
     Marked,
+}
+
+/// Whether `sl_sockmark`'s counts are valid (its validity word is 1).
+#[inline(always)]
+pub fn sock_marks_valid() -> bool {
+    SOCK_MARKS
+        .get_ptr(sluice_common::socket::MARKS_VALID)
+        // SAFETY: an array slot, valid for the program run; one word.
+        .is_some_and(|p| unsafe { core::ptr::read_volatile(p) } == 1)
+}
+
+/// What taking the `sl_socktab` slot of a socket did.
+pub enum Claim {
+    /// The slot was free: the socket's entry is in it now (count it).
+    Taken,
+    /// The socket held it already (it connected again): entry rewritten,
+    /// counted once already.
+    Again,
+    /// Another socket holds it.
+    Busy,
+}
+
+/// Takes `cookie`'s `sl_socktab` slot for `entry`: its cookie goes from 0
+/// to `cookie` atomically (two sockets with one slot on two CPUs: one
+/// wins), then the entry is written. A reader that finds the cookie
+/// before the entry is whole is the socket's own close or `getpeername`
+/// (which come after its `connect` returned) or the agent, which reads a
+/// slot's entry between two reads of its cookie.
+#[inline(always)]
+pub fn sock_table_claim(cookie: u64, entry: &SockEntry) -> Claim {
+    let Some(p) = SOCK_TABLE.get_ptr_mut(sluice_common::socket::table_slot(cookie)) else {
+        return Claim::Busy;
+    };
+    // SAFETY: an array slot, valid for the program run; its cookie word
+    // is only ever changed by compare-and-swap (here, at a close, and by
+    // the agent through its mapping).
+    unsafe {
+        let (old, won) = core::intrinsics::atomic_cxchg::<
+            u64,
+            { core::intrinsics::AtomicOrdering::SeqCst },
+            { core::intrinsics::AtomicOrdering::SeqCst },
+        >(core::ptr::addr_of_mut!((*p).cookie), 0, cookie);
+        if won || old == cookie {
+            (*p).entry = *entry;
+            if won {
+                Claim::Taken
+            } else {
+                Claim::Again
+            }
+        } else {
+            Claim::Busy
+        }
+    }
+}
+
+/// Gives `cookie`'s `sl_socktab` slot back if the socket holds it (its
+/// cookie goes to 0 atomically: the agent may be moving it to `sl_sock`
+/// at the same time, and one of the two wins). True: it held the slot.
+#[inline(always)]
+pub fn sock_table_release(cookie: u64) -> bool {
+    let Some(p) = SOCK_TABLE.get_ptr_mut(sluice_common::socket::table_slot(cookie)) else {
+        return false;
+    };
+    // SAFETY: as in `sock_table_claim`.
+    unsafe {
+        if core::ptr::read_volatile(core::ptr::addr_of!((*p).cookie)) != cookie {
+            return false;
+        }
+        core::intrinsics::atomic_cxchg::<
+            u64,
+            { core::intrinsics::AtomicOrdering::SeqCst },
+            { core::intrinsics::AtomicOrdering::SeqCst },
+        >(core::ptr::addr_of_mut!((*p).cookie), cookie, 0)
+        .1
+    }
+}
+
+/// The `sl_socktab` entry of the socket with `cookie`, if it holds its
+/// slot (a copy).
+#[inline(always)]
+pub fn sock_table_entry(cookie: u64) -> Option<SockEntry> {
+    let p = SOCK_TABLE.get_ptr(sluice_common::socket::table_slot(cookie))?;
+    // SAFETY: as in `sock_table_claim`; the entry is copied at once.
+    unsafe {
+        if core::ptr::read_volatile(core::ptr::addr_of!((*p).cookie)) != cookie {
+            return None;
+        }
+        Some((*p).entry)
+    }
 }
 
 /// `sl_sockmark`'s answer for `slot`.

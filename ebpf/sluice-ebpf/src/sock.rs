@@ -46,8 +46,8 @@ use crate::events;
 use crate::{
     maglev,
     maps::{
-        self, count, SockMarks, AFFINITY_V4, AFFINITY_V6, CONNTRACK_V4, CONNTRACK_V6, SOCKETS,
-        SOCK_REV,
+        self, count, Claim, SockMarks, AFFINITY_V4, AFFINITY_V6, CONNTRACK_V4, CONNTRACK_V6,
+        SOCKETS, SOCK_REV,
     },
     select::{candidates, sticky, Pick},
 };
@@ -557,12 +557,26 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         _pad: [0; 2],
     };
     if proto == IPPROTO_TCP {
-        // Counted in `sl_sockmark` once it is in. A socket that connects
-        // twice is counted twice: counts are never rebased, so its slot
-        // looks `sl_sock` up at every close from then on (safe, slower).
+        // Counted in `sl_sockmark` once it is in. While the counts are
+        // valid the entry goes to the socket's `sl_socktab` slot unless
+        // another socket holds it; otherwise (and before) to `sl_sock`. A
+        // socket that connects twice is counted twice in `sl_sock`: counts
+        // are never rebased, so its slot looks `sl_sock` up at every close
+        // from then on (safe, slower).
         entry.set_counted();
-        if SOCKETS.insert(cookie, entry, BPF_ANY as u64).is_ok() {
-            maps::add_sock_mark(mark_slot(cookie), 1);
+        let claim = if maps::sock_marks_valid() {
+            maps::sock_table_claim(cookie, &entry)
+        } else {
+            Claim::Busy
+        };
+        match claim {
+            Claim::Taken => maps::add_sock_mark(mark_slot(cookie), 1),
+            Claim::Again => {}
+            Claim::Busy => {
+                if SOCKETS.insert(cookie, entry, BPF_ANY as u64).is_ok() {
+                    maps::add_sock_mark(mark_slot(cookie), 1);
+                }
+            }
         }
     } else {
         let _ = SOCKETS.insert(cookie, entry, BPF_ANY as u64);
@@ -596,14 +610,18 @@ pub fn reverse(ctx: &SockAddrContext, family: Family) -> i32 {
     let backend = read_addr(sa, family);
     // SAFETY: reading a field of the program's context.
     if unsafe { (*sa).protocol } as u8 == IPPROTO_TCP {
-        // Its one peer is in `sl_sock` (0.1.0 wrote a reverse entry too).
-        if let Some(e) = SOCKETS.get_ptr(cookie) {
+        // Its one peer is in its `sl_socktab` slot or in `sl_sock` (0.1.0
+        // wrote a reverse entry too).
+        let e = match maps::sock_table_entry(cookie) {
+            Some(e) => e,
             // SAFETY: the pointer comes from a successful lookup; copied at once.
-            let e = unsafe { &*e };
-            if e.backend == backend && e.backend_port == port {
-                let (frontend, port) = (e.frontend, e.frontend_port);
-                write_addr(sa, family, &frontend, port);
-            }
+            None => match SOCKETS.get_ptr(cookie) {
+                Some(e) => unsafe { *e },
+                None => return ALLOW,
+            },
+        };
+        if e.backend == backend && e.backend_port == port {
+            write_addr(sa, family, &e.frontend, e.frontend_port);
         }
         return ALLOW;
     }
@@ -641,6 +659,12 @@ pub fn release(ctx: &SockContext) -> i32 {
     if proto == u32::from(IPPROTO_TCP) {
         match maps::sock_marks(slot) {
             SockMarks::Unmarked => return ALLOW,
+            SockMarks::Marked if maps::sock_table_release(cookie) => {
+                // Its `sl_socktab` slot, given back: while the counts are
+                // valid the agent made no `sl_sock` copy of it.
+                maps::add_sock_mark(slot, u64::MAX);
+                return ALLOW;
+            }
             SockMarks::Marked => {
                 // While the counts are valid every TCP entry is counted
                 // (the agent validated that none was not, and since then
@@ -653,7 +677,16 @@ pub fn release(ctx: &SockContext) -> i32 {
                 }
                 return ALLOW;
             }
-            SockMarks::Unknown => {}
+            SockMarks::Unknown => {
+                if maps::sock_table_release(cookie) {
+                    // Its slot, given back, and any `sl_sock` copy the
+                    // agent made of it as it moved the table (one count
+                    // for both).
+                    maps::add_sock_mark(slot, u64::MAX);
+                    let _ = SOCKETS.remove(cookie);
+                    return ALLOW;
+                }
+            }
         }
     }
     if let Some(e) = SOCKETS.get_ptr(cookie) {
