@@ -766,8 +766,10 @@ fn sl_sock_tcp(maps: &Maps) -> Vec<(u64, sluice_common::SockEntry)> {
 }
 
 /// Takes every free `sl_socktab` slot for a socket that does not exist
-/// (cookies from `u64::MAX` down, far above any the kernel hands out), so
-/// that the next sockets go to `sl_sock`; `free_table` gives them back.
+/// (cookies from `u64::MAX` down, far above any the kernel hands out;
+/// with `SOCK_SLOT_BUSY` set, so the agent's scans and moves pass them
+/// by), so that the next sockets go to `sl_sock`; `free_table` gives them
+/// back.
 fn fill_table(topo: &Topology) -> Result<()> {
     let mut table = table_array(topo)?;
     for i in 0..sluice_common::maps::SOCK_TABLE_SLOTS {
@@ -1234,7 +1236,8 @@ fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Re
 /// as its peer. A stopping agent takes the counts' validity away and
 /// moves the table into `sl_sock` (where an older release looks), and the
 /// socket keeps its peer; the next agent leaves it there and puts new
-/// sockets in the table again. A socket whose slot is taken goes to
+/// sockets in the table again. After a crash the next agent's loader
+/// moves the table. A socket whose slot is taken goes to
 /// `sl_sock` with the same answers. Every close gives its entry and its
 /// count back.
 #[test]
@@ -1312,6 +1315,24 @@ fn tcp_sockets_live_in_the_socket_table_and_move_to_sl_sock_when_the_agent_stops
     );
     ensure!(first.ping_peer()? == peer && second.ping_peer()? == peer);
 
+    // A crash leaves the validity set and the table as it was: the next
+    // agent's loader takes the validity away and moves the table.
+    agent.kill9();
+    ensure!(marks_trusted(&maps()?)?);
+    agent.replace(&topo.node, &bin, &env)?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    let m = maps()?;
+    ensure!(
+        m.sock_table.entries().is_empty() && sl_sock_tcp(&m).len() == 2,
+        "table {:?}, sl_sock {:?}",
+        m.sock_table.entries(),
+        sl_sock_tcp(&m)
+    );
+    ensure!(first.ping_peer()? == peer && second.ping_peer()? == peer);
+    agent.wait_until("the counts trusted again", Duration::from_secs(15), |_| {
+        marks_trusted(&maps()?)
+    })?;
+
     // A socket whose slot is taken: `sl_sock`, with the same answers.
     fill_table(&topo)?;
     let mut third = HostClient::start(&topo, "tcp", vip, 80)?;
@@ -1320,7 +1341,7 @@ fn tcp_sockets_live_in_the_socket_table_and_move_to_sl_sock_when_the_agent_stops
         held.len() == 3 && held[0] == "ok" && held[2] == peer,
         "{held:?}"
     );
-    ensure!(sl_sock_tcp(&maps()?).len() == 2);
+    ensure!(sl_sock_tcp(&maps()?).len() == 3);
     ensure!(third.ping_peer()? == peer);
     free_table(&topo)?;
     ensure!(maps()?.sock_marks()?.iter().sum::<u64>() == 3);

@@ -133,6 +133,7 @@ impl Layout {
 pub struct MapDef {
     pub map_type: u32,
     pub max_entries: u32,
+    pub map_flags: u32,
     pub key: Layout,
     pub value: Layout,
 }
@@ -344,6 +345,7 @@ impl Btf {
                 let mut def = MapDef {
                     map_type: 0,
                     max_entries: 0,
+                    map_flags: 0,
                     key: Layout::Scalar { size: 0 },
                     value: Layout::Scalar { size: 0 },
                 };
@@ -352,14 +354,14 @@ impl Btf {
                         continue;
                     };
                     match m.name.as_str() {
-                        "type" | "max_entries" => {
+                        "type" | "max_entries" | "map_flags" => {
                             let (_, Type::Array { len, .. }) = self.resolve(*target)? else {
                                 continue;
                             };
-                            if m.name == "type" {
-                                def.map_type = *len;
-                            } else {
-                                def.max_entries = *len;
+                            match m.name.as_str() {
+                                "type" => def.map_type = *len,
+                                "max_entries" => def.max_entries = *len,
+                                _ => def.map_flags = *len,
                             }
                         }
                         "key" => def.key = self.layout(*target)?,

@@ -83,11 +83,12 @@ pub fn wanted(decl: &MapDecl, sizes: &MapSizes, def: Option<&MapDef>) -> Shape {
         key_size: decl.key_size as u32,
         value_size: decl.value_size as u32,
         max_entries: capacity(decl, sizes),
-        flags: if decl.no_prealloc && !(sizes.preallocate && PREALLOCATABLE.contains(&decl.name)) {
-            NO_PREALLOC_FLAG
-        } else {
-            0
-        },
+        flags: decl.flags
+            | if decl.no_prealloc && !(sizes.preallocate && PREALLOCATABLE.contains(&decl.name)) {
+                NO_PREALLOC_FLAG
+            } else {
+                0
+            },
         key: def.map(|d| d.key.clone()),
         value: def.map(|d| d.value.clone()),
     }
@@ -152,6 +153,7 @@ pub fn abi_lines(object: &[u8]) -> Result<Vec<String>, String> {
         let checks = [
             ("map type", def.map_type, want.map_type),
             ("max_entries", def.max_entries, want.max_entries),
+            ("flags", def.map_flags, want.flags),
             ("key size", def.key.size(), want.key_size),
             ("value size", def.value.size(), want.value_size),
         ];

@@ -47,7 +47,7 @@ pub struct Maps {
     pub svcnet_v6: LpmTrie<MapData, [u8; 16], u8>,
     pub svcnet_summary_v4: Array<MapData, SvcnetSummary4>,
     pub sock_marks: Array<MapData, u64>,
-    /// `sl_socktab`, mapped.
+    /// `sl_socktab`, mapped (for writing in a writer's maps only).
     pub sock_table: SockTable,
     /// The loaded programs' filters (`sluice_common::filter`): not pinned,
     /// so only a writer over freshly loaded programs has them.
@@ -96,7 +96,7 @@ impl Maps {
             svcnet_v6: convert(names::SVCNET_V6, take(names::SVCNET_V6)?)?,
             svcnet_summary_v4: convert(names::SVCNET_SUMMARY_V4, take(names::SVCNET_SUMMARY_V4)?)?,
             sock_marks: convert(names::SOCK_MARKS, take(names::SOCK_MARKS)?)?,
-            sock_table: SockTable::new(take(names::SOCK_TABLE)?)?,
+            sock_table: SockTable::new(take(names::SOCK_TABLE)?, true)?,
             filters: Some(FilterMaps {
                 frontends: convert(names::FE_FILTER, take(names::FE_FILTER)?)?,
                 ports: convert(names::PORT_FILTER, take(names::PORT_FILTER)?)?,
@@ -135,7 +135,7 @@ impl Maps {
             svcnet_v6: convert(names::SVCNET_V6, open(names::SVCNET_V6)?)?,
             svcnet_summary_v4: convert(names::SVCNET_SUMMARY_V4, open(names::SVCNET_SUMMARY_V4)?)?,
             sock_marks: convert(names::SOCK_MARKS, open(names::SOCK_MARKS)?)?,
-            sock_table: SockTable::new(open(names::SOCK_TABLE)?)?,
+            sock_table: SockTable::new(open(names::SOCK_TABLE)?, false)?,
             filters: None,
         })
     }

@@ -7,13 +7,13 @@
 use std::{
     os::fd::{AsFd, AsRawFd},
     ptr::{addr_of, addr_of_mut, NonNull},
-    sync::atomic::{AtomicU64, Ordering},
+    sync::atomic::{fence, AtomicU64, Ordering},
 };
 
 use aya::maps::{HashMap, Map, MapData, MapError};
 use sluice_common::{
     maps::{self as names, SOCK_TABLE_SLOTS},
-    socket::table_slot,
+    socket::{table_slot, SOCK_SLOT_BUSY},
     SockEntry, SockSlot,
 };
 use tracing::warn;
@@ -24,6 +24,9 @@ use super::DatapathError;
 pub struct SockTable {
     base: NonNull<SockSlot>,
     bytes: usize,
+    /// Mapped for writing (the agent's writer; an inspection maps it
+    /// read-only).
+    writable: bool,
     /// The map, held for as long as its memory is mapped.
     _map: MapData,
 }
@@ -37,8 +40,9 @@ unsafe impl Sync for SockTable {}
 
 impl SockTable {
     /// Maps `map` (which must be `sl_socktab`: an array of
-    /// `SOCK_TABLE_SLOTS` `SockSlot`s, memory-mappable).
-    pub fn new(map: Map) -> Result<Self, DatapathError> {
+    /// `SOCK_TABLE_SLOTS` `SockSlot`s, memory-mappable), for writing only
+    /// when `writable`.
+    pub fn new(map: Map, writable: bool) -> Result<Self, DatapathError> {
         let name = names::SOCK_TABLE;
         let Map::Array(data) = map else {
             return Err(DatapathError::Map {
@@ -49,15 +53,22 @@ impl SockTable {
         let info = data
             .info()
             .map_err(|source| DatapathError::Map { name, source })?;
-        if info.value_size() as usize != size_of::<SockSlot>()
-            || info.max_entries() != SOCK_TABLE_SLOTS
-        {
+        if info.value_size() as usize != size_of::<SockSlot>() {
             return Err(DatapathError::Map {
                 name,
                 source: MapError::InvalidValueSize {
-                    size: size_of::<SockSlot>(),
-                    expected: info.value_size() as usize,
+                    size: info.value_size() as usize,
+                    expected: size_of::<SockSlot>(),
                 },
+            });
+        }
+        if info.max_entries() != SOCK_TABLE_SLOTS {
+            return Err(DatapathError::Io {
+                path: name.into(),
+                source: std::io::Error::other(format!(
+                    "{} slots, not {SOCK_TABLE_SLOTS}",
+                    info.max_entries()
+                )),
             });
         }
         let bytes = (SOCK_TABLE_SLOTS as usize * size_of::<SockSlot>()).next_multiple_of(4096);
@@ -68,7 +79,11 @@ impl SockTable {
             libc::mmap(
                 std::ptr::null_mut(),
                 bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
+                if writable {
+                    libc::PROT_READ | libc::PROT_WRITE
+                } else {
+                    libc::PROT_READ
+                },
                 libc::MAP_SHARED,
                 data.fd().as_fd().as_raw_fd(),
                 0,
@@ -87,6 +102,7 @@ impl SockTable {
         Ok(Self {
             base,
             bytes,
+            writable,
             _map: data,
         })
     }
@@ -105,17 +121,19 @@ impl SockTable {
     }
 
     /// The entry of slot `index` and the cookie holding it, if one does
-    /// and it held it across the copy (a slot taken or given back
-    /// meanwhile reads as free; one taken again by the same socket may
-    /// read its previous entry, once).
+    /// and held it, not busy, across the copy (a socket writes its entry
+    /// with `SOCK_SLOT_BUSY` set: a slot being taken, written again or
+    /// given back meanwhile reads as free).
     fn read(&self, index: u32) -> Option<(u64, SockEntry)> {
         let cookie = self.cookie(index).load(Ordering::Acquire);
-        if cookie == 0 {
+        if cookie == 0 || cookie & SOCK_SLOT_BUSY != 0 {
             return None;
         }
         // SAFETY: a slot in the mapping; copied whole, without a reference.
         let entry = unsafe { std::ptr::read_volatile(addr_of!((*self.slot(index)).entry)) };
-        (self.cookie(index).load(Ordering::Acquire) == cookie).then_some((cookie, entry))
+        // The copy before the second read of the cookie.
+        fence(Ordering::Acquire);
+        (self.cookie(index).load(Ordering::Relaxed) == cookie).then_some((cookie, entry))
     }
 
     /// Every socket that holds its slot, with its entry.
@@ -137,15 +155,24 @@ impl SockTable {
             .count()
     }
 
-    /// Moves every entry into `sockets` (`sl_sock`), as it is (counted),
-    /// and gives its slot back: called once `sl_sockmark`'s counts are
-    /// not valid, when no program takes a slot any more, so that an older
-    /// release finds every socket in `sl_sock`. A socket that closes
-    /// during its move gives its slot back itself, with its count, and
-    /// deletes the copy if it was made; if it was not yet, the failed
-    /// compare-and-swap here says so and the copy goes. Returns how many
-    /// moved.
+    /// Moves every entry into `sockets` (`sl_sock`), as it is (counted;
+    /// over an `sl_sock` entry of the same socket, which is older), and
+    /// gives its slot back: called once `sl_sockmark`'s counts are not
+    /// valid, so that an older release finds the sockets in `sl_sock`. A
+    /// connect that takes a slot meanwhile (or is writing one, busy, and
+    /// skipped here) sees the validity gone and moves its entry itself. A
+    /// socket that closes during its move gives its slot back itself,
+    /// with its count, and deletes the copy if it was made; if it was not
+    /// yet, the failed compare-and-swap here says so and the copy goes.
+    /// Returns how many moved (none on a read-only mapping).
     pub fn move_into(&self, sockets: &mut HashMap<MapData, u64, SockEntry>) -> usize {
+        if !self.writable {
+            return 0;
+        }
+        // The validity word, cleared before this call, is seen by every
+        // connect that takes a slot after the reads below (a connect reads
+        // it again after its compare-and-swap, a full barrier too).
+        fence(Ordering::SeqCst);
         let mut moved = 0;
         for index in 0..SOCK_TABLE_SLOTS {
             let Some((cookie, entry)) = self.read(index) else {

@@ -62,6 +62,8 @@ pub struct MapDecl {
     pub capacity: Capacity,
     /// Created with `BPF_F_NO_PREALLOC`.
     pub no_prealloc: bool,
+    /// Other creation flags (`BPF_F_MMAPABLE`).
+    pub flags: u32,
     /// The ABI version that introduced it.
     pub since_abi: u32,
     pub carry: Carry,
@@ -82,6 +84,7 @@ const fn decl(
         value_size,
         capacity,
         no_prealloc,
+        flags: 0,
         since_abi: 4,
         carry: Carry::Entries,
     }
@@ -89,6 +92,8 @@ const fn decl(
 
 /// `BPF_F_NO_PREALLOC`.
 pub const NO_PREALLOC_FLAG: u32 = 1;
+/// `BPF_F_MMAPABLE`.
+pub const MMAPABLE_FLAG: u32 = 1 << 10;
 
 /// The maps `--preallocate-maps` creates preallocated (their kernel
 /// memory taken whole at creation, each write then a copy into a
@@ -323,14 +328,17 @@ pub const MAPS: [MapDecl; 28] = [
         Capacity::Fixed(names::SOCK_MARK_SLOTS + 1),
         false,
     ),
-    decl(
-        names::SOCK_TABLE,
-        MapKind::Array,
-        4,
-        size_of::<crate::SockSlot>(),
-        Capacity::Fixed(names::SOCK_TABLE_SLOTS),
-        false,
-    ),
+    MapDecl {
+        flags: MMAPABLE_FLAG,
+        ..decl(
+            names::SOCK_TABLE,
+            MapKind::Array,
+            4,
+            size_of::<crate::SockSlot>(),
+            Capacity::Fixed(names::SOCK_TABLE_SLOTS),
+            false,
+        )
+    },
 ];
 
 /// The declaration of map `name`.

@@ -30,24 +30,32 @@
 //! high (an entry the LRU evicted, a socket that connected twice), never
 //! too low within one set of maps; the counts are trusted only while the
 //! validity word is set, which the agent writes after a scan of `sl_sock`
-//! found no uncounted TCP entry (0.1.0's, or one a migration stripped of
+//! (and `sl_socktab`) found no uncounted TCP entry (0.1.0's, or one a migration stripped of
 //! its bit) and every slot's count at least its entries, and clears as it
 //! stops (the loader clears it at every start too).
 //!
 //! `sl_socktab` holds a TCP socket's entry in place of `sl_sock` while the
 //! counts are valid: one array slot per cookie slot (`table_slot`), taken
-//! with an atomic compare-and-swap of its cookie from 0 and given back
-//! the same way at the socket's close, so that a connection costs no hash
-//! insert and no hash delete (an `sl_sock` entry measured about 300 ns to
-//! insert and 170 ns to delete, more than the rest of `connect4`). A slot
-//! another live socket holds sends the socket to `sl_sock` as before. A
-//! table entry is counted in `sl_sockmark` like a counted `sl_sock` entry.
-//! Whenever the counts lose their validity (an agent starts or stops) the
-//! agent moves every table entry into `sl_sock` (`SockSlot` in place,
-//! counted), so that an older release, which knows only `sl_sock`, finds
-//! every socket there; while the counts are not valid no connect takes a
-//! slot, and a close that finds its socket in the table also deletes any
-//! `sl_sock` copy the move made of it.
+//! with an atomic compare-and-swap of its cookie from 0 (busy while the
+//! entry is written, `SOCK_SLOT_BUSY`) and given back the same way at the
+//! socket's close, so that a connection costs no hash insert and no hash
+//! delete (an `sl_sock` entry measured about 300 ns to insert and 170 ns
+//! to delete, more than the rest of `connect4`). A slot another live
+//! socket holds sends the socket to `sl_sock` as before. A table entry is
+//! counted in `sl_sockmark` like a counted `sl_sock` entry. Whenever the
+//! counts lose their validity (an agent starts or stops) the agent moves
+//! every table entry into `sl_sock` (as it is, counted), so that an older
+//! release, which knows only `sl_sock`, finds the sockets there. A connect
+//! reads the validity again after it took a slot and, if it is gone,
+//! gives the slot back (unless the agent moved it already) and goes to
+//! `sl_sock`: a slot taken after the agent's move is not left behind. A
+//! connect that goes to `sl_sock` gives back any slot its socket held (a
+//! socket connecting again), so a socket never has an older table entry
+//! beside a newer `sl_sock` one; a close that finds its socket in the
+//! table while the counts are not valid also deletes the `sl_sock` copy
+//! the move may have made of it (one count for both). The agent's scan
+//! deletes the `sl_sock` entry of a socket that also holds a slot (it
+//! connected to `sl_sock` first, then took a slot: the slot is newer).
 
 use crate::{
     assert_size,
@@ -111,12 +119,17 @@ pub struct SockSlot {
 }
 assert_size!(SockSlot, 56);
 
-/// The `sl_socktab` slot of the socket with `cookie` (cookies are handed
-/// out in sequence, so consecutive sockets take consecutive slots).
+/// The `sl_socktab` slot of the socket with `cookie` (the kernel hands
+/// cookies out from one counter, in per-CPU batches, to every socket
+/// whose cookie is asked for: their low bits spread).
 #[inline(always)]
 pub const fn table_slot(cookie: u64) -> u32 {
     (cookie as u32) % SOCK_TABLE_SLOTS
 }
+
+/// `SockSlot::cookie` bit: the socket is writing its entry (readers skip
+/// the slot). Cookies count up from 1 and never reach it.
+pub const SOCK_SLOT_BUSY: u64 = 1 << 63;
 
 /// The index of `sl_sockmark`'s validity word.
 pub const MARKS_VALID: u32 = SOCK_MARK_SLOTS;

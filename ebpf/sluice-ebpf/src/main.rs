@@ -28,8 +28,9 @@
 //! `docs/architecture.md` for the walk of one packet.
 #![no_std]
 #![no_main]
-// `atomic_xadd`: the BPF target has no compare-and-swap, so `core`'s
-// atomic types offer no `fetch_add`; the intrinsic lowers to BPF's XADD.
+// `atomic_xadd` and `atomic_cxchg`: `core`'s atomic types are not offered
+// on the BPF target; the intrinsics lower to BPF's atomic add and
+// compare-and-swap.
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 

@@ -19,6 +19,7 @@ use sluice_common::{
         FRAGMENTS_MAX, HANDOVER_MAX, LOCAL_IFS_MAX, LOCAL_MAX, MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX,
         SOCK_MARK_SLOTS, SOCK_TABLE_SLOTS, SOURCE_RANGES_MAX, SVCNET_MAX,
     },
+    socket::SOCK_SLOT_BUSY,
     stats::{STATS2_MAX, STAT_COUNT},
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Event,
     EventBucket, Frag4Key, Frag6Key, FragPorts, MaglevTable, SockEntry, SockRevKey, SockRevValue,
@@ -466,37 +467,46 @@ pub enum Claim {
     Busy,
 }
 
-/// Takes `cookie`'s `sl_socktab` slot for `entry`: its cookie goes from 0
-/// to `cookie` atomically (two sockets with one slot on two CPUs: one
-/// wins), then the entry is written. A reader that finds the cookie
-/// before the entry is whole is the socket's own close or `getpeername`
-/// (which come after its `connect` returned) or the agent, which reads a
-/// slot's entry between two reads of its cookie.
+/// One atomic compare-and-swap of a slot's cookie word: whether it held
+/// `old` (and now holds `new`), and what it held.
+#[inline(always)]
+fn swap_cookie(slot: *mut SockSlot, old: u64, new: u64) -> (u64, bool) {
+    // SAFETY: `slot` is an array element, valid for the program run; its
+    // cookie word is only ever changed by compare-and-swap (here, and by
+    // the agent through its mapping).
+    unsafe {
+        core::intrinsics::atomic_cxchg::<
+            u64,
+            { core::intrinsics::AtomicOrdering::SeqCst },
+            { core::intrinsics::AtomicOrdering::SeqCst },
+        >(core::ptr::addr_of_mut!((*slot).cookie), old, new)
+    }
+}
+
+/// Takes `cookie`'s `sl_socktab` slot for `entry`. The cookie word goes
+/// from 0 (or from `cookie`, a socket connecting again) to `cookie` with
+/// `SOCK_SLOT_BUSY` set, atomically (two sockets with one slot on two
+/// CPUs: one wins); then the entry is written and the busy bit cleared
+/// by another compare-and-swap, so that the agent, which skips a busy
+/// slot, never reads a cookie with another socket's entry.
 #[inline(always)]
 pub fn sock_table_claim(cookie: u64, entry: &SockEntry) -> Claim {
     let Some(p) = SOCK_TABLE.get_ptr_mut(sluice_common::socket::table_slot(cookie)) else {
         return Claim::Busy;
     };
-    // SAFETY: an array slot, valid for the program run; its cookie word
-    // is only ever changed by compare-and-swap (here, at a close, and by
-    // the agent through its mapping).
-    unsafe {
-        let (old, won) = core::intrinsics::atomic_cxchg::<
-            u64,
-            { core::intrinsics::AtomicOrdering::SeqCst },
-            { core::intrinsics::AtomicOrdering::SeqCst },
-        >(core::ptr::addr_of_mut!((*p).cookie), 0, cookie);
-        if won || old == cookie {
-            (*p).entry = *entry;
-            if won {
-                Claim::Taken
-            } else {
-                Claim::Again
-            }
-        } else {
-            Claim::Busy
-        }
-    }
+    let busy = cookie | SOCK_SLOT_BUSY;
+    let (old, won) = swap_cookie(p, 0, busy);
+    let claim = if won {
+        Claim::Taken
+    } else if old == cookie && swap_cookie(p, cookie, busy).1 {
+        Claim::Again
+    } else {
+        return Claim::Busy;
+    };
+    // SAFETY: as in `swap_cookie`; the slot is this socket's, busy.
+    unsafe { (*p).entry = *entry };
+    swap_cookie(p, busy, cookie);
+    claim
 }
 
 /// Gives `cookie`'s `sl_socktab` slot back if the socket holds it (its
@@ -507,26 +517,20 @@ pub fn sock_table_release(cookie: u64) -> bool {
     let Some(p) = SOCK_TABLE.get_ptr_mut(sluice_common::socket::table_slot(cookie)) else {
         return false;
     };
-    // SAFETY: as in `sock_table_claim`.
-    unsafe {
-        if core::ptr::read_volatile(core::ptr::addr_of!((*p).cookie)) != cookie {
-            return false;
-        }
-        core::intrinsics::atomic_cxchg::<
-            u64,
-            { core::intrinsics::AtomicOrdering::SeqCst },
-            { core::intrinsics::AtomicOrdering::SeqCst },
-        >(core::ptr::addr_of_mut!((*p).cookie), cookie, 0)
-        .1
+    // SAFETY: as in `swap_cookie`; one word read.
+    if unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*p).cookie)) } != cookie {
+        return false;
     }
+    swap_cookie(p, cookie, 0).1
 }
 
 /// The `sl_socktab` entry of the socket with `cookie`, if it holds its
-/// slot (a copy).
+/// slot (a copy; only the socket itself writes it, and not while it
+/// makes this call).
 #[inline(always)]
 pub fn sock_table_entry(cookie: u64) -> Option<SockEntry> {
     let p = SOCK_TABLE.get_ptr(sluice_common::socket::table_slot(cookie))?;
-    // SAFETY: as in `sock_table_claim`; the entry is copied at once.
+    // SAFETY: an array element, valid for the program run; copied at once.
     unsafe {
         if core::ptr::read_volatile(core::ptr::addr_of!((*p).cookie)) != cookie {
             return None;

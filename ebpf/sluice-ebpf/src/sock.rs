@@ -424,10 +424,6 @@ fn tracked_by_tc(sa: *const bpf_sock_addr, family: Family, at: &Target) -> bool 
 /// UDP sockets: a frontend address becomes a backend address.
 #[inline(always)]
 pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
-    let config = maps::config();
-    let Some(who) = caller(ctx, &config) else {
-        return ALLOW;
-    };
     let sa = ctx.sock_addr;
     // SAFETY: reading fields of the program's context.
     let (proto, raw_port) = unsafe { ((*sa).protocol as u8, (*sa).user_port) };
@@ -449,12 +445,17 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         mapped,
     };
     // No frontend has this address and (IPv4) it is outside the service
-    // address space: what `unserved` would answer, without the lookups.
-    if at.v4 {
-        if !maps::may_be_served_v4(at.v4_addr()) {
-            return ALLOW;
-        }
-    } else if !maps::may_be_frontend_v6(&at.addr) {
+    // address space: what `unserved` would answer, without the lookups
+    // (and, for IPv4, before asking whose socket it is: the answer is
+    // the same for every caller).
+    if at.v4 && !maps::may_be_served_v4(at.v4_addr()) {
+        return ALLOW;
+    }
+    let config = maps::config();
+    let Some(who) = caller(ctx, &config) else {
+        return ALLOW;
+    };
+    if !at.v4 && !maps::may_be_frontend_v6(&at.addr) {
         return unserved(&at);
     }
     let Some(mut master) = service(&at, 0, SCOPE_EXTERNAL) else {
@@ -560,23 +561,40 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         // Counted in `sl_sockmark` once it is in. While the counts are
         // valid the entry goes to the socket's `sl_socktab` slot unless
         // another socket holds it; otherwise (and before) to `sl_sock`. A
-        // socket that connects twice is counted twice in `sl_sock`: counts
+        // socket that connects twice to `sl_sock` is counted twice: counts
         // are never rebased, so its slot looks `sl_sock` up at every close
         // from then on (safe, slower).
         entry.set_counted();
+        let slot = mark_slot(cookie);
         let claim = if maps::sock_marks_valid() {
             maps::sock_table_claim(cookie, &entry)
         } else {
+            // A slot this socket held (it connects again) goes: its new
+            // entry is `sl_sock`'s, and the slot's count with it.
+            if maps::sock_table_release(cookie) {
+                maps::add_sock_mark(slot, u64::MAX);
+            }
             Claim::Busy
         };
-        match claim {
-            Claim::Taken => maps::add_sock_mark(mark_slot(cookie), 1),
-            Claim::Again => {}
-            Claim::Busy => {
-                if SOCKETS.insert(cookie, entry, BPF_ANY as u64).is_ok() {
-                    maps::add_sock_mark(mark_slot(cookie), 1);
-                }
+        let in_table = match claim {
+            Claim::Taken => {
+                maps::add_sock_mark(slot, 1);
+                true
             }
+            Claim::Again => true,
+            Claim::Busy => false,
+        };
+        // The validity gone since it was read: the agent's move may have
+        // passed this slot already. Given back (unless the agent moved
+        // it: then its copy in `sl_sock` holds the count), the entry goes
+        // to `sl_sock`, where an older release looks.
+        let moved_out = in_table && !maps::sock_marks_valid() && maps::sock_table_release(cookie);
+        if moved_out {
+            if SOCKETS.insert(cookie, entry, BPF_ANY as u64).is_err() {
+                maps::add_sock_mark(slot, u64::MAX);
+            }
+        } else if !in_table && SOCKETS.insert(cookie, entry, BPF_ANY as u64).is_ok() {
+            maps::add_sock_mark(slot, 1);
         }
     } else {
         let _ = SOCKETS.insert(cookie, entry, BPF_ANY as u64);
@@ -660,8 +678,9 @@ pub fn release(ctx: &SockContext) -> i32 {
         match maps::sock_marks(slot) {
             SockMarks::Unmarked => return ALLOW,
             SockMarks::Marked if maps::sock_table_release(cookie) => {
-                // Its `sl_socktab` slot, given back: while the counts are
-                // valid the agent made no `sl_sock` copy of it.
+                // Its `sl_socktab` slot, given back. An `sl_sock` entry it
+                // may have beside it (it connected there first) is the
+                // agent's scan's to delete: no second lookup here.
                 maps::add_sock_mark(slot, u64::MAX);
                 return ALLOW;
             }
