@@ -439,21 +439,6 @@ mod tests {
         e
     }
 
-    /// A socket listed twice (its `sl_socktab` slot first, then an older
-    /// `sl_sock` entry: it connected there before it took a slot) is one
-    /// flow, and its `sl_sock` entry goes.
-    #[test]
-    fn a_socket_in_the_table_and_in_sl_sock_is_one_flow_and_loses_its_sl_sock_entry() {
-        use sluice_common::IPPROTO_TCP;
-        let backends = HashMap::from([(BackendId(3), backend(1))]);
-        let mut e = sock(IPPROTO_TCP, true);
-        (e.backend_id, e.svc_id) = (3, 1);
-        let scan = scan_sockets(&[(7, e), (8, e), (7, e)], &[], &backends);
-        assert_eq!(scan.flows, HashMap::from([(BackendId(3), 2)]));
-        assert_eq!(scan.stale_sockets, vec![7]);
-        assert!(scan.orphans.is_empty());
-    }
-
     /// A socket counts as a flow of its backend only while the backend id
     /// still names the address and port it was sent to (as the socket sees
     /// it: an `AF_INET` socket's address in the first 4 bytes, an
@@ -602,13 +587,22 @@ pub struct SockScan {
 /// The socket map's entries and the reverse map's keys.
 pub type SocketEntries = (Vec<(u64, SockEntry)>, Vec<SockRevKey>);
 
-/// Every socket entry (`sl_socktab`'s, then `sl_sock`'s: `scan_sockets`
-/// takes a cookie's first entry as its socket's) and every reverse entry.
+/// Every socket entry, one per cookie (`sl_socktab`'s; then `sl_sock`'s
+/// of the sockets that hold no slot), and every reverse entry. A walk of
+/// a hash map starts again from its first key when the key it stood on
+/// was deleted meanwhile (a socket closed): the repeats are dropped.
 pub fn read_sockets(maps: &Maps) -> Result<SocketEntries, DatapathError> {
     let mut sockets = maps.sock_table.entries();
+    let mut seen: std::collections::HashSet<u64> = sockets.iter().map(|(c, _)| *c).collect();
     for item in maps.sockets.iter() {
         match item {
-            Ok(kv) => sockets.push(kv),
+            Ok((cookie, e)) => {
+                // A socket that went to `sl_sock` (its slot taken) and took
+                // its slot on a later connect: the slot's entry is newer.
+                if seen.insert(cookie) {
+                    sockets.push((cookie, e));
+                }
+            }
             Err(aya::maps::MapError::KeyNotFound) => continue,
             Err(source) => {
                 return Err(DatapathError::Map {
@@ -631,6 +625,8 @@ pub fn read_sockets(maps: &Maps) -> Result<SocketEntries, DatapathError> {
             }
         }
     }
+    revs.sort_unstable();
+    revs.dedup();
     Ok((sockets, revs))
 }
 
@@ -642,15 +638,7 @@ pub fn scan_sockets(
 ) -> SockScan {
     let mut out = SockScan::default();
     let mut live = std::collections::HashSet::new();
-    let mut seen = std::collections::HashSet::new();
     for (cookie, e) in sockets {
-        if !seen.insert(*cookie) {
-            // An `sl_sock` entry of a socket that holds an `sl_socktab`
-            // slot (listed first): it connected to `sl_sock`, then took a
-            // slot, whose entry is newer. Its count stays (too high, safe).
-            out.stale_sockets.push(*cookie);
-            continue;
-        }
         if backends
             .backend(BackendId(e.backend_id))
             .is_some_and(|b| b.svc_id == e.svc_id && sent_to(e, &b))

@@ -1232,14 +1232,14 @@ fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Re
 
 /// A balanced TCP socket takes its cookie's `sl_socktab` slot while the
 /// counts are trusted (no `sl_sock` entry: no hash insert at connect, no
-/// hash delete at close), is counted in `sl_sockmark`, and reads the VIP
-/// as its peer. A stopping agent takes the counts' validity away and
-/// moves the table into `sl_sock` (where an older release looks), and the
-/// socket keeps its peer; the next agent leaves it there and puts new
-/// sockets in the table again. After a crash the next agent's loader
-/// moves the table. A socket whose slot is taken goes to
-/// `sl_sock` with the same answers. Every close gives its entry and its
-/// count back.
+/// hash delete at close), is counted in `sl_sockmark`, reads the VIP as
+/// its peer, and gives slot and count back at its close. A stopping agent
+/// takes the counts' validity away and moves the table into `sl_sock`
+/// (where an older release looks); the socket keeps its peer, and the
+/// next agent leaves it there and puts new sockets in the table again.
+/// After a crash the programs still use the table, and the next agent's
+/// loader moves it. A socket whose slot is taken goes to `sl_sock` with
+/// the same answers. Every close gives its entry and its count back.
 #[test]
 fn tcp_sockets_live_in_the_socket_table_and_move_to_sl_sock_when_the_agent_stops() -> Result<()> {
     let vip = "10.96.9.1";
@@ -1251,34 +1251,52 @@ fn tcp_sockets_live_in_the_socket_table_and_move_to_sl_sock_when_the_agent_stops
     let mut agent = Agent::start(&topo, &source, &[])?;
     agent.replace(&topo.node, &bin, &env)?;
     agent.wait_ready(Duration::from_secs(20))?;
-    agent.wait_until("the counts trusted", Duration::from_secs(15), |_| {
-        marks_trusted(&maps()?)
-    })?;
+    let trusted = |agent: &mut Agent| {
+        agent.wait_until("the counts trusted", Duration::from_secs(15), |_| {
+            marks_trusted(&maps()?)
+        })
+    };
+    trusted(&mut agent)?;
     let peer = format!("{vip}:80");
-    let mut first = HostClient::start(&topo, "tcp", vip, 80)?;
-    let held = first.line()?;
+    let connect = || -> Result<HostClient> {
+        let mut c = HostClient::start(&topo, "tcp", vip, 80)?;
+        let held = c.line()?;
+        ensure!(
+            held.len() == 3 && held[0] == "ok" && held[2] == peer,
+            "{held:?}"
+        );
+        Ok(c)
+    };
+    let marks = || -> Result<u64> { Ok(maps()?.sock_marks()?.iter().sum()) };
+    // Where the sockets are: (table, sl_sock) TCP entries.
+    let places = || -> Result<(usize, usize)> {
+        let m = maps()?;
+        Ok((m.sock_table.entries().len(), sl_sock_tcp(&m).len()))
+    };
+
+    // Two sockets in the table; one closes and gives slot and count back.
+    let a = connect()?;
+    let mut b = connect()?;
+    ensure!(places()? == (2, 0), "{:?}", places()?);
+    ensure!(marks()? == 2);
+    let entries = maps()?.sock_table.entries();
     ensure!(
-        held.len() == 3 && held[0] == "ok" && held[2] == peer,
-        "{held:?}"
+        entries.iter().all(|(_, e)| e.counted()
+            && e.proto == IPPROTO_TCP
+            && e.frontend_port == 80
+            && e.frontend[..4] == [10, 96, 9, 1]),
+        "{entries:?}"
     );
-    let m = maps()?;
-    let table = m.sock_table.entries();
-    ensure!(
-        table.len() == 1 && sl_sock_tcp(&m).is_empty(),
-        "table {table:?}, sl_sock {:?}",
-        sl_sock_tcp(&m)
-    );
-    let (cookie, entry) = table[0];
-    ensure!(
-        entry.counted() && entry.proto == IPPROTO_TCP && entry.frontend_port == 80,
-        "{entry:?}"
-    );
-    ensure!(m.sock_marks()?.iter().sum::<u64>() == 1);
     let status = agent.cli(&["status"])?;
     ensure!(
-        status.contains("sock table: 1 of 65536 sl_socktab slots hold a TCP socket"),
+        status.contains("sock table: 2 of 65536 sl_socktab slots hold a TCP socket"),
         "{status}"
     );
+    drop(a);
+    agent.wait_until("a's slot and count back", Duration::from_secs(10), |_| {
+        Ok(places()? == (1, 0) && marks()? == 1)
+    })?;
+    let (cookie, entry) = maps()?.sock_table.entries()[0];
 
     // The agent stops: the table moves into `sl_sock`, counted.
     agent.stop()?;
@@ -1290,64 +1308,51 @@ fn tcp_sockets_live_in_the_socket_table_and_move_to_sl_sock_when_the_agent_stops
         m.sock_table.entries(),
         sl_sock_tcp(&m)
     );
-    ensure!(m.sock_marks()?.iter().sum::<u64>() == 1);
-    ensure!(first.ping_peer()? == peer, "peer after the move");
+    ensure!(marks()? == 1);
+    ensure!(b.ping_peer()? == peer, "b's peer after the move");
 
-    // The next agent: the moved socket stays in `sl_sock`; a new one
-    // takes a slot once the counts are trusted again.
+    // The next agent: b stays in `sl_sock`; new sockets take slots once
+    // the counts are trusted again.
     agent.replace(&topo.node, &bin, &env)?;
     agent.wait_ready(Duration::from_secs(20))?;
-    agent.wait_until("the counts trusted again", Duration::from_secs(15), |_| {
-        marks_trusted(&maps()?)
-    })?;
-    let mut second = HostClient::start(&topo, "tcp", vip, 80)?;
-    let held = second.line()?;
-    ensure!(
-        held.len() == 3 && held[0] == "ok" && held[2] == peer,
-        "{held:?}"
-    );
-    let m = maps()?;
-    ensure!(
-        m.sock_table.entries().len() == 1 && sl_sock_tcp(&m).len() == 1,
-        "table {:?}, sl_sock {:?}",
-        m.sock_table.entries(),
-        sl_sock_tcp(&m)
-    );
-    ensure!(first.ping_peer()? == peer && second.ping_peer()? == peer);
+    trusted(&mut agent)?;
+    let c = connect()?;
+    let mut d = connect()?;
+    ensure!(places()? == (2, 1), "{:?}", places()?);
+    ensure!(b.ping_peer()? == peer && d.ping_peer()? == peer);
 
-    // A crash leaves the validity set and the table as it was: the next
-    // agent's loader takes the validity away and moves the table.
+    // A crash leaves the validity set, and the programs keep the table:
+    // c closes and gives its slot back; the next agent's loader takes the
+    // validity away and moves d.
     agent.kill9();
     ensure!(marks_trusted(&maps()?)?);
+    drop(c);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while places()? != (1, 1) || marks()? != 2 {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "c's close: {:?}, {} counted",
+            places()?,
+            marks()?
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     agent.replace(&topo.node, &bin, &env)?;
     agent.wait_ready(Duration::from_secs(20))?;
-    let m = maps()?;
-    ensure!(
-        m.sock_table.entries().is_empty() && sl_sock_tcp(&m).len() == 2,
-        "table {:?}, sl_sock {:?}",
-        m.sock_table.entries(),
-        sl_sock_tcp(&m)
-    );
-    ensure!(first.ping_peer()? == peer && second.ping_peer()? == peer);
-    agent.wait_until("the counts trusted again", Duration::from_secs(15), |_| {
-        marks_trusted(&maps()?)
-    })?;
+    ensure!(places()? == (0, 2), "{:?}", places()?);
+    ensure!(b.ping_peer()? == peer && d.ping_peer()? == peer);
+    trusted(&mut agent)?;
 
     // A socket whose slot is taken: `sl_sock`, with the same answers.
     fill_table(&topo)?;
-    let mut third = HostClient::start(&topo, "tcp", vip, 80)?;
-    let held = third.line()?;
-    ensure!(
-        held.len() == 3 && held[0] == "ok" && held[2] == peer,
-        "{held:?}"
-    );
-    ensure!(sl_sock_tcp(&maps()?).len() == 3);
-    ensure!(third.ping_peer()? == peer);
+    let mut e = connect()?;
+    ensure!(places()? == (0, 3), "{:?}", places()?);
+    ensure!(e.ping_peer()? == peer);
     free_table(&topo)?;
-    ensure!(maps()?.sock_marks()?.iter().sum::<u64>() == 3);
+    ensure!(marks()? == 3);
 
     // Every close gives its entry and its count back.
-    drop((first, second, third));
+    drop((b, d, e));
     agent.wait_until(
         "every entry and count gone",
         Duration::from_secs(10),

@@ -13,12 +13,12 @@ use std::{
 use aya::maps::{HashMap, Map, MapData, MapError};
 use sluice_common::{
     maps::{self as names, SOCK_TABLE_SLOTS},
-    socket::{table_slot, SOCK_SLOT_BUSY},
+    socket::{table_slot, SOCK_SLOT_BUSY, SOCK_SLOT_MOVING},
     SockEntry, SockSlot,
 };
 use tracing::warn;
 
-use super::DatapathError;
+use super::{sys::NOEXIST, DatapathError};
 
 /// The mapped `sl_socktab`.
 pub struct SockTable {
@@ -125,7 +125,7 @@ impl SockTable {
     /// with `SOCK_SLOT_BUSY` set: a slot being taken, written again or
     /// given back meanwhile reads as free).
     fn read(&self, index: u32) -> Option<(u64, SockEntry)> {
-        let cookie = self.cookie(index).load(Ordering::Acquire);
+        let cookie = self.cookie(index).load(Ordering::Acquire) & !SOCK_SLOT_MOVING;
         if cookie == 0 || cookie & SOCK_SLOT_BUSY != 0 {
             return None;
         }
@@ -133,7 +133,8 @@ impl SockTable {
         let entry = unsafe { std::ptr::read_volatile(addr_of!((*self.slot(index)).entry)) };
         // The copy before the second read of the cookie.
         fence(Ordering::Acquire);
-        (self.cookie(index).load(Ordering::Relaxed) == cookie).then_some((cookie, entry))
+        (self.cookie(index).load(Ordering::Relaxed) & !SOCK_SLOT_MOVING == cookie)
+            .then_some((cookie, entry))
     }
 
     /// Every socket that holds its slot, with its entry.
@@ -155,49 +156,77 @@ impl SockTable {
             .count()
     }
 
-    /// Moves every entry into `sockets` (`sl_sock`), as it is (counted;
-    /// over an `sl_sock` entry of the same socket, which is older), and
-    /// gives its slot back: called once `sl_sockmark`'s counts are not
-    /// valid, so that an older release finds the sockets in `sl_sock`. A
-    /// connect that takes a slot meanwhile (or is writing one, busy, and
-    /// skipped here) sees the validity gone and moves its entry itself. A
-    /// socket that closes during its move gives its slot back itself,
-    /// with its count, and deletes the copy if it was made; if it was not
-    /// yet, the failed compare-and-swap here says so and the copy goes.
-    /// Returns how many moved (none on a read-only mapping).
+    /// Moves every entry into `sockets` (`sl_sock`), counted, and frees
+    /// its slot: called once `sl_sockmark`'s counts are not valid, so that
+    /// an older release finds the sockets in `sl_sock`. The agent owns a
+    /// slot while it moves it (`SOCK_SLOT_MOVING`: a connect passes it by,
+    /// its entry stays put and readable), copies the entry without
+    /// overwriting (a connect of the same socket wrote a newer one), then
+    /// frees the slot. A close may take the slot meanwhile and then
+    /// deletes the copy itself; if the copy came after that, the failed
+    /// compare-and-swap here says so and the copy goes. A connect that
+    /// takes a slot meanwhile (or is writing one, busy, and passed by
+    /// here) sees the validity gone and moves its entry itself. Returns
+    /// how many moved (none on a read-only mapping).
     pub fn move_into(&self, sockets: &mut HashMap<MapData, u64, SockEntry>) -> usize {
         if !self.writable {
             return 0;
         }
         // The validity word, cleared before this call, is seen by every
-        // connect that takes a slot after the reads below (a connect reads
-        // it again after its compare-and-swap, a full barrier too).
+        // connect whose slot the reads below miss (a connect reads it
+        // again after its compare-and-swap, a full barrier too).
         fence(Ordering::SeqCst);
         let mut moved = 0;
         for index in 0..SOCK_TABLE_SLOTS {
-            let Some((cookie, entry)) = self.read(index) else {
-                continue;
-            };
-            if let Err(error) = sockets.insert(cookie, entry, 0) {
-                warn!(cookie, %error, "a socket of sl_socktab could not move into sl_sock: it stays in its slot");
+            let word = self.cookie(index);
+            let now = word.load(Ordering::Acquire);
+            if now == 0 || now & SOCK_SLOT_BUSY != 0 {
                 continue;
             }
-            match self.cookie(index).compare_exchange(
-                cookie,
-                0,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
+            let cookie = now & !SOCK_SLOT_MOVING;
+            let moving = cookie | SOCK_SLOT_MOVING;
+            // A slot already moving is one an agent that crashed while it
+            // moved it left behind (one agent moves at a time): taken up.
+            if now != moving
+                && word
+                    .compare_exchange(cookie, moving, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+            {
+                // Given back or being written again: its socket's close or
+                // connect sees to it.
+                continue;
+            }
+            // SAFETY: a slot in the mapping, ours while it is moving (its
+            // socket's connect passes it by); copied whole.
+            let entry = unsafe { std::ptr::read_volatile(addr_of!((*self.slot(index)).entry)) };
+            let copied = match sockets.insert(cookie, entry, NOEXIST) {
+                Ok(()) => true,
+                Err(e) if exists(&e) => false,
+                Err(error) => {
+                    warn!(cookie, %error, "a socket of sl_socktab could not move into sl_sock: it stays in its slot");
+                    let _ =
+                        word.compare_exchange(moving, cookie, Ordering::AcqRel, Ordering::Acquire);
+                    continue;
+                }
+            };
+            match word.compare_exchange(moving, 0, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => moved += 1,
                 Err(_) => {
-                    // Closed meanwhile: its close gave the slot and the
-                    // count back, and may have come before the copy.
-                    let _ = sockets.remove(&cookie);
+                    // Its close took the slot (and its count), and deleted
+                    // what `sl_sock` held then: a copy made after that goes.
+                    if copied {
+                        let _ = sockets.remove(&cookie);
+                    }
                 }
             }
         }
         moved
     }
+}
+
+/// Whether an insert failed because the key was there (`BPF_NOEXIST`).
+fn exists(e: &MapError) -> bool {
+    matches!(e, MapError::SyscallError(sys) if sys.io_error.raw_os_error() == Some(libc::EEXIST))
 }
 
 impl Drop for SockTable {

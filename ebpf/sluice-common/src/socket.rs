@@ -48,14 +48,19 @@
 //! release, which knows only `sl_sock`, finds the sockets there. A connect
 //! reads the validity again after it took a slot and, if it is gone,
 //! gives the slot back (unless the agent moved it already) and goes to
-//! `sl_sock`: a slot taken after the agent's move is not left behind. A
-//! connect that goes to `sl_sock` gives back any slot its socket held (a
-//! socket connecting again), so a socket never has an older table entry
-//! beside a newer `sl_sock` one; a close that finds its socket in the
-//! table while the counts are not valid also deletes the `sl_sock` copy
-//! the move may have made of it (one count for both). The agent's scan
-//! deletes the `sl_sock` entry of a socket that also holds a slot (it
-//! connected to `sl_sock` first, then took a slot: the slot is newer).
+//! `sl_sock`: a slot taken after the agent's move is not left behind. The
+//! agent owns a slot while it moves it (`SOCK_SLOT_MOVING`): it copies the
+//! entry into `sl_sock` without overwriting (a connect's newer entry
+//! wins) and then frees the slot; a close that finds its slot being moved
+//! takes it, deletes the copy if it was made and takes its count back,
+//! and the agent's failed compare-and-swap then tells it to delete a copy
+//! made after that. A connect that goes to `sl_sock` gives back any slot
+//! its socket holds (a socket connecting again), so a socket never keeps
+//! an older table entry beside a newer `sl_sock` one. One that went to
+//! `sl_sock` first (its slot taken) and takes a slot on a later connect
+//! keeps both: its close gives the slot back and leaves the `sl_sock`
+//! entry to the LRU (a TCP socket connects again only after an
+//! `AF_UNSPEC` disconnect; the scan counts one flow per cookie).
 
 use crate::{
     assert_size,
@@ -130,6 +135,13 @@ pub const fn table_slot(cookie: u64) -> u32 {
 /// `SockSlot::cookie` bit: the socket is writing its entry (readers skip
 /// the slot). Cookies count up from 1 and never reach it.
 pub const SOCK_SLOT_BUSY: u64 = 1 << 63;
+
+/// `SockSlot::cookie` bit: the agent is moving the entry into `sl_sock`.
+/// The entry stays readable (`getpeername`); only the socket's close may
+/// take the slot from the agent (it then deletes the copy too), and a
+/// connect passes the slot by (its newer entry goes to `sl_sock`, where
+/// the agent's copy never overwrites an entry).
+pub const SOCK_SLOT_MOVING: u64 = 1 << 62;
 
 /// The index of `sl_sockmark`'s validity word.
 pub const MARKS_VALID: u32 = SOCK_MARK_SLOTS;

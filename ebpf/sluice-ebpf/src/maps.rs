@@ -19,7 +19,7 @@ use sluice_common::{
         FRAGMENTS_MAX, HANDOVER_MAX, LOCAL_IFS_MAX, LOCAL_MAX, MAGLEV_MAX, PROGS_MAX, SOCKETS_MAX,
         SOCK_MARK_SLOTS, SOCK_TABLE_SLOTS, SOURCE_RANGES_MAX, SVCNET_MAX,
     },
-    socket::SOCK_SLOT_BUSY,
+    socket::{SOCK_SLOT_BUSY, SOCK_SLOT_MOVING},
     stats::{STATS2_MAX, STAT_COUNT},
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Event,
     EventBucket, Frag4Key, Frag6Key, FragPorts, MaglevTable, SockEntry, SockRevKey, SockRevValue,
@@ -509,30 +509,54 @@ pub fn sock_table_claim(cookie: u64, entry: &SockEntry) -> Claim {
     claim
 }
 
+/// Whether a socket held its `sl_socktab` slot when it gave it back.
+#[derive(PartialEq, Eq)]
+pub enum Held {
+    /// It did not (or the agent moved it: the entry is in `sl_sock`).
+    No,
+    /// It did; the slot is free.
+    Yes,
+    /// The agent was moving it: the slot is free, and the caller deletes
+    /// the `sl_sock` copy the agent may have made (the agent deletes one
+    /// it makes later).
+    Moving,
+}
+
 /// Gives `cookie`'s `sl_socktab` slot back if the socket holds it (its
-/// cookie goes to 0 atomically: the agent may be moving it to `sl_sock`
-/// at the same time, and one of the two wins). True: it held the slot.
+/// cookie word goes to 0 atomically). Only a close may take a slot the
+/// agent is moving (`moving`); a connect leaves such a slot to the agent.
 #[inline(always)]
-pub fn sock_table_release(cookie: u64) -> bool {
+pub fn sock_table_release(cookie: u64, moving: bool) -> Held {
     let Some(p) = SOCK_TABLE.get_ptr_mut(sluice_common::socket::table_slot(cookie)) else {
-        return false;
+        return Held::No;
     };
     // SAFETY: as in `swap_cookie`; one word read.
-    if unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*p).cookie)) } != cookie {
-        return false;
+    let now = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*p).cookie)) };
+    if now == cookie {
+        if swap_cookie(p, cookie, 0).1 {
+            return Held::Yes;
+        }
+    } else if !moving || now != cookie | SOCK_SLOT_MOVING {
+        return Held::No;
     }
-    swap_cookie(p, cookie, 0).1
+    // Being moved (now, or since the read above).
+    if moving && swap_cookie(p, cookie | SOCK_SLOT_MOVING, 0).1 {
+        Held::Moving
+    } else {
+        Held::No
+    }
 }
 
 /// The `sl_socktab` entry of the socket with `cookie`, if it holds its
-/// slot (a copy; only the socket itself writes it, and not while it
-/// makes this call).
+/// slot, even while the agent moves it (a copy; only the socket itself
+/// writes it, and not while it makes this call).
 #[inline(always)]
 pub fn sock_table_entry(cookie: u64) -> Option<SockEntry> {
     let p = SOCK_TABLE.get_ptr(sluice_common::socket::table_slot(cookie))?;
     // SAFETY: an array element, valid for the program run; copied at once.
     unsafe {
-        if core::ptr::read_volatile(core::ptr::addr_of!((*p).cookie)) != cookie {
+        let now = core::ptr::read_volatile(core::ptr::addr_of!((*p).cookie));
+        if now & !SOCK_SLOT_MOVING != cookie {
             return None;
         }
         Some((*p).entry)

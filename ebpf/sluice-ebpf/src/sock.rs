@@ -46,7 +46,7 @@ use crate::events;
 use crate::{
     maglev,
     maps::{
-        self, count, Claim, SockMarks, AFFINITY_V4, AFFINITY_V6, CONNTRACK_V4, CONNTRACK_V6,
+        self, count, Claim, Held, SockMarks, AFFINITY_V4, AFFINITY_V6, CONNTRACK_V4, CONNTRACK_V6,
         SOCKETS, SOCK_REV,
     },
     select::{candidates, sticky, Pick},
@@ -571,7 +571,7 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         } else {
             // A slot this socket held (it connects again) goes: its new
             // entry is `sl_sock`'s, and the slot's count with it.
-            if maps::sock_table_release(cookie) {
+            if maps::sock_table_release(cookie, false) == Held::Yes {
                 maps::add_sock_mark(slot, u64::MAX);
             }
             Claim::Busy
@@ -585,10 +585,12 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
             Claim::Busy => false,
         };
         // The validity gone since it was read: the agent's move may have
-        // passed this slot already. Given back (unless the agent moved
-        // it: then its copy in `sl_sock` holds the count), the entry goes
-        // to `sl_sock`, where an older release looks.
-        let moved_out = in_table && !maps::sock_marks_valid() && maps::sock_table_release(cookie);
+        // passed this slot already. Given back (unless the agent moves or
+        // moved it: then its copy in `sl_sock` holds the count), the entry
+        // goes to `sl_sock`, where an older release looks.
+        let moved_out = in_table
+            && !maps::sock_marks_valid()
+            && maps::sock_table_release(cookie, false) == Held::Yes;
         if moved_out {
             if SOCKETS.insert(cookie, entry, BPF_ANY as u64).is_err() {
                 maps::add_sock_mark(slot, u64::MAX);
@@ -675,37 +677,37 @@ pub fn release(ctx: &SockContext) -> i32 {
     // (A UDP socket always looks: it may have sent to a service before
     // its last peer.)
     if proto == u32::from(IPPROTO_TCP) {
-        match maps::sock_marks(slot) {
-            SockMarks::Unmarked => return ALLOW,
-            SockMarks::Marked if maps::sock_table_release(cookie) => {
-                // Its `sl_socktab` slot, given back. An `sl_sock` entry it
-                // may have beside it (it connected there first) is the
-                // agent's scan's to delete: no second lookup here.
+        let marks = maps::sock_marks(slot);
+        if let SockMarks::Unmarked = marks {
+            return ALLOW;
+        }
+        // Its `sl_socktab` slot, given back with its count. One the agent
+        // was moving may have a copy in `sl_sock` already (one count for
+        // both); an `sl_sock` entry a socket holding a slot may have
+        // beside it (it connected there first) is left to the LRU.
+        match maps::sock_table_release(cookie, true) {
+            Held::Yes => {
                 maps::add_sock_mark(slot, u64::MAX);
                 return ALLOW;
             }
-            SockMarks::Marked => {
-                // While the counts are valid every TCP entry is counted
-                // (the agent validated that none was not, and since then
-                // only this build's `connect` has written TCP entries,
-                // counted; a stopping agent clears the validity before an
-                // older release's programs can run), and a TCP socket has
-                // no reverse entry: one delete, no lookup first.
-                if SOCKETS.remove(cookie).is_ok() {
-                    maps::add_sock_mark(slot, u64::MAX);
-                }
+            Held::Moving => {
+                maps::add_sock_mark(slot, u64::MAX);
+                let _ = SOCKETS.remove(cookie);
                 return ALLOW;
             }
-            SockMarks::Unknown => {
-                if maps::sock_table_release(cookie) {
-                    // Its slot, given back, and any `sl_sock` copy the
-                    // agent made of it as it moved the table (one count
-                    // for both).
-                    maps::add_sock_mark(slot, u64::MAX);
-                    let _ = SOCKETS.remove(cookie);
-                    return ALLOW;
-                }
+            Held::No => {}
+        }
+        if let SockMarks::Marked = marks {
+            // While the counts are valid every TCP entry is counted (the
+            // agent validated that none was not, and since then only this
+            // build's `connect` has written TCP entries, counted; a
+            // stopping agent clears the validity before an older
+            // release's programs can run), and a TCP socket has no reverse
+            // entry: one delete, no lookup first.
+            if SOCKETS.remove(cookie).is_ok() {
+                maps::add_sock_mark(slot, u64::MAX);
             }
+            return ALLOW;
         }
     }
     if let Some(e) = SOCKETS.get_ptr(cookie) {
