@@ -768,7 +768,7 @@ fn sl_sock_tcp(maps: &Maps) -> Vec<(u64, sluice_common::SockEntry)> {
 /// Takes every free `sl_socktab` slot for a socket that does not exist
 /// (cookies from `u64::MAX` down, far above any the kernel hands out;
 /// with `SOCK_SLOT_BUSY` set, so the agent's scans and moves pass them
-/// by), so that the next sockets go to `sl_sock`; `free_table` gives them
+/// by, whatever their other bits), so that the next sockets go to `sl_sock`; `free_table` gives them
 /// back.
 fn fill_table(topo: &Topology) -> Result<()> {
     let mut table = table_array(topo)?;
@@ -782,6 +782,31 @@ fn fill_table(topo: &Topology) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Sets `SOCK_SLOT_MOVING` on the slot `cookie` holds, as the agent does
+/// while it moves the slot into `sl_sock`.
+fn mark_moving(topo: &Topology, cookie: u64) -> Result<()> {
+    let mut table = table_array(topo)?;
+    let index = sluice_common::socket::table_slot(cookie);
+    let mut slot = table.get(&index, 0)?;
+    ensure!(slot.cookie == cookie, "slot {index}: {slot:?}");
+    slot.cookie |= sluice_common::socket::SOCK_SLOT_MOVING;
+    table.set(index, slot, 0)?;
+    Ok(())
+}
+
+/// The non-zero cookie words of `sl_socktab` (whatever their bits).
+fn table_words(topo: &Topology) -> Result<Vec<(u32, u64)>> {
+    let table = table_array(topo)?;
+    let mut out = Vec::new();
+    for i in 0..sluice_common::maps::SOCK_TABLE_SLOTS {
+        let word = table.get(&i, 0)?.cookie;
+        if word != 0 {
+            out.push((i, word));
+        }
+    }
+    Ok(out)
 }
 
 /// Gives back the slots `fill_table` took.
@@ -1238,8 +1263,10 @@ fn a_tcp_socket_0_1_0_balanced_is_cleaned_at_its_close_after_the_upgrade() -> Re
 /// (where an older release looks); the socket keeps its peer, and the
 /// next agent leaves it there and puts new sockets in the table again.
 /// After a crash the programs still use the table, and the next agent's
-/// loader moves it. A socket whose slot is taken goes to `sl_sock` with
-/// the same answers. Every close gives its entry and its count back.
+/// loader moves it, a slot the crashed agent was moving included; a
+/// socket that closes while its slot is being moved takes it back with
+/// its count. A socket whose slot is taken goes to `sl_sock` with the
+/// same answers. Every close gives its entry and its count back.
 #[test]
 fn tcp_sockets_live_in_the_socket_table_and_move_to_sl_sock_when_the_agent_stops() -> Result<()> {
     let vip = "10.96.9.1";
@@ -1337,11 +1364,30 @@ fn tcp_sockets_live_in_the_socket_table_and_move_to_sl_sock_when_the_agent_stops
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // d's slot as an agent that crashed while it moved it left it: the
+    // next loader takes the move up.
+    let (d_cookie, _) = maps()?.sock_table.entries()[0];
+    mark_moving(&topo, d_cookie)?;
+    ensure!(d.ping_peer()? == peer, "d's peer while its slot moves");
     agent.replace(&topo.node, &bin, &env)?;
     agent.wait_ready(Duration::from_secs(20))?;
     ensure!(places()? == (0, 2), "{:?}", places()?);
+    ensure!(table_words(&topo)?.is_empty(), "a slot left behind");
     ensure!(b.ping_peer()? == peer && d.ping_peer()? == peer);
     trusted(&mut agent)?;
+
+    // A socket that closes while the agent moves its slot takes the slot
+    // and its count back.
+    let mut f = connect()?;
+    ensure!(places()? == (1, 2), "{:?}", places()?);
+    let (f_cookie, _) = maps()?.sock_table.entries()[0];
+    mark_moving(&topo, f_cookie)?;
+    ensure!(f.ping_peer()? == peer, "f's peer while its slot moves");
+    ensure!(marks()? == 3);
+    drop(f);
+    agent.wait_until("f's slot and count back", Duration::from_secs(10), |_| {
+        Ok(table_words(&topo)?.is_empty() && marks()? == 2)
+    })?;
 
     // A socket whose slot is taken: `sl_sock`, with the same answers.
     fill_table(&topo)?;

@@ -56,11 +56,11 @@
 //! and the agent's failed compare-and-swap then tells it to delete a copy
 //! made after that. A connect that goes to `sl_sock` gives back any slot
 //! its socket holds (a socket connecting again), so a socket never keeps
-//! an older table entry beside a newer `sl_sock` one. One that went to
+//! an older table entry beside a newer `sl_sock` one; one that went to
 //! `sl_sock` first (its slot taken) and takes a slot on a later connect
-//! keeps both: its close gives the slot back and leaves the `sl_sock`
-//! entry to the LRU (a TCP socket connects again only after an
-//! `AF_UNSPEC` disconnect; the scan counts one flow per cookie).
+//! (a TCP socket connects again only after an `AF_UNSPEC` disconnect)
+//! deletes its older `sl_sock` entry, looked up only where its cookie's
+//! count says one may be.
 
 use crate::{
     assert_size,

@@ -437,6 +437,16 @@ pub fn add_sock_mark(slot: u32, delta: u64) {
     }
 }
 
+/// The count of `slot` in `sl_sockmark` (a plain read: another CPU may
+/// be changing it, but not by an entry of the caller's own socket).
+#[inline(always)]
+pub fn sock_mark(slot: u32) -> u64 {
+    SOCK_MARKS
+        .get_ptr(slot)
+        // SAFETY: an array slot, valid for the program run; one word.
+        .map_or(0, |p| unsafe { core::ptr::read_volatile(p) })
+}
+
 /// What `sl_sockmark` says about the TCP sockets counted in `slot`.
 pub enum SockMarks {
     /// The counts are not valid: look the socket up.
@@ -525,33 +535,35 @@ pub enum Held {
 /// Gives `cookie`'s `sl_socktab` slot back if the socket holds it (its
 /// cookie word goes to 0 atomically). Only a close may take a slot the
 /// agent is moving (`moving`); a connect leaves such a slot to the agent.
+/// The agent may hand a slot it could not move back to its socket while
+/// a close reads it: read again, a few times.
 #[inline(always)]
 pub fn sock_table_release(cookie: u64, moving: bool) -> Held {
     let Some(p) = SOCK_TABLE.get_ptr_mut(sluice_common::socket::table_slot(cookie)) else {
         return Held::No;
     };
-    // SAFETY: as in `swap_cookie`; one word read.
-    let now = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*p).cookie)) };
-    if now == cookie {
-        if swap_cookie(p, cookie, 0).1 {
-            return Held::Yes;
+    for _ in 0..3 {
+        // SAFETY: as in `swap_cookie`; one word read.
+        let now = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*p).cookie)) };
+        let held = if now == cookie {
+            Held::Yes
+        } else if moving && now == cookie | SOCK_SLOT_MOVING {
+            Held::Moving
+        } else {
+            return Held::No;
+        };
+        if swap_cookie(p, now, 0).1 {
+            return held;
         }
-    } else if !moving || now != cookie | SOCK_SLOT_MOVING {
-        return Held::No;
     }
-    // Being moved (now, or since the read above).
-    if moving && swap_cookie(p, cookie | SOCK_SLOT_MOVING, 0).1 {
-        Held::Moving
-    } else {
-        Held::No
-    }
+    Held::No
 }
 
 /// The `sl_socktab` entry of the socket with `cookie`, if it holds its
-/// slot, even while the agent moves it (a copy; only the socket itself
-/// writes it, and not while it makes this call).
+/// slot (a copy; only the socket itself writes it, and not while it makes
+/// this call), and whether the agent is moving it.
 #[inline(always)]
-pub fn sock_table_entry(cookie: u64) -> Option<SockEntry> {
+pub fn sock_table_entry(cookie: u64) -> Option<(SockEntry, bool)> {
     let p = SOCK_TABLE.get_ptr(sluice_common::socket::table_slot(cookie))?;
     // SAFETY: an array element, valid for the program run; copied at once.
     unsafe {
@@ -559,7 +571,7 @@ pub fn sock_table_entry(cookie: u64) -> Option<SockEntry> {
         if now & !SOCK_SLOT_MOVING != cookie {
             return None;
         }
-        Some((*p).entry)
+        Some(((*p).entry, now != cookie))
     }
 }
 

@@ -578,6 +578,14 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         };
         let in_table = match claim {
             Claim::Taken => {
+                // A socket that went to `sl_sock` before (its slot was
+                // another's) and connects again: its older entry goes, so
+                // that it has one. Only where its cookie's count says an
+                // entry may be (while the counts are valid every TCP entry
+                // is counted): no hash lookup for most sockets.
+                if maps::sock_mark(slot) != 0 && SOCKETS.remove(cookie).is_ok() {
+                    maps::add_sock_mark(slot, u64::MAX);
+                }
                 maps::add_sock_mark(slot, 1);
                 true
             }
@@ -632,13 +640,14 @@ pub fn reverse(ctx: &SockAddrContext, family: Family) -> i32 {
     if unsafe { (*sa).protocol } as u8 == IPPROTO_TCP {
         // Its one peer is in its `sl_socktab` slot or in `sl_sock` (0.1.0
         // wrote a reverse entry too).
-        let e = match maps::sock_table_entry(cookie) {
-            Some(e) => e,
+        // While the agent moves the slot, an `sl_sock` entry is its copy or
+        // newer (the socket connected again meanwhile): read first.
+        let table = maps::sock_table_entry(cookie);
+        let e = match (table, SOCKETS.get_ptr(cookie)) {
+            (Some((e, false)), _) | (Some((e, true)), None) => e,
             // SAFETY: the pointer comes from a successful lookup; copied at once.
-            None => match SOCKETS.get_ptr(cookie) {
-                Some(e) => unsafe { *e },
-                None => return ALLOW,
-            },
+            (_, Some(e)) => unsafe { *e },
+            (None, None) => return ALLOW,
         };
         if e.backend == backend && e.backend_port == port {
             write_addr(sa, family, &e.frontend, e.frontend_port);
