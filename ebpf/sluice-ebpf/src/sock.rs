@@ -642,12 +642,19 @@ pub fn reverse(ctx: &SockAddrContext, family: Family) -> i32 {
         // wrote a reverse entry too).
         // While the agent moves the slot, an `sl_sock` entry is its copy or
         // newer (the socket connected again meanwhile): read first.
-        let table = maps::sock_table_entry(cookie);
-        let e = match (table, SOCKETS.get_ptr(cookie)) {
-            (Some((e, false)), _) | (Some((e, true)), None) => e,
-            // SAFETY: the pointer comes from a successful lookup; copied at once.
-            (_, Some(e)) => unsafe { *e },
-            (None, None) => return ALLOW,
+        let from_sock = || {
+            SOCKETS.get_ptr(cookie).map(|e| {
+                // SAFETY: the pointer comes from a successful lookup; copied at once.
+                unsafe { *e }
+            })
+        };
+        let e = match maps::sock_table_entry(cookie) {
+            Some((e, false)) => e,
+            Some((e, true)) => from_sock().unwrap_or(e),
+            None => match from_sock() {
+                Some(e) => e,
+                None => return ALLOW,
+            },
         };
         if e.backend == backend && e.backend_port == port {
             write_addr(sa, family, &e.frontend, e.frontend_port);
