@@ -144,7 +144,7 @@ impl Metrics {
         );
         registry.register(
             "map_fill_ratio",
-            "Entries over capacity, per map (each family under its own map: sl_svc4/sl_svc6, sl_maglev4/sl_maglev6, sl_ct4/sl_ct6, and sl_backends)",
+            "Entries over capacity, per map (each family under its own map: sl_svc4/sl_svc6, sl_maglev4/sl_maglev6, sl_ct4/sl_ct6, and sl_backends; sl_socktab: slots a balanced TCP socket holds, the rest go to sl_sock)",
             m.map_fill.clone(),
         );
         registry.register(

@@ -635,6 +635,7 @@ impl<W: MapWrites> Sync<W> {
                 let counts = [
                     (sluice_common::maps::CONNTRACK_V4, scan.entries_v4),
                     (sluice_common::maps::CONNTRACK_V6, scan.entries_v6),
+                    (sluice_common::maps::SOCK_TABLE, scan.sock_table),
                 ];
                 self.set_fill(&counts);
                 for e in &scan.errors {

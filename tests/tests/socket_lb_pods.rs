@@ -1319,6 +1319,13 @@ fn tcp_sockets_live_in_the_socket_table_and_move_to_sl_sock_when_the_agent_stops
         status.contains("sock table: 2 of 65536 sl_socktab slots hold a TCP socket"),
         "{status}"
     );
+    agent.wait_until("the table's fill gauge", Duration::from_secs(10), |a| {
+        // Set by each scan (every 200 ms here).
+        let ratio = a
+            .metric("sluice_map_fill_ratio{map=\"sl_socktab\"}")
+            .unwrap_or(0.0);
+        Ok((ratio * 65536.0).round() == 2.0)
+    })?;
     drop(a);
     agent.wait_until("a's slot and count back", Duration::from_secs(10), |_| {
         Ok(places()? == (1, 0) && marks()? == 1)

@@ -85,6 +85,7 @@ fn capacity(map: &str, sizes: &MapSizes) -> Option<u32> {
         names::MAGLEV_V4 | names::MAGLEV_V6 => sizes.maglev,
         names::CONNTRACK_V4 | names::CONNTRACK_V6 => sizes.conntrack,
         names::AFFINITY_V4 | names::AFFINITY_V6 => sizes.affinity,
+        names::SOCK_TABLE => names::SOCK_TABLE_SLOTS,
         _ => return None,
     })
 }
@@ -123,6 +124,7 @@ mod tests {
                 (names::MAGLEV_V6, 1),
                 (names::CONNTRACK_V6, 10),
                 (names::STATS, 3),
+                (names::SOCK_TABLE, 16_384),
             ],
             &sizes,
         );
@@ -134,6 +136,7 @@ mod tests {
                 (names::BACKENDS, 0.5),
                 (names::MAGLEV_V6, 0.25),
                 (names::CONNTRACK_V6, 0.01),
+                (names::SOCK_TABLE, 0.25),
             ]
         );
     }

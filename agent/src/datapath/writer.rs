@@ -86,6 +86,8 @@ pub trait MapReads {
     fn sock_mark(&self, slot: u32) -> Result<u64, DatapathError>;
     /// The entry of socket `cookie` in `sl_socktab` or `sl_sock`, if any.
     fn socket(&self, cookie: u64) -> Result<Option<SockEntry>, DatapathError>;
+    /// How many `sl_socktab` slots a socket holds.
+    fn sock_table_held(&self) -> usize;
     fn affinities4(&self) -> Result<Vec<(Affinity4Key, AffinityValue)>, DatapathError>;
     fn affinities6(&self) -> Result<Vec<(Affinity6Key, AffinityValue)>, DatapathError>;
     /// The sum over CPUs of one datapath counter.
@@ -340,6 +342,10 @@ impl MapReads for MapWriter {
 
     fn sock_mark(&self, slot: u32) -> Result<u64, DatapathError> {
         self.maps.sock_mark(slot)
+    }
+
+    fn sock_table_held(&self) -> usize {
+        self.maps.sock_table.occupied()
     }
 
     fn socket(&self, cookie: u64) -> Result<Option<SockEntry>, DatapathError> {

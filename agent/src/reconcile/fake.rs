@@ -404,6 +404,10 @@ impl MapReads for FakeMaps {
         Ok(self.sock_marks.get(slot as usize).copied().unwrap_or(0))
     }
 
+    fn sock_table_held(&self) -> usize {
+        0
+    }
+
     fn socket(&self, cookie: u64) -> Result<Option<SockEntry>, DatapathError> {
         Ok(self
             .sockets

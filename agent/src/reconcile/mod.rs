@@ -139,6 +139,8 @@ pub struct ScanReport {
     pub entries: usize,
     pub entries_v4: usize,
     pub entries_v6: usize,
+    /// `sl_socktab` slots a socket holds.
+    pub sock_table: usize,
     pub deleted: usize,
     pub errors: Vec<WriteError>,
     pub took: Duration,
@@ -1431,6 +1433,7 @@ impl<W: MapWrites> Reconciler<W> {
             entries: scan4.entries + scan6.entries,
             entries_v4: scan4.entries,
             entries_v6: scan6.entries,
+            sock_table: self.writer.sock_table_held(),
             ..ScanReport::default()
         };
         for key in &scan4.stale {
