@@ -669,15 +669,14 @@ pub fn scan_sockets(
 /// not inherit the sockets of the one it replaced (an `sl_socktab` entry
 /// cannot be orphaned while its socket lives, see `SockScan::orphans`).
 fn sent_to(e: &SockEntry, b: &sluice_common::Backend) -> bool {
-    const V4_MAPPED: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
     if e.backend_port != b.port {
         return false;
     }
     if b.family == sluice_common::FAMILY_V6 {
         return e.backend == b.addr;
     }
-    let v4 = &b.addr[..4];
-    e.backend[..4] == *v4 || (e.backend[..12] == V4_MAPPED && e.backend[12..] == *v4)
+    let v4 = [b.addr[0], b.addr[1], b.addr[2], b.addr[3]];
+    e.backend[..4] == v4 || std::net::Ipv6Addr::from(e.backend).to_ipv4_mapped() == Some(v4.into())
 }
 
 /// How far `sl_sockmark`'s counts (`marks`, by slot) fall short of the

@@ -437,14 +437,20 @@ pub fn add_sock_mark(slot: u32, delta: u64) {
     }
 }
 
+/// One word of `sl_sockmark` (a slot's count, or the validity word).
+#[inline(always)]
+fn mark_word(index: u32) -> Option<u64> {
+    SOCK_MARKS
+        .get_ptr(index)
+        // SAFETY: an array slot, valid for the program run; one word.
+        .map(|p| unsafe { core::ptr::read_volatile(p) })
+}
+
 /// The count of `slot` in `sl_sockmark` (a plain read: another CPU may
 /// be changing it, but not by an entry of the caller's own socket).
 #[inline(always)]
 pub fn sock_mark(slot: u32) -> u64 {
-    SOCK_MARKS
-        .get_ptr(slot)
-        // SAFETY: an array slot, valid for the program run; one word.
-        .map_or(0, |p| unsafe { core::ptr::read_volatile(p) })
+    mark_word(slot).unwrap_or(0)
 }
 
 /// What `sl_sockmark` says about the TCP sockets counted in `slot`.
@@ -460,10 +466,7 @@ pub enum SockMarks {
 /// Whether `sl_sockmark`'s counts are valid (its validity word is 1).
 #[inline(always)]
 pub fn sock_marks_valid() -> bool {
-    SOCK_MARKS
-        .get_ptr(sluice_common::socket::MARKS_VALID)
-        // SAFETY: an array slot, valid for the program run; one word.
-        .is_some_and(|p| unsafe { core::ptr::read_volatile(p) } == 1)
+    mark_word(sluice_common::socket::MARKS_VALID) == Some(1)
 }
 
 /// What taking the `sl_socktab` slot of a socket did.
@@ -578,16 +581,10 @@ pub fn sock_table_entry(cookie: u64) -> Option<(SockEntry, bool)> {
 /// `sl_sockmark`'s answer for `slot`.
 #[inline(always)]
 pub fn sock_marks(slot: u32) -> SockMarks {
-    // SAFETY: array slots, valid for the program run; one word each.
-    let read = |i: u32| {
-        SOCK_MARKS
-            .get_ptr(i)
-            .map(|p| unsafe { core::ptr::read_volatile(p) })
-    };
-    if read(sluice_common::socket::MARKS_VALID) != Some(1) {
+    if !sock_marks_valid() {
         return SockMarks::Unknown;
     }
-    match read(slot) {
+    match mark_word(slot) {
         Some(0) => SockMarks::Unmarked,
         Some(_) => SockMarks::Marked,
         None => SockMarks::Unknown,
