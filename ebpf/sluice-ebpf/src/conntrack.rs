@@ -89,19 +89,20 @@ pub fn note_reply6(flow: &Flow6, entry: *mut CtEntry) {
 /// of them a SYN-ACK on its tuple cannot belong to it.
 const ENDING: u8 = CT_F_RST | CT_F_TX_CLOSING | CT_F_RX_CLOSING;
 
-/// Whether a backend's SYN-ACK (`flow`) that found the reply entry
-/// `entry` belongs to a new connection reusing a finished service flow's
+/// A backend's SYN-ACK (`flow`) that found the reply entry `entry`: false
+/// when it belongs to a new connection reusing a finished service flow's
 /// tuple: the client reused its port towards the backend's own address
 /// after a service connection to the same backend had closed (RST or FIN
 /// from either side; the forward entry carries both sides' bits) or its
 /// forward entry was gone or is now another flow's (reselected to another
 /// backend, or masqueraded). The stale reply entry is then removed and the
 /// packet must pass untranslated, as netfilter lets a new connection
-/// replace a closed one. A SYN-ACK of a live flow (a retransmission during
-/// its handshake) is not: it is translated as before. A separate BPF
-/// function, called for SYN-ACKs only.
+/// replace a closed one. A SYN-ACK of a live flow (its handshake, or a
+/// retransmission) is recorded as `note_reply` records a backend packet,
+/// on the forward entry the check found (one lookup, not two), and true:
+/// it is translated. A separate BPF function, called for SYN-ACKs only.
 #[inline(never)]
-pub fn reused_reply(flow: &Flow4, entry: *mut CtEntry) -> bool {
+pub fn syn_reply(flow: &Flow4, entry: *mut CtEntry) -> bool {
     // SAFETY: the caller found the entry; fields are copied at once.
     let (flags, backend_id, forward_key) = unsafe {
         (
@@ -110,17 +111,24 @@ pub fn reused_reply(flow: &Flow4, entry: *mut CtEntry) -> bool {
             (*entry).forward_key_of_reply(flow.proto),
         )
     };
-    let ended = flags & ENDING != 0
-        || CONNTRACK_V4
-            .get_ptr(forward_key)
-            // SAFETY: pointer from a successful lookup; fields read at once.
-            .is_none_or(|fwd| unsafe {
-                !same_flow(&*fwd, backend_id) || (*fwd).flags & ENDING != 0
-            });
-    if ended {
+    let fwd = if flags & ENDING != 0 {
+        None
+    } else {
+        CONNTRACK_V4.get_ptr_mut(forward_key)
+    };
+    // SAFETY: pointer from a successful lookup; fields read at once.
+    let live =
+        fwd.is_some_and(|f| unsafe { same_flow(&*f, backend_id) && (*f).flags & ENDING == 0 });
+    if !live {
         let _ = CONNTRACK_V4.remove(flow.ct_key());
+        return false;
     }
-    ended
+    if let (Some(f), Some((flags, now, backend_id))) =
+        (fwd, refresh_reply(flow.proto, flow.tcp_flags, entry))
+    {
+        push_to_forward(f, backend_id, flags, now);
+    }
+    true
 }
 
 /// Whether a new flow to `backend`:`port` would take the reply tuple of
@@ -218,30 +226,35 @@ fn same_flow(fwd: &CtEntry, backend_id: u32) -> bool {
     fwd.kind == CtKind::Forward as u8 && fwd.backend_id == backend_id && fwd.flags & CT_F_SNAT == 0
 }
 
-/// `reused_reply` for IPv6 (`key`: scratch space, the reply entry's key
+/// `syn_reply` for IPv6 (`key`: scratch space, the reply entry's key
 /// on entry, clobbered). The map calls take the key by reference on
 /// purpose: a copy would put the 40-byte key on the stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(never)]
-pub fn reused_reply6(flow: &Flow6, entry: *mut CtEntry, key: &mut Ct6Key) -> bool {
-    // SAFETY: as in `reused_reply`.
+pub fn syn_reply6(flow: &Flow6, entry: *mut CtEntry, key: &mut Ct6Key) -> bool {
+    // SAFETY: as in `syn_reply`.
     let (flags, backend_id) = unsafe { ((*entry).flags, (*entry).backend_id) };
-    let mut ended = flags & ENDING != 0;
-    if !ended {
-        // SAFETY: as in `reused_reply`.
+    let fwd = if flags & ENDING != 0 {
+        None
+    } else {
+        // SAFETY: as in `syn_reply`.
         *key = unsafe { (*entry).forward_key6_of_reply(flow.proto) };
-        ended = CONNTRACK_V6
-            .get_ptr(&*key)
-            // SAFETY: pointer from a successful lookup; fields read at once.
-            .is_none_or(|fwd| unsafe {
-                !same_flow(&*fwd, backend_id) || (*fwd).flags & ENDING != 0
-            });
-    }
-    if ended {
+        CONNTRACK_V6.get_ptr_mut(&*key)
+    };
+    // SAFETY: pointer from a successful lookup; fields read at once.
+    let live =
+        fwd.is_some_and(|f| unsafe { same_flow(&*f, backend_id) && (*f).flags & ENDING == 0 });
+    if !live {
         flow.ct_key_into(key);
         let _ = CONNTRACK_V6.remove(&*key);
+        return false;
     }
-    ended
+    if let (Some(f), Some((flags, now, backend_id))) =
+        (fwd, refresh_reply(flow.proto, flow.tcp_flags, entry))
+    {
+        push_to_forward(f, backend_id, flags, now);
+    }
+    true
 }
 
 /// Updates a reply entry for one backend packet. Returns the new flags,

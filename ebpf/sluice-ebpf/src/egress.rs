@@ -8,7 +8,7 @@ use sluice_common::Stat;
 
 use crate::events;
 use crate::{
-    conntrack::{note_reply, reused_reply, reverse_nat_of, v4},
+    conntrack::{note_reply, reverse_nat_of, syn_reply, v4},
     error::{Error, Verdict},
     flow::{Flow4, Parsed},
     headers::TCP_SYN,
@@ -45,10 +45,13 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
         return Ok(Verdict::Next);
     };
     let frontend = v4(&frontend);
-    if flow.has_tcp_flag(TCP_SYN) && reused_reply(&flow, entry) {
-        return Ok(Verdict::Next);
+    if flow.has_tcp_flag(TCP_SYN) {
+        if !syn_reply(&flow, entry) {
+            return Ok(Verdict::Next);
+        }
+    } else {
+        note_reply(&flow, entry);
     }
-    note_reply(&flow, entry);
     nat::rewrite(ctx, &flow, Side::Src, frontend, port)?;
     count(Stat::ReplyNat);
     if flow.later {

@@ -9,7 +9,7 @@ use sluice_common::Stat;
 
 use crate::events;
 use crate::{
-    conntrack::{note_reply6, reused_reply6, reverse_nat_of},
+    conntrack::{note_reply6, reverse_nat_of, syn_reply6},
     error::{settle, Error, Verdict},
     flow6::Parsed6,
     frag,
@@ -56,10 +56,13 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
     let Some((frontend, port)) = reverse_nat_of(entry) else {
         return Ok(Verdict::Next);
     };
-    if flow.has_tcp_flag(TCP_SYN) && reused_reply6(flow, entry, &mut s.ct_key) {
-        return Ok(Verdict::Next);
+    if flow.has_tcp_flag(TCP_SYN) {
+        if !syn_reply6(flow, entry, &mut s.ct_key) {
+            return Ok(Verdict::Next);
+        }
+    } else {
+        note_reply6(flow, entry);
     }
-    note_reply6(flow, entry);
     nat6::rewrite(skb, flow, Side::Src, &frontend, port)?;
     count(Stat::ReplyNat);
     if flow.later() {

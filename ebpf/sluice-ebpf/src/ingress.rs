@@ -319,27 +319,32 @@ fn new_flow(
     if master.flags & SVC_F_SNAT != 0 || masquerade || backend_addr == flow.src {
         return snat::new_flow(ctx.skb.skb, flow, &nf);
     }
-    // A live flow of another frontend holds the tuple this one would
-    // have after DNAT (a client port shared across two services on one
-    // backend): this one is masqueraded instead.
-    if crate::conntrack::clashes4(flow, backend_addr, backend.port) {
-        count(Stat::TupleClash);
-        events::ingress4(
-            Stat::TupleClash,
-            ctx.skb.skb,
-            flow,
-            master.svc_id,
-            backend_id,
-        );
-        return snat::new_flow(ctx.skb.skb, flow, &nf);
-    }
     // A pod's flow on the TC path: its replies need reverse NAT on the
     // pod's device (marked `CT_F_POD`; `CFG_F_PODS_ON_SOCKETS` goes).
     // SAFETY: reading the context's ingress device.
     let pod = maps::new_flow_from_v4(u32::from_ne_bytes(flow.src), unsafe {
         (*ctx.skb.skb).ingress_ifindex
     });
-    snat::record(flow, &nf, pod)?;
+    let options = if pod { snat::RECORD_POD } else { 0 };
+    let to = u64::from(u32::from_ne_bytes(backend_addr)) | u64::from(backend.port) << 32;
+    if snat::record(flow, &nf, to, options).taken()? {
+        // Another entry holds the tuple this flow would have after DNAT.
+        // A live flow of another frontend keeps it (a client port shared
+        // across two services on one backend): this one is masqueraded
+        // instead. Anything else is replaced.
+        if crate::conntrack::clashes4(flow, backend_addr, backend.port) {
+            count(Stat::TupleClash);
+            events::ingress4(
+                Stat::TupleClash,
+                ctx.skb.skb,
+                flow,
+                master.svc_id,
+                backend_id,
+            );
+            return snat::new_flow(ctx.skb.skb, flow, &nf);
+        }
+        snat::record(flow, &nf, to, options | snat::RECORD_REPLACE).taken()?;
+    }
     if pod {
         maps::pod_flow_recorded();
     }

@@ -16,7 +16,7 @@
 #![allow(clippy::needless_borrows_for_generic_args)]
 
 use aya_ebpf::{
-    bindings::{__sk_buff, BPF_ANY},
+    bindings::{__sk_buff, BPF_ANY, BPF_NOEXIST},
     programs::TcContext,
 };
 use sluice_common::{
@@ -43,6 +43,7 @@ use crate::{
     select::{
         candidates, judge, orphan_snat_segment, pick6, remember6, Pick, Tracked, PICK_AFFINITY,
     },
+    snat::Recorded,
     snat6,
 };
 
@@ -287,18 +288,29 @@ fn try_new_flow(
     if master.flags & SVC_F_SNAT != 0 || masquerade || same_addr(&backend.addr, &s.flow.src) {
         return Ok(snat6::new_flow(skb, s, master.svc_id, backend_id, h));
     }
-    // A live flow of another frontend holds this one's tuple after DNAT
-    // (see `ingress.rs`): masqueraded instead.
-    if crate::conntrack::clashes6(&s.flow, &backend.addr, backend.port, &mut s.ct_key) {
-        count(Stat::TupleClash);
-        events::ingress6(Stat::TupleClash, skb, &s.flow, master.svc_id, backend_id);
-        return Ok(snat6::new_flow(skb, s, master.svc_id, backend_id, h));
-    }
     // A pod's flow on the TC path (see `ingress.rs`).
     // SAFETY: reading the context's ingress device.
     let ifindex = unsafe { (*skb).ingress_ifindex };
     let pod = maps::new_flow_from_v6(&mut s.local_key, &s.flow.src, ifindex);
-    record(s, backend, master.svc_id, backend_id, pod)?;
+    let options = if pod { crate::snat::RECORD_POD } else { 0 };
+    if record(s, backend, master.svc_id, backend_id, options).taken()? {
+        // Another entry holds this one's tuple after DNAT: a live flow of
+        // another frontend keeps it and this one is masqueraded instead
+        // (see `ingress.rs`); anything else is replaced.
+        if crate::conntrack::clashes6(&s.flow, &backend.addr, backend.port, &mut s.ct_key) {
+            count(Stat::TupleClash);
+            events::ingress6(Stat::TupleClash, skb, &s.flow, master.svc_id, backend_id);
+            return Ok(snat6::new_flow(skb, s, master.svc_id, backend_id, h));
+        }
+        record(
+            s,
+            backend,
+            master.svc_id,
+            backend_id,
+            options | crate::snat::RECORD_REPLACE,
+        )
+        .taken()?;
+    }
     if pod {
         maps::pod_flow_recorded();
     }
@@ -323,22 +335,29 @@ pub(crate) fn hash(flow: &Flow6) -> u32 {
 }
 
 /// Records a new flow: reply entry first (the backend cannot answer before
-/// the rewritten packet leaves), then forward entry (`pod`: marked
-/// `CT_F_POD`). The entry is built in the per-CPU scratch map and the keys
-/// in `Scratch6`; map inserts take references so that nothing is copied
-/// onto the stack.
+/// the rewritten packet leaves), then forward entry; `options` as for
+/// IPv4 (`snat::record`): `Taken`, with nothing written, when another entry
+/// holds the reply tuple and `RECORD_REPLACE` is not given. The entry is
+/// built in the per-CPU scratch map and the keys in `Scratch6`; map
+/// inserts take references so that nothing is copied onto the stack.
 #[inline(never)]
 fn record(
     s: &mut Scratch6,
     backend: &Backend,
     svc_id: u32,
     backend_id: u32,
-    pod: bool,
-) -> Result<(), Error> {
-    let scratch = maps::scratch().ok_or(Error::Dangling)?;
+    options: u8,
+) -> Recorded {
+    let Some(scratch) = maps::scratch() else {
+        return Recorded::NoScratch;
+    };
     let e = &mut scratch.ct;
     let flow = &s.flow;
-    let mark = if pod { CT_F_POD } else { 0 };
+    let mark = if options & crate::snat::RECORD_POD != 0 {
+        CT_F_POD
+    } else {
+        0
+    };
     e.last_seen_ns = crate::clock::now();
     e.backend_id = backend_id;
     e.svc_id = svc_id;
@@ -357,7 +376,16 @@ fn record(
     key.dport = flow.sport;
     key.proto = flow.proto;
     key._pad = [0; 3];
-    let reply_ok = CONNTRACK_V6.insert(&*key, &*e, BPF_ANY as u64).is_ok();
+    let how = if options & crate::snat::RECORD_REPLACE != 0 {
+        BPF_ANY
+    } else {
+        BPF_NOEXIST
+    };
+    let reply_ok = match CONNTRACK_V6.insert(&*key, &*e, how as u64) {
+        Ok(()) => true,
+        Err(crate::snat::EEXIST) => return Recorded::Taken,
+        Err(_) => false,
+    };
     e.nat_addr = [0; 16];
     e.peer_addr = [0; 16];
     e.nat_port = 0;
@@ -368,5 +396,5 @@ fn record(
     if !reply_ok || CONNTRACK_V6.insert(&*key, &*e, BPF_ANY as u64).is_err() {
         count(Stat::CtInsertFailed);
     }
-    Ok(())
+    Recorded::Done
 }

@@ -32,7 +32,7 @@ use aya_ebpf::{
 use sluice_common::{config::CFG_F_PODS_ON_SOCKETS, Hook, Stat};
 
 use crate::{
-    conntrack::{note_reply, note_reply6, reused_reply, reused_reply6, reverse_nat_of, v4},
+    conntrack::{note_reply, note_reply6, reverse_nat_of, syn_reply, syn_reply6, v4},
     error::Verdict,
     events,
     flow::Flow4,
@@ -205,10 +205,13 @@ pub fn reply4(skb: *mut __sk_buff, flow: &Flow4, flags: u32) -> Verdict {
     }
     // A direct connection's SYN-ACK on the tuple of a closed service
     // flow: the stale entry goes, the packet is handed over as it is.
-    if flow.has_tcp_flag(TCP_SYN) && reused_reply(flow, entry) {
-        return hand_over(ctx, &hop);
+    if flow.has_tcp_flag(TCP_SYN) {
+        if !syn_reply(flow, entry) {
+            return hand_over(ctx, &hop);
+        }
+    } else {
+        note_reply(flow, entry);
     }
-    note_reply(flow, entry);
     if nat::rewrite(ctx, flow, Side::Src, frontend, port).is_err() {
         return nat_failed();
     }
@@ -245,10 +248,13 @@ pub fn reply6(skb: *mut __sk_buff, s: &mut Scratch6, flags: u32) -> Verdict {
     if !decrement_hop_limit(ctx) {
         return Verdict::Next;
     }
-    if s.flow.has_tcp_flag(TCP_SYN) && reused_reply6(&s.flow, entry, &mut s.ct_key) {
-        return hand_over(ctx, &hop);
+    if s.flow.has_tcp_flag(TCP_SYN) {
+        if !syn_reply6(&s.flow, entry, &mut s.ct_key) {
+            return hand_over(ctx, &hop);
+        }
+    } else {
+        note_reply6(&s.flow, entry);
     }
-    note_reply6(&s.flow, entry);
     if nat6::rewrite(skb, &s.flow, Side::Src, &frontend, port).is_err() {
         return nat_failed();
     }

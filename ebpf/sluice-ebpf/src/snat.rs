@@ -270,24 +270,73 @@ fn fill(e: &mut CtEntry, flow: &Flow4, nf: &NewFlow, kind: CtKind, flags: u8) {
     e._pad = [0; 2];
 }
 
-/// Records a new flow that is not SNATed: reply entry first (the backend
-/// cannot answer before the rewritten packet leaves), then forward entry
-/// (`pod`: marked `CT_F_POD`).
+/// `record`'s options: the flow is a pod's (`CT_F_POD`).
+pub const RECORD_POD: u8 = 1;
+/// `record`'s options: the reply tuple may be taken (the caller checked
+/// that the entry there is no live flow's, `conntrack::clashes4`).
+pub const RECORD_REPLACE: u8 = 2;
+
+/// `EEXIST`, as a map insert with `BPF_NOEXIST` returns it.
+pub const EEXIST: i32 = -17;
+
+/// What `record` did (a plain enum: a `Result` would be returned through
+/// memory, one argument more than a BPF function may take).
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Recorded {
+    /// Both entries written (or their failure counted).
+    Done,
+    /// Another entry holds the reply tuple: nothing written.
+    Taken,
+    /// No scratch space (cannot happen: a per-CPU array's slot 0).
+    NoScratch,
+}
+
+impl Recorded {
+    /// Whether the tuple was taken; the scratch failure as `Dangling`.
+    #[inline(always)]
+    pub fn taken(self) -> Result<bool, Error> {
+        match self {
+            Recorded::Done => Ok(false),
+            Recorded::Taken => Ok(true),
+            Recorded::NoScratch => Err(Error::Dangling),
+        }
+    }
+}
+
+/// Records a new flow that is not SNATed, to `backend` (its address in the
+/// low 32 bits as the programs hold addresses, its port above): reply
+/// entry first (the backend cannot answer before the rewritten packet
+/// leaves), then forward entry. The reply entry goes in with
+/// `BPF_NOEXIST` unless `RECORD_REPLACE`: `Taken` when another entry holds
+/// its tuple (nothing written; the caller asks `conntrack::clashes4`
+/// whether that entry is a live flow's). The insert does the lookup the
+/// check would have made, so most new flows pay for one, not two.
 #[inline(never)]
-pub fn record(flow: &Flow4, nf: &NewFlow, pod: bool) -> Result<(), Error> {
-    let backend = maps::backend(nf.backend_id).ok_or(Error::Dangling)?;
-    let scratch = maps::scratch().ok_or(Error::Dangling)?;
+pub fn record(flow: &Flow4, nf: &NewFlow, backend: u64, options: u8) -> Recorded {
+    let backend_addr = (backend as u32).to_ne_bytes();
+    let backend_port = (backend >> 32) as u16;
+    let Some(scratch) = maps::scratch() else {
+        return Recorded::NoScratch;
+    };
     let e = &mut scratch.ct;
-    let mark = if pod { CT_F_POD } else { 0 };
+    let mark = if options & RECORD_POD != 0 {
+        CT_F_POD
+    } else {
+        0
+    };
     fill(e, flow, nf, CtKind::Reply, mark);
-    let reply_key = Ct4Key::new(
-        backend.addr_v4(),
-        flow.src,
-        backend.port,
-        flow.sport,
-        flow.proto,
-    );
-    let reply_ok = CONNTRACK_V4.insert(&reply_key, &*e, BPF_ANY as u64).is_ok();
+    let reply_key = Ct4Key::new(backend_addr, flow.src, backend_port, flow.sport, flow.proto);
+    let how = if options & RECORD_REPLACE != 0 {
+        BPF_ANY
+    } else {
+        BPF_NOEXIST
+    };
+    let reply_ok = match CONNTRACK_V4.insert(&reply_key, &*e, how as u64) {
+        Ok(()) => true,
+        Err(EEXIST) => return Recorded::Taken,
+        Err(_) => false,
+    };
     e.nat_addr = [0; 16];
     e.peer_addr = [0; 16];
     e.nat_port = 0;
@@ -301,5 +350,5 @@ pub fn record(flow: &Flow4, nf: &NewFlow, pod: bool) -> Result<(), Error> {
     {
         count(Stat::CtInsertFailed);
     }
-    Ok(())
+    Recorded::Done
 }

@@ -253,14 +253,19 @@ fn test_run(id: u64, frame: &[u8]) -> Result<f64> {
     Ok(f64::from(crate::bpf::test_run(&prog, frame, TEST_RUNS)?.ns))
 }
 
-/// `sl_ingress` and `sl_egress` (or `sl_egress_pod`) of `env` timed alone on a TCP packet from
-/// the client pod to a backend pod (not a service address): the
-/// non-service path.
+/// `sl_ingress` and `sl_egress` (or `sl_egress_pod`) of `env` timed alone
+/// on a TCP packet from the client pod to a backend pod (not a service
+/// address): the non-service path; the egress programs also on the
+/// backend's answer (`pod reply`: from a backend's port, to a flow no
+/// service made).
 pub fn isolated(env: &Env) -> Result<Vec<ProgCost>> {
     let ids = programs(env)?;
     let client = env.topo.clients[0].ip;
     let backend = env.topo.backends[0].ip;
     let frame = tcp_frame(client, backend, super::services::TARGET_PORT);
+    // The backend's answer on the same direct connection: from a
+    // backend's port, so the egress programs may look for a reply entry.
+    let reply = tcp_segment(backend, super::services::TARGET_PORT, client, 40_000, 0x10);
     let mut out = Vec::new();
     for (id, name) in &ids {
         if !["sl_ingress", "sl_egress", "sl_egress_pod", FLOOR].contains(&name.as_str()) {
@@ -273,6 +278,15 @@ pub fn isolated(env: &Env) -> Result<Vec<ProgCost>> {
             runs: u64::from(TEST_RUNS),
             ns_per_run: test_run(*id, &frame)?,
         });
+        if name != "sl_ingress" {
+            out.push(ProgCost {
+                variant: env.variant.name().to_owned(),
+                program: name.clone(),
+                traffic: "pod reply (test run)".to_owned(),
+                runs: u64::from(TEST_RUNS),
+                ns_per_run: test_run(*id, &reply)?,
+            });
+        }
     }
     Ok(out)
 }

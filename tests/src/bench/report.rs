@@ -745,7 +745,7 @@ pub fn prog_cost_table(costs: &[super::progcost::ProgCost]) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "| variant | program | service: ns/run | runs | non-service: ns/run | runs | non-service, test run: ns/run | one test run each, median ns: service SYN / service ACK / pod ACK |"
+        "| variant | program | service: ns/run | runs | non-service: ns/run | runs | non-service, test run: ns/run (pod reply) | one test run each, median ns: service SYN / service ACK / pod ACK |"
     );
     let _ = writeln!(t, "|---|---|---|---|---|---|---|---|");
     // Programs that did not run on traffic (the IPv6 halves, the socket
@@ -770,6 +770,10 @@ pub fn prog_cost_table(costs: &[super::progcost::ProgCost]) -> String {
         let (s, sr) = cell("service");
         let (n, nr) = cell("non-service");
         let (i, _) = cell("non-service (test run)");
+        let i = match cell("pod reply (test run)") {
+            (r, _) if r != "-" => format!("{i} ({r})"),
+            _ => i,
+        };
         let (syn, _) = cell("service SYN (test run)");
         let (ack, _) = cell("service ACK (test run)");
         let (pod, _) = cell("pod ACK (test run)");
