@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use sluice::{
     datapath::Maps,
     model::{BackendState, Proto},
@@ -296,5 +296,101 @@ fn host_routing_keeps_the_ttl_rule_of_a_router() -> Result<()> {
         connect(1).is_err(),
         "a TTL-1 SYN must not reach the backend through the node"
     );
+    Ok(())
+}
+
+/// The MAC address of `device` in `ns`.
+fn mac(ns: &netns::Netns, device: &str) -> Result<[u8; 6]> {
+    let out = netns::run(ns.command("ip").args(["-o", "link", "show", "dev", device]))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let hex = text
+        .split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .with_context(|| format!("no MAC address for {device}: {text}"))?;
+    let mut mac = [0u8; 6];
+    for (byte, part) in mac.iter_mut().zip(hex.split(':')) {
+        *byte = u8::from_str_radix(part, 16)?;
+    }
+    Ok(mac)
+}
+
+/// The hop the FIB gives to `pod`: its node-side device, its own MAC
+/// address (destination) and the node side's (source).
+fn hop_to(topo: &Topology, pod: &sluice_tests::Pod) -> Result<(u32, [u8; 6], [u8; 6])> {
+    Ok((
+        sluice_tests::bpf::ifindex(&topo.node, &pod.host_if)?,
+        mac(&pod.ns, "eth0")?,
+        mac(&topo.node, &pod.host_if)?,
+    ))
+}
+
+/// Host routing remembers each pod's hop (`sl_hops4`) instead of asking
+/// the FIB for every packet: after a few connections the cache holds the
+/// backend's device and MAC addresses (the packets towards it) and the
+/// client's (the replies), as the FIB gave them. A remembered hop is used
+/// only while it is young and its device is still one of the pods': an
+/// entry that names a device which is not, or one past its life whose
+/// MAC addresses are wrong, is not used; the connection goes through past
+/// the stack all the same, and the entry is corrected.
+#[test]
+fn host_routing_remembers_each_pods_hop_and_checks_it_before_use() -> Result<()> {
+    use sluice_common::{hop::HOP_TTL_NS, HopEntry};
+    let topo = Topology::new(1, 1)?;
+    let (client, backend) = (&topo.clients[0], &topo.backends[0]);
+    let (_server, mut lb) = web(&topo)?;
+    forward_reset(&topo, IpAddr::V4(backend.ip))?;
+    lb.host_routing(&topo, true)?;
+    let vip = vip(VIP, 80);
+    for _ in 0..3 {
+        assert_eq!(clients::tcp_hello(&client.ns, vip)?, backend.name);
+    }
+    let key = |ip: Ipv4Addr| u32::from_ne_bytes(ip.octets());
+    let remembered = |lb: &mut Lb, ip: Ipv4Addr| -> Result<(u32, [u8; 6], [u8; 6], u64)> {
+        let e = lb.datapath.hops_v4()?.get(&key(ip), 0)?;
+        Ok((e.out, e.dmac, e.smac, e.stamp_ns))
+    };
+    for pod in [backend, client] {
+        let (out, dmac, smac, _) = remembered(&mut lb, pod.ip)?;
+        assert_eq!(
+            (out, dmac, smac),
+            hop_to(&topo, pod)?,
+            "the hop to {} as the FIB gave it",
+            pod.name
+        );
+    }
+
+    // Poisoned entries: a device that is not a pod's (fresh), and the
+    // backend's own device with wrong MAC addresses (past its life).
+    let (out, dmac, smac) = hop_to(&topo, backend)?;
+    let now = remembered(&mut lb, backend.ip)?.3;
+    for bad in [
+        HopEntry {
+            stamp_ns: now,
+            out: 0x7fff_0000,
+            dmac,
+            smac,
+        },
+        HopEntry {
+            stamp_ns: now.saturating_sub(2 * HOP_TTL_NS),
+            out,
+            dmac: [0x02, 0, 0, 0, 0xde, 0xad],
+            smac: [0x02, 0, 0, 0, 0xbe, 0xef],
+        },
+    ] {
+        lb.datapath.hops_v4()?.insert(key(backend.ip), bad, 0)?;
+        let routed = lb.stat(Stat::HostRouted)?;
+        assert_eq!(
+            clients::tcp_hello(&client.ns, vip)?,
+            backend.name,
+            "a hop that may not be used is asked of the FIB again ({bad:?})"
+        );
+        assert!(
+            lb.stat(Stat::HostRouted)? >= routed + 4,
+            "still past the node's stack (its FORWARD rules stop the flow there)"
+        );
+        let (o, d, s, _) = remembered(&mut lb, backend.ip)?;
+        assert_eq!((o, d, s), (out, dmac, smac), "corrected");
+    }
     Ok(())
 }

@@ -14,6 +14,7 @@ use std::{
 };
 
 use aya::{
+    maps::MapData,
     programs::{
         links::{FdLink, LinkError, PinnedLink},
         tc::{SchedClassifierLink, TcAttachOptions},
@@ -24,7 +25,7 @@ use aya::{
 use tracing::{info, warn};
 
 use super::{Datapath, DatapathError, LINKS_DIR};
-use sluice_common::maps as names;
+use sluice_common::{maps as names, HopEntry};
 
 /// The two attach points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,6 +191,21 @@ impl Datapath {
         }
         self.enter_device(names::PEER_DEVS, index)?;
         Ok(true)
+    }
+
+    /// Host routing's route cache for IPv4 destinations (`sl_hops4`,
+    /// `sluice_common::hop`): this program generation's, which its packets
+    /// fill (destination address, network-order bytes read as a native
+    /// `u32` -> the hop).
+    pub fn hops_v4(
+        &mut self,
+    ) -> Result<aya::maps::HashMap<&mut MapData, u32, HopEntry>, DatapathError> {
+        let name = names::HOPS_V4;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(DatapathError::MissingMap(name))?;
+        aya::maps::HashMap::try_from(map).map_err(|source| DatapathError::Map { name, source })
     }
 }
 

@@ -22,8 +22,8 @@ use sluice_common::{
     socket::{SOCK_SLOT_BUSY, SOCK_SLOT_MOVING},
     stats::{STATS2_MAX, STAT_COUNT},
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Event,
-    EventBucket, Frag4Key, Frag6Key, FragPorts, MaglevTable, SockEntry, SockRevKey, SockRevValue,
-    SockSlot, SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue, SvcnetSummary4,
+    EventBucket, Frag4Key, Frag6Key, FragPorts, HopEntry, MaglevTable, SockEntry, SockRevKey,
+    SockRevValue, SockSlot, SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue, SvcnetSummary4,
 };
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -181,6 +181,8 @@ pub static SVCNET_SUMMARY_V4: Array<SvcnetSummary4, 1> = Array::new();
 pub struct Scratch {
     pub ct: CtEntry,
     pub fib: bpf_fib_lookup,
+    /// A hop to remember in `sl_hops4`/`sl_hops6` (`route.rs`).
+    pub hop: HopEntry,
     /// Large enough for an ICMPv6 error quoting an IPv6 UDP header (110).
     pub pkt: [u8; PKT_MAX],
 }
@@ -249,6 +251,17 @@ pub static XDP_DEVS: DevMapHash<{ sluice_common::maps::XDP_DEVS_MAX as usize }> 
 #[btf_map(name = "sl_peer_devs")]
 pub static PEER_DEVS: DevMapHash<{ sluice_common::maps::PEER_DEVS_MAX as usize }> =
     DevMapHash::new();
+
+/// Host routing's route cache, IPv4 destinations (`sluice_common::hop`).
+/// Not pinned: this generation's packets fill it.
+#[btf_map(name = "sl_hops4")]
+pub static HOPS_V4: LruHashMap<u32, HopEntry, { sluice_common::maps::HOPS_MAX as usize }> =
+    LruHashMap::new();
+
+/// `sl_hops4` for IPv6 destinations.
+#[btf_map(name = "sl_hops6")]
+pub static HOPS_V6: LruHashMap<[u8; 16], HopEntry, { sluice_common::maps::HOPS_MAX as usize }> =
+    LruHashMap::new();
 
 /// Whether `--host-routing` is on (`CFG_F_HOST_ROUTING`): one array slot,
 /// one bit.
@@ -348,6 +361,8 @@ const _: () = assert!(same("sl_peer_devs", names::PEER_DEVS));
 const _: () = assert!(same("sl_svcnetsum4", names::SVCNET_SUMMARY_V4));
 const _: () = assert!(same("sl_fe_filter", names::FE_FILTER));
 const _: () = assert!(same("sl_port_filter", names::PORT_FILTER));
+const _: () = assert!(same("sl_hops4", names::HOPS_V4));
+const _: () = assert!(same("sl_hops6", names::HOPS_V6));
 
 // Every pinned map above is in the declaration table (its layout is
 // checked against it by agent/tests/abi_lock.rs).

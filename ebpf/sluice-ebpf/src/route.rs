@@ -10,7 +10,9 @@
 //! are handed straight into the other pod's network namespace with
 //! `bpf_redirect_peer`, as a router would deliver them (TTL or hop limit
 //! decremented, MAC addresses from the FIB) but without routing, netfilter
-//! or the backlog queue. A neighbour not resolved yet is left to the kernel
+//! or the backlog queue. The FIB's answer for a pod is remembered per
+//! destination (`sl_hops4`/`sl_hops6`, `sluice_common::hop`) and asked
+//! again once a second, or at once if its device is no longer a pod's. A neighbour not resolved yet is left to the kernel
 //! (`bpf_redirect_neigh`: out of the pod's device, past routing and
 //! netfilter, through the device's egress). Anything else (no route,
 //! another device, a TTL about to expire) goes on to the stack untouched,
@@ -25,17 +27,24 @@
 //! another namespace.
 
 use aya_ebpf::{
-    bindings::{__sk_buff, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_REDIRECT},
+    bindings::{
+        __sk_buff, BPF_ANY, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_REDIRECT,
+    },
     helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect_neigh, bpf_redirect_peer},
     programs::TcContext,
 };
-use sluice_common::{config::CFG_F_PODS_ON_SOCKETS, Hook, Stat};
+use sluice_common::{
+    config::CFG_F_PODS_ON_SOCKETS,
+    hop::{HopEntry, HOP_TTL_NS},
+    Hook, Stat,
+};
 
 use crate::{
+    checksum,
     conntrack::{note_reply, note_reply6, reverse_nat_of, syn_reply, syn_reply6, v4},
     error::Verdict,
     events,
-    flow::Flow4,
+    flow::{read, Flow4},
     headers::{ETH_LEN, TCP_SYN},
     maps::{self, count, Scratch6, CONNTRACK_V4, CONNTRACK_V6},
     nat::{self, Side},
@@ -107,15 +116,62 @@ fn lookup(
     })
 }
 
+/// The hop `entry` remembers (`sluice_common::hop`), if it may still be
+/// used for a packet that came in through `ingress`: younger than
+/// `HOP_TTL_NS`, to a device that is still one of the pods', not back out
+/// of the one it came in through.
 #[inline(always)]
-fn route4(skb: *mut __sk_buff, ingress: u32, ports: u64, src: u32, dst: u32) -> Option<Hop> {
-    lookup(skb, ingress, ports, |p| {
-        p.family = AF_INET;
-        p.__bindgen_anon_3.ipv4_src = src;
-        p.__bindgen_anon_4.ipv4_dst = dst;
+fn remembered(entry: Option<*const HopEntry>, ingress: u32, now: u64) -> Option<Hop> {
+    let e = entry?;
+    // SAFETY: pointer from a successful lookup; fields copied at once (a
+    // racing update of the entry leaves a hop the FIB gave for the same
+    // destination).
+    let (stamp, out, dmac, smac) = unsafe { ((*e).stamp_ns, (*e).out, (*e).dmac, (*e).smac) };
+    if now.saturating_sub(stamp) > HOP_TTL_NS || out == ingress {
+        return None;
+    }
+    maps::PEER_DEVS.get_ifindex(out)?;
+    Some(Hop {
+        out,
+        macs: Some((dmac, smac)),
     })
 }
 
+/// The entry that remembers `hop` (resolved: it has both MAC addresses),
+/// written in the scratch space (inserted by reference, off the stack).
+#[inline(always)]
+fn to_remember(hop: &Hop, now: u64) -> Option<&'static HopEntry> {
+    let (dmac, smac) = hop.macs?;
+    let scratch = maps::scratch()?;
+    scratch.hop = HopEntry {
+        stamp_ns: now,
+        out: hop.out,
+        dmac,
+        smac,
+    };
+    Some(&scratch.hop)
+}
+
+/// The hop to IPv4 `dst`: remembered, or asked of the FIB (and then
+/// remembered if resolved).
+#[inline(always)]
+fn route4(skb: *mut __sk_buff, ingress: u32, ports: u64, src: u32, dst: u32) -> Option<Hop> {
+    let now = crate::clock::now();
+    if let Some(hop) = remembered(maps::HOPS_V4.get_ptr(dst), ingress, now) {
+        return Some(hop);
+    }
+    let hop = lookup(skb, ingress, ports, |p| {
+        p.family = AF_INET;
+        p.__bindgen_anon_3.ipv4_src = src;
+        p.__bindgen_anon_4.ipv4_dst = dst;
+    })?;
+    if let Some(e) = to_remember(&hop, now) {
+        let _ = maps::HOPS_V4.insert(dst, e, BPF_ANY as u64);
+    }
+    Some(hop)
+}
+
+/// `route4` for IPv6.
 #[inline(always)]
 fn route6(
     skb: *mut __sk_buff,
@@ -124,11 +180,19 @@ fn route6(
     src: &[u8; 16],
     dst: &[u8; 16],
 ) -> Option<Hop> {
-    lookup(skb, ingress, ports, |p| {
+    let now = crate::clock::now();
+    if let Some(hop) = remembered(maps::HOPS_V6.get_ptr(dst), ingress, now) {
+        return Some(hop);
+    }
+    let hop = lookup(skb, ingress, ports, |p| {
         p.family = AF_INET6;
         p.__bindgen_anon_3.ipv6_src = words(src);
         p.__bindgen_anon_4.ipv6_dst = words(dst);
-    })
+    })?;
+    if let Some(e) = to_remember(&hop, now) {
+        let _ = maps::HOPS_V6.insert(dst, e, BPF_ANY as u64);
+    }
+    Some(hop)
 }
 
 /// An IPv4 packet from `src` already rewritten to `dst` (and the ports of
@@ -274,27 +338,29 @@ fn nat_failed() -> Verdict {
     Verdict::Drop
 }
 
-/// The IPv4 TTL one less, the header checksum with it; false (nothing
-/// changed) for a TTL the stack must answer (time exceeded) or a failed
-/// helper.
+/// The IPv4 TTL one less, the header checksum with it, in one store of
+/// TTL, protocol and checksum (the IPv4 header checksum is never left to
+/// an offload, so it is computed here: RFC 1624); false (nothing changed)
+/// for a TTL the stack must answer (time exceeded) or a failed helper.
 #[inline(always)]
 fn decrement_ttl(ctx: &TcContext) -> bool {
-    let (Ok(ttl), Ok(proto)) = (ctx.load::<u8>(ETH_LEN + 8), ctx.load::<u8>(ETH_LEN + 9)) else {
+    // TTL, protocol, header checksum: read in place (no helper).
+    let Some([ttl, proto, c0, c1]) = read::<[u8; 4]>(ctx, ETH_LEN + 8) else {
         return false;
     };
     if ttl <= 1 {
         return false;
     }
-    let from = u16::from_ne_bytes([ttl, proto]) as u64;
-    let to = u16::from_ne_bytes([ttl - 1, proto]) as u64;
-    ctx.l3_csum_replace(ETH_LEN + 10, from, to, 2).is_ok()
-        && ctx.store(ETH_LEN + 8, &(ttl - 1), 0).is_ok()
+    let old = u16::from_be_bytes([ttl, proto]) as u32;
+    let new = u16::from_be_bytes([ttl - 1, proto]) as u32;
+    let [n0, n1] = checksum::adjust([c0, c1], old, new);
+    ctx.store(ETH_LEN + 8, &[ttl - 1, proto, n0, n1], 0).is_ok()
 }
 
 /// The IPv6 hop limit one less (no header checksum).
 #[inline(always)]
 fn decrement_hop_limit(ctx: &TcContext) -> bool {
-    let Ok(hops) = ctx.load::<u8>(ETH_LEN + 7) else {
+    let Some(hops) = read::<u8>(ctx, ETH_LEN + 7) else {
         return false;
     };
     hops > 1 && ctx.store(ETH_LEN + 7, &(hops - 1), 0).is_ok()
@@ -309,7 +375,11 @@ fn decrement_hop_limit(ctx: &TcContext) -> bool {
 fn hand_over(ctx: &TcContext, hop: &Hop) -> Verdict {
     let ret = match &hop.macs {
         Some((dmac, smac)) => {
-            if ctx.store(0, dmac, 0).is_err() || ctx.store(6, smac, 0).is_err() {
+            // Both MAC addresses in one store.
+            let mut macs = [0u8; 12];
+            macs[..6].copy_from_slice(dmac);
+            macs[6..].copy_from_slice(smac);
+            if ctx.store(0, &macs, 0).is_err() {
                 return Verdict::Next;
             }
             // SAFETY: a helper call on the running program's packet.
