@@ -174,7 +174,19 @@ fn host_routing_serves_ipv6_the_same_way() -> Result<()> {
         vip6(VIP6, 80).into(),
         IpAddr::V6(backend.ip6),
         &backend.name,
-        |_| Ok(()),
+        |lb| {
+            // Remembered for IPv6 too (`sl_hops6`).
+            let key = sluice_common::Hop6Key {
+                dst: backend.ip6.octets(),
+                ingress: sluice_tests::bpf::ifindex(&topo.node, &topo.clients[0].host_if)?,
+            };
+            let e = lb.datapath.hops_v6()?.get(&key, 0)?;
+            ensure!(
+                (e.out, e.dmac, e.smac) == hop_to(&topo, backend)?,
+                "the IPv6 hop to the backend as the FIB gave it: {e:?}"
+            );
+            Ok(())
+        },
     )
 }
 
@@ -325,17 +337,21 @@ fn hop_to(topo: &Topology, pod: &sluice_tests::Pod) -> Result<(u32, [u8; 6], [u8
     ))
 }
 
-/// Host routing remembers each pod's hop (`sl_hops4`) instead of asking
-/// the FIB for every packet: after a few connections the cache holds the
-/// backend's device and MAC addresses (the packets towards it) and the
-/// client's (the replies), as the FIB gave them. A remembered hop is used
-/// only while it is young and its device is still one of the pods': an
-/// entry that names a device which is not, or one past its life whose
-/// MAC addresses are wrong, is not used; the connection goes through past
-/// the stack all the same, and the entry is corrected.
+/// Host routing remembers each pod's hop (`sl_hops4`, keyed by
+/// destination and ingress device) instead of asking the FIB for every
+/// packet: after a few connections the cache holds the backend's device
+/// and MAC addresses (for the packets from the client's device) and the
+/// client's (for the replies from the backend's), as the FIB gave them. A
+/// remembered hop is used only while it is young, its device is still one
+/// of the pods' and is not the packet's own: an entry that names a device
+/// which is not a pod's, or the client's own device, or one past its life
+/// with wrong MAC addresses, is not used; the connection goes through past
+/// the stack at once all the same (a hop used wrongly would lose the SYN,
+/// and the retransmission comes a second later), and the entry is
+/// corrected.
 #[test]
 fn host_routing_remembers_each_pods_hop_and_checks_it_before_use() -> Result<()> {
-    use sluice_common::{hop::HOP_TTL_NS, HopEntry};
+    use sluice_common::{hop::HOP_TTL_NS, Hop4Key, HopEntry};
     let topo = Topology::new(1, 1)?;
     let (client, backend) = (&topo.clients[0], &topo.backends[0]);
     let (_server, mut lb) = web(&topo)?;
@@ -345,52 +361,100 @@ fn host_routing_remembers_each_pods_hop_and_checks_it_before_use() -> Result<()>
     for _ in 0..3 {
         assert_eq!(clients::tcp_hello(&client.ns, vip)?, backend.name);
     }
-    let key = |ip: Ipv4Addr| u32::from_ne_bytes(ip.octets());
-    let remembered = |lb: &mut Lb, ip: Ipv4Addr| -> Result<(u32, [u8; 6], [u8; 6], u64)> {
-        let e = lb.datapath.hops_v4()?.get(&key(ip), 0)?;
-        Ok((e.out, e.dmac, e.smac, e.stamp_ns))
+    let client_dev = sluice_tests::bpf::ifindex(&topo.node, &client.host_if)?;
+    let backend_dev = sluice_tests::bpf::ifindex(&topo.node, &backend.host_if)?;
+    let to_backend = Hop4Key {
+        dst: backend.ip.octets(),
+        ingress: client_dev,
     };
-    for pod in [backend, client] {
-        let (out, dmac, smac, _) = remembered(&mut lb, pod.ip)?;
+    let to_client = Hop4Key {
+        dst: client.ip.octets(),
+        ingress: backend_dev,
+    };
+    let remembered = |lb: &mut Lb, key: Hop4Key| -> Result<HopEntry> {
+        Ok(lb.datapath.hops_v4()?.get(&key, 0)?)
+    };
+    for (key, pod) in [(to_backend, backend), (to_client, client)] {
+        let e = remembered(&mut lb, key)?;
         assert_eq!(
-            (out, dmac, smac),
+            (e.out, e.dmac, e.smac),
             hop_to(&topo, pod)?,
             "the hop to {} as the FIB gave it",
             pod.name
         );
     }
 
-    // Poisoned entries: a device that is not a pod's (fresh), and the
-    // backend's own device with wrong MAC addresses (past its life).
     let (out, dmac, smac) = hop_to(&topo, backend)?;
-    let now = remembered(&mut lb, backend.ip)?.3;
-    for bad in [
-        HopEntry {
-            stamp_ns: now,
-            out: 0x7fff_0000,
+    let (client_mac, client_node_mac) =
+        (mac(&client.ns, "eth0")?, mac(&topo.node, &client.host_if)?);
+    // (young, device, MAC addresses): young ones stamped with the
+    // datapath's clock just before the connection.
+    for (young, out, dmac, smac) in [
+        (true, 0x7fff_0000, dmac, smac),
+        (true, client_dev, client_mac, client_node_mac),
+        (
+            false,
+            out,
+            [0x02, 0, 0, 0, 0xde, 0xad],
+            [0x02, 0, 0, 0, 0xbe, 0xef],
+        ),
+    ] {
+        let now = coarse_now_ns()?;
+        let bad = HopEntry {
+            stamp_ns: if young { now } else { now - 2 * HOP_TTL_NS },
+            out,
             dmac,
             smac,
-        },
-        HopEntry {
-            stamp_ns: now.saturating_sub(2 * HOP_TTL_NS),
-            out,
-            dmac: [0x02, 0, 0, 0, 0xde, 0xad],
-            smac: [0x02, 0, 0, 0, 0xbe, 0xef],
-        },
-    ] {
-        lb.datapath.hops_v4()?.insert(key(backend.ip), bad, 0)?;
+        };
+        lb.datapath.hops_v4()?.insert(to_backend, bad, 0)?;
         let routed = lb.stat(Stat::HostRouted)?;
+        let started = std::time::Instant::now();
         assert_eq!(
             clients::tcp_hello(&client.ns, vip)?,
             backend.name,
             "a hop that may not be used is asked of the FIB again ({bad:?})"
         );
         assert!(
+            started.elapsed() < Duration::from_millis(700),
+            "no SYN lost to {bad:?} ({:?})",
+            started.elapsed()
+        );
+        assert!(
             lb.stat(Stat::HostRouted)? >= routed + 4,
             "still past the node's stack (its FORWARD rules stop the flow there)"
         );
-        let (o, d, s, _) = remembered(&mut lb, backend.ip)?;
-        assert_eq!((o, d, s), (out, dmac, smac), "corrected");
+        let e = remembered(&mut lb, to_backend)?;
+        assert_eq!(
+            (e.out, e.dmac, e.smac),
+            hop_to(&topo, backend)?,
+            "corrected"
+        );
     }
+
+    // A device entered for host routing (again: as a new device that
+    // reused a gone one's index would be) loses the hops remembered
+    // through its index.
+    lb.host_routing(&topo, true)?;
+    let left: Vec<_> = lb
+        .datapath
+        .hops_v4()?
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(_, e)| e.out == backend_dev || e.out == client_dev)
+        .collect();
+    assert!(left.is_empty(), "forgotten when entered: {left:?}");
     Ok(())
+}
+
+/// `CLOCK_MONOTONIC_COARSE` in nanoseconds: the datapath's clock.
+fn coarse_now_ns() -> Result<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a timespec to fill.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
+        anyhow::bail!("clock_gettime: {}", std::io::Error::last_os_error());
+    }
+    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }

@@ -14,7 +14,7 @@ use std::{
 };
 
 use aya::{
-    maps::MapData,
+    maps::{MapData, MapError},
     programs::{
         links::{FdLink, LinkError, PinnedLink},
         tc::{SchedClassifierLink, TcAttachOptions},
@@ -25,7 +25,7 @@ use aya::{
 use tracing::{info, warn};
 
 use super::{Datapath, DatapathError, LINKS_DIR};
-use sluice_common::{maps as names, HopEntry};
+use sluice_common::{maps as names, Hop4Key, Hop6Key, HopEntry};
 
 /// The two attach points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,24 +189,63 @@ impl Datapath {
         ) {
             return Ok(false);
         }
+        // A hop remembered through a gone device that had this index
+        // must not pass for this one's (`sluice_common::hop`): forgotten
+        // before the device becomes a pod's.
+        self.forget_hops_through(index)?;
         self.enter_device(names::PEER_DEVS, index)?;
         Ok(true)
     }
 
     /// Host routing's route cache for IPv4 destinations (`sl_hops4`,
     /// `sluice_common::hop`): this program generation's, which its packets
-    /// fill (destination address, network-order bytes read as a native
-    /// `u32` -> the hop).
-    pub fn hops_v4(
-        &mut self,
-    ) -> Result<aya::maps::HashMap<&mut MapData, u32, HopEntry>, DatapathError> {
-        let name = names::HOPS_V4;
+    /// fill.
+    pub fn hops_v4(&mut self) -> Result<HopsMap<'_, Hop4Key>, DatapathError> {
+        self.hops(names::HOPS_V4)
+    }
+
+    /// `hops_v4` for IPv6 destinations (`sl_hops6`).
+    pub fn hops_v6(&mut self) -> Result<HopsMap<'_, Hop6Key>, DatapathError> {
+        self.hops(names::HOPS_V6)
+    }
+
+    fn hops<K: aya::Pod>(&mut self, name: &'static str) -> Result<HopsMap<'_, K>, DatapathError> {
         let map = self
             .ebpf
             .map_mut(name)
             .ok_or(DatapathError::MissingMap(name))?;
         aya::maps::HashMap::try_from(map).map_err(|source| DatapathError::Map { name, source })
     }
+
+    /// Deletes the remembered hops whose device is `index`.
+    fn forget_hops_through(&mut self, index: u32) -> Result<(), DatapathError> {
+        forget(&mut self.hops_v4()?, names::HOPS_V4, index)?;
+        forget(&mut self.hops_v6()?, names::HOPS_V6, index)
+    }
+}
+
+/// One of host routing's route caches (`Datapath::hops_v4`/`hops_v6`).
+pub type HopsMap<'a, K> = aya::maps::HashMap<&'a mut MapData, K, HopEntry>;
+
+/// Deletes the entries of `hops` (map `name`) whose device is `index`.
+fn forget<K: aya::Pod>(
+    hops: &mut HopsMap<'_, K>,
+    name: &'static str,
+    index: u32,
+) -> Result<(), DatapathError> {
+    let stale: Vec<K> = hops
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(_, hop)| hop.out == index)
+        .map(|(key, _)| key)
+        .collect();
+    for key in stale {
+        match hops.remove(&key) {
+            Ok(()) | Err(MapError::KeyNotFound) => {}
+            Err(source) => return Err(DatapathError::Map { name, source }),
+        }
+    }
+    Ok(())
 }
 
 /// Swaps `program` into the link pinned at `pin`. Returns false when there

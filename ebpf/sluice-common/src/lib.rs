@@ -39,7 +39,7 @@ pub use config::Config;
 pub use conntrack::{Ct4Key, Ct6Key, CtEntry, CtKind};
 pub use events::{Event, EventBucket, Hook};
 pub use fragment::{Frag4Key, Frag6Key, FragPorts};
-pub use hop::HopEntry;
+pub use hop::{Hop4Key, Hop6Key, HopEntry};
 pub use maglev::MaglevTable;
 pub use service::{FrontendKind, Svc4Key, Svc6Key, SvcValue};
 pub use socket::{SockEntry, SockRevKey, SockRevValue, SockSlot};

@@ -105,14 +105,15 @@ pub const PEER_DEVS: &str = "sl_peer_devs";
 /// Capacity of `sl_peer_devs`.
 pub const PEER_DEVS_MAX: u32 = 16_384;
 /// Host routing's route cache for IPv4 destinations (`hop.rs`): LRU hash,
-/// `u32` address -> `HopEntry`. Not pinned: each program generation's
-/// packets fill their own.
+/// `Hop4Key` (destination, ingress device) -> `HopEntry`. Not pinned:
+/// each program generation's packets fill their own.
 pub const HOPS_V4: &str = "sl_hops4";
-/// `sl_hops4` for IPv6 destinations (`[u8; 16]` -> `HopEntry`).
+/// `sl_hops4` for IPv6 destinations (`Hop6Key` -> `HopEntry`).
 pub const HOPS_V6: &str = "sl_hops6";
-/// Capacity of `sl_hops4` and `sl_hops6` (pods on one node, clients and
-/// backends alike; the LRU evicts the least recently used beyond it).
-pub const HOPS_MAX: u32 = 4_096;
+/// Capacity of `sl_hops4` and `sl_hops6` (pairs of a pod talking to a
+/// pod on the node through a service, each way; the LRU evicts the least
+/// recently used beyond it, which then costs a FIB lookup again).
+pub const HOPS_MAX: u32 = 16_384;
 /// Array of `u64` words: the frontend-address filter (`filter.rs`). Not
 /// pinned: the agent fills the map of the programs it loads.
 pub const FE_FILTER: &str = "sl_fe_filter";

@@ -22,8 +22,9 @@ use sluice_common::{
     socket::{SOCK_SLOT_BUSY, SOCK_SLOT_MOVING},
     stats::{STATS2_MAX, STAT_COUNT},
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Event,
-    EventBucket, Frag4Key, Frag6Key, FragPorts, HopEntry, MaglevTable, SockEntry, SockRevKey,
-    SockRevValue, SockSlot, SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue, SvcnetSummary4,
+    EventBucket, Frag4Key, Frag6Key, FragPorts, Hop4Key, Hop6Key, HopEntry, MaglevTable, SockEntry,
+    SockRevKey, SockRevValue, SockSlot, SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue,
+    SvcnetSummary4,
 };
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -183,6 +184,8 @@ pub struct Scratch {
     pub fib: bpf_fib_lookup,
     /// A hop to remember in `sl_hops4`/`sl_hops6` (`route.rs`).
     pub hop: HopEntry,
+    /// The `sl_hops6` key of a packet (off the stack).
+    pub hop6_key: Hop6Key,
     /// Large enough for an ICMPv6 error quoting an IPv6 UDP header (110).
     pub pkt: [u8; PKT_MAX],
 }
@@ -255,12 +258,12 @@ pub static PEER_DEVS: DevMapHash<{ sluice_common::maps::PEER_DEVS_MAX as usize }
 /// Host routing's route cache, IPv4 destinations (`sluice_common::hop`).
 /// Not pinned: this generation's packets fill it.
 #[btf_map(name = "sl_hops4")]
-pub static HOPS_V4: LruHashMap<u32, HopEntry, { sluice_common::maps::HOPS_MAX as usize }> =
+pub static HOPS_V4: LruHashMap<Hop4Key, HopEntry, { sluice_common::maps::HOPS_MAX as usize }> =
     LruHashMap::new();
 
 /// `sl_hops4` for IPv6 destinations.
 #[btf_map(name = "sl_hops6")]
-pub static HOPS_V6: LruHashMap<[u8; 16], HopEntry, { sluice_common::maps::HOPS_MAX as usize }> =
+pub static HOPS_V6: LruHashMap<Hop6Key, HopEntry, { sluice_common::maps::HOPS_MAX as usize }> =
     LruHashMap::new();
 
 /// Whether `--host-routing` is on (`CFG_F_HOST_ROUTING`): one array slot,

@@ -11,8 +11,9 @@
 //! `bpf_redirect_peer`, as a router would deliver them (TTL or hop limit
 //! decremented, MAC addresses from the FIB) but without routing, netfilter
 //! or the backlog queue. The FIB's answer for a pod is remembered per
-//! destination (`sl_hops4`/`sl_hops6`, `sluice_common::hop`) and asked
-//! again once a second, or at once if its device is no longer a pod's. A neighbour not resolved yet is left to the kernel
+//! destination and ingress device (`sl_hops4`/`sl_hops6`,
+//! `sluice_common::hop`) and asked again when the entry is a second old,
+//! or at once if its device is no longer a pod's or is the ingress. A neighbour not resolved yet is left to the kernel
 //! (`bpf_redirect_neigh`: out of the pod's device, past routing and
 //! netfilter, through the device's egress). Anything else (no route,
 //! another device, a TTL about to expire) goes on to the stack untouched,
@@ -35,7 +36,7 @@ use aya_ebpf::{
 };
 use sluice_common::{
     config::CFG_F_PODS_ON_SOCKETS,
-    hop::{HopEntry, HOP_TTL_NS},
+    hop::{Hop4Key, Hop6Key, HopEntry, HOP_TTL_NS},
     Hook, Stat,
 };
 
@@ -117,9 +118,9 @@ fn lookup(
 }
 
 /// The hop `entry` remembers (`sluice_common::hop`), if it may still be
-/// used for a packet that came in through `ingress`: younger than
-/// `HOP_TTL_NS`, to a device that is still one of the pods', not back out
-/// of the one it came in through.
+/// used for a packet that came in through `ingress` (its key has it too):
+/// younger than `HOP_TTL_NS`, to a device that is still one of the pods',
+/// not back out of the one it came in through.
 #[inline(always)]
 fn remembered(entry: Option<*const HopEntry>, ingress: u32, now: u64) -> Option<Hop> {
     let e = entry?;
@@ -127,7 +128,8 @@ fn remembered(entry: Option<*const HopEntry>, ingress: u32, now: u64) -> Option<
     // racing update of the entry leaves a hop the FIB gave for the same
     // destination).
     let (stamp, out, dmac, smac) = unsafe { ((*e).stamp_ns, (*e).out, (*e).dmac, (*e).smac) };
-    if now.saturating_sub(stamp) > HOP_TTL_NS || out == ingress {
+    // Wrapping: a stamp ahead of the clock reads as old.
+    if now.wrapping_sub(stamp) > HOP_TTL_NS || out == ingress {
         return None;
     }
     maps::PEER_DEVS.get_ifindex(out)?;
@@ -137,19 +139,25 @@ fn remembered(entry: Option<*const HopEntry>, ingress: u32, now: u64) -> Option<
     })
 }
 
-/// The entry that remembers `hop` (resolved: it has both MAC addresses),
-/// written in the scratch space (inserted by reference, off the stack).
+/// The entry that remembers `hop`, if resolved (it has both MAC
+/// addresses), written in the scratch space and inserted by reference,
+/// off the stack, under `key` (IPv4) or the scratch space's IPv6 key.
+#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
-fn to_remember(hop: &Hop, now: u64) -> Option<&'static HopEntry> {
-    let (dmac, smac) = hop.macs?;
-    let scratch = maps::scratch()?;
-    scratch.hop = HopEntry {
+fn remember(hop: &Hop, now: u64, key: Option<Hop4Key>) {
+    let (Some((dmac, smac)), Some(s)) = (hop.macs, maps::scratch()) else {
+        return;
+    };
+    s.hop = HopEntry {
         stamp_ns: now,
         out: hop.out,
         dmac,
         smac,
     };
-    Some(&scratch.hop)
+    let _ = match key {
+        Some(key) => maps::HOPS_V4.insert(key, &s.hop, BPF_ANY as u64),
+        None => maps::HOPS_V6.insert(&s.hop6_key, &s.hop, BPF_ANY as u64),
+    };
 }
 
 /// The hop to IPv4 `dst`: remembered, or asked of the FIB (and then
@@ -157,7 +165,11 @@ fn to_remember(hop: &Hop, now: u64) -> Option<&'static HopEntry> {
 #[inline(always)]
 fn route4(skb: *mut __sk_buff, ingress: u32, ports: u64, src: u32, dst: u32) -> Option<Hop> {
     let now = crate::clock::now();
-    if let Some(hop) = remembered(maps::HOPS_V4.get_ptr(dst), ingress, now) {
+    let key = Hop4Key {
+        dst: dst.to_ne_bytes(),
+        ingress,
+    };
+    if let Some(hop) = remembered(maps::HOPS_V4.get_ptr(key), ingress, now) {
         return Some(hop);
     }
     let hop = lookup(skb, ingress, ports, |p| {
@@ -165,13 +177,13 @@ fn route4(skb: *mut __sk_buff, ingress: u32, ports: u64, src: u32, dst: u32) -> 
         p.__bindgen_anon_3.ipv4_src = src;
         p.__bindgen_anon_4.ipv4_dst = dst;
     })?;
-    if let Some(e) = to_remember(&hop, now) {
-        let _ = maps::HOPS_V4.insert(dst, e, BPF_ANY as u64);
-    }
+    remember(&hop, now, Some(key));
     Some(hop)
 }
 
-/// `route4` for IPv6.
+/// `route4` for IPv6 (the key by reference: a copy would take 20 bytes of
+/// the caller's frame).
+#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn route6(
     skb: *mut __sk_buff,
@@ -181,17 +193,20 @@ fn route6(
     dst: &[u8; 16],
 ) -> Option<Hop> {
     let now = crate::clock::now();
-    if let Some(hop) = remembered(maps::HOPS_V6.get_ptr(dst), ingress, now) {
-        return Some(hop);
+    {
+        let s = maps::scratch()?;
+        s.hop6_key = Hop6Key { dst: *dst, ingress };
+        if let Some(hop) = remembered(maps::HOPS_V6.get_ptr(&s.hop6_key), ingress, now) {
+            return Some(hop);
+        }
     }
     let hop = lookup(skb, ingress, ports, |p| {
         p.family = AF_INET6;
         p.__bindgen_anon_3.ipv6_src = words(src);
         p.__bindgen_anon_4.ipv6_dst = words(dst);
     })?;
-    if let Some(e) = to_remember(&hop, now) {
-        let _ = maps::HOPS_V6.insert(dst, e, BPF_ANY as u64);
-    }
+    // `lookup` uses the scratch space's FIB request only: the key stays.
+    remember(&hop, now, None);
     Some(hop)
 }
 

@@ -279,8 +279,9 @@ pub const RECORD_REPLACE: u8 = 2;
 /// `EEXIST`, as a map insert with `BPF_NOEXIST` returns it.
 pub const EEXIST: i32 = -17;
 
-/// What `record` did (a plain enum: a `Result` would be returned through
-/// memory, one argument more than a BPF function may take).
+/// What `record` (and IPv6's, in `ingress6.rs`) did. A plain enum, which
+/// comes back in a register: IPv6's `record` takes five arguments, and a
+/// `Result<bool, _>` was returned through memory, a sixth.
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Recorded {
