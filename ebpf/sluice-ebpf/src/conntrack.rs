@@ -62,7 +62,14 @@ fn sctp_bits(chunk_type: u8) -> u8 {
 /// RST), at most once per `CT_REFRESH_NS` unless the flags change.
 #[inline(always)]
 pub fn note_reply(flow: &Flow4, entry: *mut CtEntry) {
-    let Some((flags, now, backend_id)) = refresh_reply(flow.proto, flow.tcp_flags, entry) else {
+    note_reply_at(flow, entry, crate::clock::now());
+}
+
+/// `note_reply` with the clock the caller read (`now`).
+#[inline(always)]
+pub fn note_reply_at(flow: &Flow4, entry: *mut CtEntry, now: u64) {
+    let Some((flags, now, backend_id)) = refresh_reply(flow.proto, flow.tcp_flags, entry, now)
+    else {
         return;
     };
     // SAFETY: the caller found the entry; the key is computed from a copy.
@@ -75,7 +82,14 @@ pub fn note_reply(flow: &Flow4, entry: *mut CtEntry) {
 /// `note_reply` for an IPv6 flow.
 #[inline(always)]
 pub fn note_reply6(flow: &Flow6, entry: *mut CtEntry) {
-    let Some((flags, now, backend_id)) = refresh_reply(flow.proto, flow.tcp_flags, entry) else {
+    note_reply6_at(flow, entry, crate::clock::now());
+}
+
+/// `note_reply6` with the clock the caller read (`now`).
+#[inline(always)]
+pub fn note_reply6_at(flow: &Flow6, entry: *mut CtEntry, now: u64) {
+    let Some((flags, now, backend_id)) = refresh_reply(flow.proto, flow.tcp_flags, entry, now)
+    else {
         return;
     };
     // SAFETY: as in `note_reply`.
@@ -102,7 +116,7 @@ const ENDING: u8 = CT_F_RST | CT_F_TX_CLOSING | CT_F_RX_CLOSING;
 /// on the forward entry the check found (one lookup, not two), and true:
 /// it is translated. A separate BPF function, called for SYN-ACKs only.
 #[inline(never)]
-pub fn syn_reply(flow: &Flow4, entry: *mut CtEntry) -> bool {
+pub fn syn_reply(flow: &Flow4, entry: *mut CtEntry, now: u64) -> bool {
     // SAFETY: the caller found the entry; fields are copied at once.
     let (flags, backend_id, forward_key) = unsafe {
         (
@@ -124,7 +138,7 @@ pub fn syn_reply(flow: &Flow4, entry: *mut CtEntry) -> bool {
         return false;
     }
     if let (Some(f), Some((flags, now, backend_id))) =
-        (fwd, refresh_reply(flow.proto, flow.tcp_flags, entry))
+        (fwd, refresh_reply(flow.proto, flow.tcp_flags, entry, now))
     {
         push_to_forward(f, backend_id, flags, now);
     }
@@ -231,7 +245,7 @@ fn same_flow(fwd: &CtEntry, backend_id: u32) -> bool {
 /// purpose: a copy would put the 40-byte key on the stack.
 #[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(never)]
-pub fn syn_reply6(flow: &Flow6, entry: *mut CtEntry, key: &mut Ct6Key) -> bool {
+pub fn syn_reply6(flow: &Flow6, entry: *mut CtEntry, key: &mut Ct6Key, now: u64) -> bool {
     // SAFETY: as in `syn_reply`.
     let (flags, backend_id) = unsafe { ((*entry).flags, (*entry).backend_id) };
     let fwd = if flags & ENDING != 0 {
@@ -250,7 +264,7 @@ pub fn syn_reply6(flow: &Flow6, entry: *mut CtEntry, key: &mut Ct6Key) -> bool {
         return false;
     }
     if let (Some(f), Some((flags, now, backend_id))) =
-        (fwd, refresh_reply(flow.proto, flow.tcp_flags, entry))
+        (fwd, refresh_reply(flow.proto, flow.tcp_flags, entry, now))
     {
         push_to_forward(f, backend_id, flags, now);
     }
@@ -259,9 +273,15 @@ pub fn syn_reply6(flow: &Flow6, entry: *mut CtEntry, key: &mut Ct6Key) -> bool {
 
 /// Updates a reply entry for one backend packet. Returns the new flags,
 /// the time and the entry's backend when the forward entry should hear of
-/// it, `None` when nothing changed within `CT_REFRESH_NS`.
+/// it, `None` when nothing changed within `CT_REFRESH_NS` (`now`: the
+/// clock).
 #[inline(always)]
-fn refresh_reply(proto: u8, tcp_flags: u8, entry: *mut CtEntry) -> Option<(u8, u64, u32)> {
+fn refresh_reply(
+    proto: u8,
+    tcp_flags: u8,
+    entry: *mut CtEntry,
+    now: u64,
+) -> Option<(u8, u64, u32)> {
     // SAFETY: the caller found the entry; fields are copied at once.
     let (old_flags, last_seen, backend_id) =
         unsafe { ((*entry).flags, (*entry).last_seen_ns, (*entry).backend_id) };
@@ -275,7 +295,6 @@ fn refresh_reply(proto: u8, tcp_flags: u8, entry: *mut CtEntry) -> Option<(u8, u
     if proto == IPPROTO_SCTP {
         flags |= sctp_bits(tcp_flags);
     }
-    let now = crate::clock::now();
     if flags == old_flags && now.saturating_sub(last_seen) <= CT_REFRESH_NS {
         return None;
     }

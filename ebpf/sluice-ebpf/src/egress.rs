@@ -46,7 +46,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
     };
     let frontend = v4(&frontend);
     if flow.has_tcp_flag(TCP_SYN) {
-        if !syn_reply(&flow, entry) {
+        if !syn_reply(&flow, entry, crate::clock::now()) {
             return Ok(Verdict::Next);
         }
     } else {

@@ -57,7 +57,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
         return Ok(Verdict::Next);
     };
     if flow.has_tcp_flag(TCP_SYN) {
-        if !syn_reply6(flow, entry, &mut s.ct_key) {
+        if !syn_reply6(flow, entry, &mut s.ct_key, crate::clock::now()) {
             return Ok(Verdict::Next);
         }
     } else {

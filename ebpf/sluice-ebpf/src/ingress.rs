@@ -149,6 +149,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
                         route::ports(flow.proto, flow.sport, backend.port),
                         u32::from_ne_bytes(flow.src),
                         u32::from_ne_bytes(backend.addr_v4()),
+                        now,
                     ));
                 }
                 Tracked::Reset if !flow.later => {
@@ -354,5 +355,6 @@ fn new_flow(
         route::ports(flow.proto, flow.sport, backend.port),
         u32::from_ne_bytes(flow.src),
         u32::from_ne_bytes(backend_addr),
+        now,
     ))
 }

@@ -152,6 +152,7 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
                         route::ports(flow.proto, flow.sport, backend.port),
                         &flow.src,
                         &backend.addr,
+                        now,
                     ));
                 }
                 Tracked::Reset if !flow.later() => {
@@ -320,6 +321,7 @@ fn try_new_flow(
         route::ports(s.flow.proto, s.flow.sport, backend.port),
         &s.flow.src,
         &backend.addr,
+        crate::clock::now(),
     ))
 }
 

@@ -42,7 +42,7 @@ use sluice_common::{
 
 use crate::{
     checksum,
-    conntrack::{note_reply, note_reply6, reverse_nat_of, syn_reply, syn_reply6, v4},
+    conntrack::{note_reply6_at, note_reply_at, reverse_nat_of, syn_reply, syn_reply6, v4},
     error::Verdict,
     events,
     flow::{read, Flow4},
@@ -163,8 +163,13 @@ fn remember(hop: &Hop, now: u64, key: Option<Hop4Key>) {
 /// The hop to IPv4 `dst`: remembered, or asked of the FIB (and then
 /// remembered if resolved).
 #[inline(always)]
-fn route4(skb: *mut __sk_buff, ingress: u32, ports: u64, src: u32, dst: u32) -> Option<Hop> {
-    let now = crate::clock::now();
+fn route4(
+    skb: *mut __sk_buff,
+    ingress: u32,
+    ports: u64,
+    (src, dst): (u32, u32),
+    now: u64,
+) -> Option<Hop> {
     let key = Hop4Key {
         dst: dst.to_ne_bytes(),
         ingress,
@@ -191,8 +196,8 @@ fn route6(
     ports: u64,
     src: &[u8; 16],
     dst: &[u8; 16],
+    now: u64,
 ) -> Option<Hop> {
-    let now = crate::clock::now();
     {
         let s = maps::scratch()?;
         s.hop6_key = Hop6Key { dst: *dst, ingress };
@@ -213,14 +218,14 @@ fn route6(
 /// An IPv4 packet from `src` already rewritten to `dst` (and the ports of
 /// `ports`): handed to its pod, or `Next`.
 #[inline(never)]
-pub fn to_pod4(skb: *mut __sk_buff, ports: u64, src: u32, dst: u32) -> Verdict {
+pub fn to_pod4(skb: *mut __sk_buff, ports: u64, src: u32, dst: u32, now: u64) -> Verdict {
     if !maps::host_routing() {
         return Verdict::Next;
     }
     let Some(ingress) = from_pod(skb) else {
         return Verdict::Next;
     };
-    let Some(hop) = route4(skb, ingress, ports, src, dst) else {
+    let Some(hop) = route4(skb, ingress, ports, (src, dst), now) else {
         return Verdict::Next;
     };
     let ctx = &TcContext::new(skb);
@@ -232,14 +237,20 @@ pub fn to_pod4(skb: *mut __sk_buff, ports: u64, src: u32, dst: u32) -> Verdict {
 
 /// `to_pod4` for an IPv6 packet.
 #[inline(never)]
-pub fn to_pod6(skb: *mut __sk_buff, ports: u64, src: &[u8; 16], dst: &[u8; 16]) -> Verdict {
+pub fn to_pod6(
+    skb: *mut __sk_buff,
+    ports: u64,
+    src: &[u8; 16],
+    dst: &[u8; 16],
+    now: u64,
+) -> Verdict {
     if !maps::host_routing() {
         return Verdict::Next;
     }
     let Some(ingress) = from_pod(skb) else {
         return Verdict::Next;
     };
-    let Some(hop) = route6(skb, ingress, ports, src, dst) else {
+    let Some(hop) = route6(skb, ingress, ports, src, dst, now) else {
         return Verdict::Next;
     };
     let ctx = &TcContext::new(skb);
@@ -275,7 +286,8 @@ pub fn reply4(skb: *mut __sk_buff, flow: &Flow4, flags: u32) -> Verdict {
     let frontend = v4(&frontend);
     let ports = ports(flow.proto, flow.sport, flow.dport);
     let (src, dst) = (u32::from_ne_bytes(flow.src), u32::from_ne_bytes(flow.dst));
-    let Some(hop) = route4(skb, ingress, ports, src, dst) else {
+    let now = crate::clock::now();
+    let Some(hop) = route4(skb, ingress, ports, (src, dst), now) else {
         return Verdict::Next;
     };
     let ctx = &TcContext::new(skb);
@@ -285,11 +297,11 @@ pub fn reply4(skb: *mut __sk_buff, flow: &Flow4, flags: u32) -> Verdict {
     // A direct connection's SYN-ACK on the tuple of a closed service
     // flow: the stale entry goes, the packet is handed over as it is.
     if flow.has_tcp_flag(TCP_SYN) {
-        if !syn_reply(flow, entry) {
+        if !syn_reply(flow, entry, now) {
             return hand_over(ctx, &hop);
         }
     } else {
-        note_reply(flow, entry);
+        note_reply_at(flow, entry, now);
     }
     if nat::rewrite(ctx, flow, Side::Src, frontend, port).is_err() {
         return nat_failed();
@@ -320,7 +332,8 @@ pub fn reply6(skb: *mut __sk_buff, s: &mut Scratch6, flags: u32) -> Verdict {
         return Verdict::Next;
     };
     let ports = ports(s.flow.proto, s.flow.sport, s.flow.dport);
-    let Some(hop) = route6(skb, ingress, ports, &s.flow.src, &s.flow.dst) else {
+    let now = crate::clock::now();
+    let Some(hop) = route6(skb, ingress, ports, &s.flow.src, &s.flow.dst, now) else {
         return Verdict::Next;
     };
     let ctx = &TcContext::new(skb);
@@ -328,11 +341,11 @@ pub fn reply6(skb: *mut __sk_buff, s: &mut Scratch6, flags: u32) -> Verdict {
         return Verdict::Next;
     }
     if s.flow.has_tcp_flag(TCP_SYN) {
-        if !syn_reply6(&s.flow, entry, &mut s.ct_key) {
+        if !syn_reply6(&s.flow, entry, &mut s.ct_key, now) {
             return hand_over(ctx, &hop);
         }
     } else {
-        note_reply6(&s.flow, entry);
+        note_reply6_at(&s.flow, entry, now);
     }
     if nat6::rewrite(skb, &s.flow, Side::Src, &frontend, port).is_err() {
         return nat_failed();
