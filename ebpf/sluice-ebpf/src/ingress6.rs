@@ -16,12 +16,12 @@
 #![allow(clippy::needless_borrows_for_generic_args)]
 
 use aya_ebpf::{
-    bindings::{__sk_buff, BPF_ANY, BPF_NOEXIST},
+    bindings::{__sk_buff, BPF_ANY},
     programs::TcContext,
 };
 use sluice_common::{
     config::CFG_F_HOST_ROUTING,
-    conntrack::{CT_F_POD, CT_F_SNAT, CT_REFRESH_NS},
+    conntrack::{CT_F_SNAT, CT_REFRESH_NS},
     hash::flow_hash_v6,
     maps::SVCNET_CLUSTER_IP,
     service::{
@@ -355,11 +355,7 @@ fn record(
     };
     let e = &mut scratch.ct;
     let flow = &s.flow;
-    let mark = if options & crate::snat::RECORD_POD != 0 {
-        CT_F_POD
-    } else {
-        0
-    };
+    let mark = crate::snat::record_mark(options);
     e.last_seen_ns = crate::clock::now();
     e.backend_id = backend_id;
     e.svc_id = svc_id;
@@ -378,15 +374,12 @@ fn record(
     key.dport = flow.sport;
     key.proto = flow.proto;
     key._pad = [0; 3];
-    let how = if options & crate::snat::RECORD_REPLACE != 0 {
-        BPF_ANY
-    } else {
-        BPF_NOEXIST
-    };
-    let reply_ok = match CONNTRACK_V6.insert(&*key, &*e, how as u64) {
-        Ok(()) => true,
-        Err(crate::snat::EEXIST) => return Recorded::Taken,
-        Err(_) => false,
+    let Some(reply_ok) = crate::snat::reply_inserted(CONNTRACK_V6.insert(
+        &*key,
+        &*e,
+        crate::snat::reply_insert_flag(options),
+    )) else {
+        return Recorded::Taken;
     };
     e.nat_addr = [0; 16];
     e.peer_addr = [0; 16];

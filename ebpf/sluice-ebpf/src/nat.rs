@@ -71,23 +71,35 @@ pub fn rewrite_skb(
     if old_addr == addr && (old_port == port || flow.later) {
         return Ok(());
     }
-    if !flow.later && !sctp && flow.l4_off == ETH_LEN + 20 && read::<Ends>(ctx, ENDS_OFF).is_some()
-    {
-        return rewrite_ends(
-            ctx,
-            side,
-            (old_addr, old_port),
-            (addr, port),
-            (csum_off, mangled),
-        );
+    // The L4 checksum (TCP, UDP; a later fragment has no L4 header) by the
+    // kernel's helpers, which know the skb's checksum state: a
+    // `CHECKSUM_PARTIAL` packet's port change leaves the field alone.
+    if !flow.later && !sctp {
+        if old_addr != addr {
+            let from = u32::from_ne_bytes(old_addr) as u64;
+            let to = u32::from_ne_bytes(addr) as u64;
+            ctx.l4_csum_replace(csum_off, from, to, BPF_F_PSEUDO_HDR as u64 | mangled | 4)
+                .map_err(|_| Error::Nat)?;
+        }
+        if old_port != port {
+            let from = old_port.to_be() as u64;
+            let to = port.to_be() as u64;
+            ctx.l4_csum_replace(csum_off, from, to, mangled | 2)
+                .map_err(|_| Error::Nat)?;
+        }
+        // With a 20-byte IPv4 header (all but a few packets): the rest in
+        // one store. Read after the helpers (which may move the packet), as
+        // the bytes are then: a rewrite of the other side may have come
+        // first.
+        if flow.l4_off == ETH_LEN + 20 {
+            if let Some(ends) = read::<Ends>(ctx, IP_CSUM_OFF) {
+                return store_ends(ctx, side, ends, addr, port);
+            }
+        }
     }
     if old_addr != addr {
         let from = u32::from_ne_bytes(old_addr) as u64;
         let to = u32::from_ne_bytes(addr) as u64;
-        if !flow.later && !sctp {
-            ctx.l4_csum_replace(csum_off, from, to, BPF_F_PSEUDO_HDR as u64 | mangled | 4)
-                .map_err(|_| Error::Nat)?;
-        }
         ctx.l3_csum_replace(IP_CSUM_OFF, from, to, 4)
             .map_err(|_| Error::Nat)?;
         ctx.store(addr_off, &addr, 0).map_err(|_| Error::Nat)?;
@@ -100,54 +112,29 @@ pub fn rewrite_skb(
                 .store(port_off, &port.to_be(), BPF_F_RECOMPUTE_CSUM as u64)
                 .map_err(|_| Error::Nat);
         }
-        let from = old_port.to_be() as u64;
-        let to = port.to_be() as u64;
-        ctx.l4_csum_replace(csum_off, from, to, mangled | 2)
-            .map_err(|_| Error::Nat)?;
         ctx.store(port_off, &port.to_be(), 0)
             .map_err(|_| Error::Nat)?;
     }
     Ok(())
 }
 
-/// Offset of `Ends`: the IPv4 header checksum, both addresses and both
-/// ports of a packet whose IPv4 header has no options.
-const ENDS_OFF: usize = ETH_LEN + 10;
-
-/// The header checksum, addresses and ports, contiguous in a packet with
-/// a 20-byte IPv4 header.
+/// The header checksum, addresses and ports, contiguous from
+/// `IP_CSUM_OFF` in a packet with a 20-byte IPv4 header.
 type Ends = [u8; 14];
 
-/// `rewrite_skb` for a TCP or UDP packet with a 20-byte IPv4 header (all
-/// but a few): the L4 checksum by the kernel's helpers, as it must be
-/// (they know the skb's checksum state: a `CHECKSUM_PARTIAL` packet's
-/// port change leaves the field alone), then the header checksum, the
-/// address and the port in one store. The IPv4 header checksum is never
-/// left to an offload, so it is computed here (RFC 1624). Three helper
-/// calls instead of five. The bytes are read after the checksum helpers
-/// (which may move the packet), as they are then: a rewrite of the other
-/// side may have come first.
+/// The header checksum, the address and the port of `side` of a TCP or
+/// UDP packet with a 20-byte IPv4 header, in one store of `e` (its bytes
+/// as they are) with them replaced: two helper calls fewer than a
+/// checksum helper and a store for each. The IPv4 header checksum is never
+/// left to an offload, so it is computed here (RFC 1624).
 #[inline(always)]
-fn rewrite_ends(
+fn store_ends(
     ctx: &TcContext,
     side: Side,
-    (old_addr, old_port): ([u8; 4], u16),
-    (addr, port): ([u8; 4], u16),
-    (csum_off, mangled): (usize, u64),
+    mut e: Ends,
+    addr: [u8; 4],
+    port: u16,
 ) -> Result<(), Error> {
-    if old_addr != addr {
-        let from = u32::from_ne_bytes(old_addr) as u64;
-        let to = u32::from_ne_bytes(addr) as u64;
-        ctx.l4_csum_replace(csum_off, from, to, BPF_F_PSEUDO_HDR as u64 | mangled | 4)
-            .map_err(|_| Error::Nat)?;
-    }
-    if old_port != port {
-        let from = old_port.to_be() as u64;
-        let to = port.to_be() as u64;
-        ctx.l4_csum_replace(csum_off, from, to, mangled | 2)
-            .map_err(|_| Error::Nat)?;
-    }
-    let mut e = read::<Ends>(ctx, ENDS_OFF).ok_or(Error::Nat)?;
     let [p0, p1] = port.to_be_bytes();
     let was = match side {
         Side::Src => {
@@ -168,5 +155,5 @@ fn rewrite_ends(
             checksum::adjust([e[0], e[1]], checksum::words4(was), checksum::words4(addr));
         (e[0], e[1]) = (c0, c1);
     }
-    ctx.store(ENDS_OFF, &e, 0).map_err(|_| Error::Nat)
+    ctx.store(IP_CSUM_OFF, &e, 0).map_err(|_| Error::Nat)
 }

@@ -13,7 +13,8 @@
 //! or the backlog queue. The FIB's answer for a pod is remembered per
 //! destination and ingress device (`sl_hops4`/`sl_hops6`,
 //! `sluice_common::hop`) and asked again when the entry is a second old,
-//! or at once if its device is no longer a pod's or is the ingress. A neighbour not resolved yet is left to the kernel
+//! or at once if its device is no longer a pod's or is the ingress. A
+//! neighbour not resolved yet is left to the kernel
 //! (`bpf_redirect_neigh`: out of the pod's device, past routing and
 //! netfilter, through the device's egress). Anything else (no route,
 //! another device, a TTL about to expire) goes on to the stack untouched,

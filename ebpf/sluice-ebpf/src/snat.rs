@@ -277,7 +277,39 @@ pub const RECORD_POD: u8 = 1;
 pub const RECORD_REPLACE: u8 = 2;
 
 /// `EEXIST`, as a map insert with `BPF_NOEXIST` returns it.
-pub const EEXIST: i32 = -17;
+const EEXIST: i32 = -17;
+
+/// The conntrack mark of a flow `record`ed (either family) with `options`.
+#[inline(always)]
+pub fn record_mark(options: u8) -> u8 {
+    if options & RECORD_POD != 0 {
+        CT_F_POD
+    } else {
+        0
+    }
+}
+
+/// The flag `record` (either family) inserts the reply entry with under
+/// `options`.
+#[inline(always)]
+pub fn reply_insert_flag(options: u8) -> u64 {
+    if options & RECORD_REPLACE != 0 {
+        BPF_ANY as u64
+    } else {
+        BPF_NOEXIST as u64
+    }
+}
+
+/// What the reply entry's insert says: `Some(inserted)`, or `None` when
+/// another entry holds the tuple (`BPF_NOEXIST` refused it).
+#[inline(always)]
+pub fn reply_inserted(result: Result<(), i32>) -> Option<bool> {
+    match result {
+        Ok(()) => Some(true),
+        Err(EEXIST) => None,
+        Err(_) => Some(false),
+    }
+}
 
 /// What `record` (and IPv6's, in `ingress6.rs`) did. A plain enum, which
 /// comes back in a register: IPv6's `record` takes five arguments, and a
@@ -321,22 +353,13 @@ pub fn record(flow: &Flow4, nf: &NewFlow, backend: u64, options: u8) -> Recorded
         return Recorded::NoScratch;
     };
     let e = &mut scratch.ct;
-    let mark = if options & RECORD_POD != 0 {
-        CT_F_POD
-    } else {
-        0
-    };
+    let mark = record_mark(options);
     fill(e, flow, nf, CtKind::Reply, mark);
     let reply_key = Ct4Key::new(backend_addr, flow.src, backend_port, flow.sport, flow.proto);
-    let how = if options & RECORD_REPLACE != 0 {
-        BPF_ANY
-    } else {
-        BPF_NOEXIST
-    };
-    let reply_ok = match CONNTRACK_V4.insert(&reply_key, &*e, how as u64) {
-        Ok(()) => true,
-        Err(EEXIST) => return Recorded::Taken,
-        Err(_) => false,
+    let Some(reply_ok) =
+        reply_inserted(CONNTRACK_V4.insert(&reply_key, &*e, reply_insert_flag(options)))
+    else {
+        return Recorded::Taken;
     };
     e.nat_addr = [0; 16];
     e.peer_addr = [0; 16];

@@ -271,20 +271,17 @@ pub fn isolated(env: &Env) -> Result<Vec<ProgCost>> {
         if !["sl_ingress", "sl_egress", "sl_egress_pod", FLOOR].contains(&name.as_str()) {
             continue;
         }
-        out.push(ProgCost {
-            variant: env.variant.name().to_owned(),
-            program: name.clone(),
-            traffic: "non-service (test run)".to_owned(),
-            runs: u64::from(TEST_RUNS),
-            ns_per_run: test_run(*id, &frame)?,
-        });
+        let mut frames = vec![("non-service (test run)", &frame)];
         if name != "sl_ingress" {
+            frames.push(("pod reply (test run)", &reply));
+        }
+        for (traffic, frame) in frames {
             out.push(ProgCost {
                 variant: env.variant.name().to_owned(),
                 program: name.clone(),
-                traffic: "pod reply (test run)".to_owned(),
+                traffic: traffic.to_owned(),
                 runs: u64::from(TEST_RUNS),
-                ns_per_run: test_run(*id, &reply)?,
+                ns_per_run: test_run(*id, frame)?,
             });
         }
     }
