@@ -51,6 +51,7 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
             names,
             [
                 "direct",
+                "direct-again",
                 "sluice",
                 "sluice-sock",
                 "sluice-host-routing",
@@ -206,6 +207,10 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
     assert!(report.contains("| sluice-sock | sl_connect4 |"));
     assert!(report.contains("non-service traffic within 1% of no sluice"));
     assert!(report.contains("(sluice-sock-passthrough: the default --socket-lb=all"));
+    assert!(
+        report.contains("| the A/A control: direct-again"),
+        "the A/A control's row"
+    );
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }

@@ -36,6 +36,10 @@ pub const BACKENDS: usize = 10;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Variant {
     Direct,
+    /// `direct` again, in a topology of its own: the A/A control. What
+    /// it reads against `direct` is the measurement's own bias between
+    /// two identical setups, the least difference the bench can tell.
+    DirectAgain,
     Sluice,
     /// sluice with socket-level balancing for pods (`--socket-lb=all`):
     /// the client's sockets are in the cgroup the socket programs are
@@ -70,8 +74,9 @@ pub enum Variant {
 }
 
 impl Variant {
-    pub const ALL: [Variant; 11] = [
+    pub const ALL: [Variant; 12] = [
         Variant::Direct,
+        Variant::DirectAgain,
         Variant::Sluice,
         Variant::SluiceSock,
         Variant::SluiceHostRouting,
@@ -87,6 +92,7 @@ impl Variant {
     pub fn name(self) -> &'static str {
         match self {
             Variant::Direct => "direct",
+            Variant::DirectAgain => "direct-again",
             Variant::Sluice => "sluice",
             Variant::SluiceSock => "sluice-sock",
             Variant::SluiceHostRouting => "sluice-host-routing",
@@ -249,6 +255,7 @@ impl Env {
     pub fn targets(&self, set: &ServiceSet, i: usize) -> Vec<SocketAddrV4> {
         match self.variant {
             Variant::Direct
+            | Variant::DirectAgain
             | Variant::SluicePassthrough
             | Variant::SluiceSockPassthrough
             | Variant::TcFloor

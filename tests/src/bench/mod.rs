@@ -870,7 +870,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
     for env in &mut envs {
         check_interrupted()?;
         let programmed = match env.variant {
-            Variant::Direct => Ok(()),
+            Variant::Direct | Variant::DirectAgain => Ok(()),
             Variant::Sluice | Variant::SluiceHostRouting => {
                 program_sluice(env, &set, sizes, cfg, &mut control)
             }

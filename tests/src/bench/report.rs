@@ -496,6 +496,25 @@ fn goals(r: &Results) -> Vec<Goal> {
             )
         })
     };
+    // The A/A control: a second setup identical to direct's. How far it
+    // reads from 1.00x is the least difference this run can tell.
+    let mut aa: Option<(f64, f64)> = None;
+    for s in &r.sizes {
+        if let (Some(d), Some(a)) = (find(s, "direct"), find(s, "direct-again")) {
+            let c = pooled(a, d);
+            let (lo, hi) = aa.unwrap_or((f64::MAX, f64::MIN));
+            aa = Some((lo.min(c), hi.max(c)));
+        }
+    }
+    if let Some((lo, hi)) = aa {
+        out.push(Goal {
+            what: "the A/A control: direct-again (a second direct setup) against direct (every N)"
+                .into(),
+            target: "1.00x (what it misses by is the bench's own resolution)".into(),
+            measured: format!("{lo:.3}x to {hi:.3}x conn/s"),
+            met: None,
+        });
+    }
     let tc_floor = floor_note("tc-floor", "the TC hooks");
     let sock_floor = floor_note("sock-floor", "the TC and socket hooks");
     // Socket balancing: at least 0.98x direct on new connections and 0.99x
@@ -929,8 +948,9 @@ fn events_table(e: &super::events::EventsCost) -> String {
     t
 }
 
-const COLORS: [(&str, &str); 11] = [
+const COLORS: [(&str, &str); 12] = [
     ("direct", "#555555"),
+    ("direct-again", "#aaaaaa"),
     ("sluice", "#1f77b4"),
     ("sluice-sock", "#17becf"),
     ("sluice-host-routing", "#393b79"),
