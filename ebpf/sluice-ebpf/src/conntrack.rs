@@ -68,8 +68,7 @@ pub fn note_reply(flow: &Flow4, entry: *mut CtEntry) {
 /// `note_reply` with the clock the caller read (`now`).
 #[inline(always)]
 pub fn note_reply_at(flow: &Flow4, entry: *mut CtEntry, now: u64) {
-    let Some((flags, now, backend_id)) = refresh_reply(flow.proto, flow.tcp_flags, entry, now)
-    else {
+    let Some((flags, backend_id)) = refresh_reply(flow.proto, flow.tcp_flags, entry, now) else {
         return;
     };
     // SAFETY: the caller found the entry; the key is computed from a copy.
@@ -88,8 +87,7 @@ pub fn note_reply6(flow: &Flow6, entry: *mut CtEntry) {
 /// `note_reply6` with the clock the caller read (`now`).
 #[inline(always)]
 pub fn note_reply6_at(flow: &Flow6, entry: *mut CtEntry, now: u64) {
-    let Some((flags, now, backend_id)) = refresh_reply(flow.proto, flow.tcp_flags, entry, now)
-    else {
+    let Some((flags, backend_id)) = refresh_reply(flow.proto, flow.tcp_flags, entry, now) else {
         return;
     };
     // SAFETY: as in `note_reply`.
@@ -137,7 +135,7 @@ pub fn syn_reply(flow: &Flow4, entry: *mut CtEntry, now: u64) -> bool {
         let _ = CONNTRACK_V4.remove(flow.ct_key());
         return false;
     }
-    if let (Some(f), Some((flags, now, backend_id))) =
+    if let (Some(f), Some((flags, backend_id))) =
         (fwd, refresh_reply(flow.proto, flow.tcp_flags, entry, now))
     {
         push_to_forward(f, backend_id, flags, now);
@@ -263,7 +261,7 @@ pub fn syn_reply6(flow: &Flow6, entry: *mut CtEntry, key: &mut Ct6Key, now: u64)
         let _ = CONNTRACK_V6.remove(&*key);
         return false;
     }
-    if let (Some(f), Some((flags, now, backend_id))) =
+    if let (Some(f), Some((flags, backend_id))) =
         (fwd, refresh_reply(flow.proto, flow.tcp_flags, entry, now))
     {
         push_to_forward(f, backend_id, flags, now);
@@ -271,17 +269,12 @@ pub fn syn_reply6(flow: &Flow6, entry: *mut CtEntry, key: &mut Ct6Key, now: u64)
     true
 }
 
-/// Updates a reply entry for one backend packet. Returns the new flags,
-/// the time and the entry's backend when the forward entry should hear of
-/// it, `None` when nothing changed within `CT_REFRESH_NS` (`now`: the
-/// clock).
+/// Updates a reply entry for one backend packet at `now`. Returns the new
+/// flags and the entry's backend when the forward entry should hear of it
+/// (at the same `now`), `None` when nothing changed within
+/// `CT_REFRESH_NS`.
 #[inline(always)]
-fn refresh_reply(
-    proto: u8,
-    tcp_flags: u8,
-    entry: *mut CtEntry,
-    now: u64,
-) -> Option<(u8, u64, u32)> {
+fn refresh_reply(proto: u8, tcp_flags: u8, entry: *mut CtEntry, now: u64) -> Option<(u8, u32)> {
     // SAFETY: the caller found the entry; fields are copied at once.
     let (old_flags, last_seen, backend_id) =
         unsafe { ((*entry).flags, (*entry).last_seen_ns, (*entry).backend_id) };
@@ -304,7 +297,7 @@ fn refresh_reply(
         (*entry).flags = flags;
         (*entry).last_seen_ns = now;
     }
-    Some((flags, now, backend_id))
+    Some((flags, backend_id))
 }
 
 /// Adds the reply direction's bits to a forward entry of the same backend.
