@@ -54,6 +54,9 @@ pub enum Facing {
 impl Hook {
     pub const ALL: [Hook; 2] = [Hook::Ingress, Hook::Egress];
 
+    /// The order in which `Datapath::attach_facing` swaps a device's links.
+    pub const SWAP_ORDER: [Hook; 2] = [Hook::Egress, Hook::Ingress];
+
     /// The program this hook runs on a device that faces `facing`.
     pub const fn program_for(self, facing: Facing) -> &'static str {
         match (self, facing) {
@@ -124,53 +127,74 @@ impl Datapath {
     }
 
     /// `attach`, with the egress program of a device that faces `facing`.
+    ///
+    /// Egress first: while an upgrade swaps the links, the flows of a
+    /// device's clients are then created by the old generation's ingress
+    /// program until the new one runs on both hooks, and a reply the new
+    /// egress program's conntrack lacks goes to the old program through
+    /// the handover (`migrate.rs`). The other order would leave a moment in
+    /// which the new ingress program creates a flow whose first reply the
+    /// old egress program, which has no handover, passes untranslated.
     pub fn attach_facing(
         &mut self,
         device: &str,
         facing: Facing,
     ) -> Result<Attached, DatapathError> {
+        let mut outcome = Attached::Replaced;
+        for hook in Hook::SWAP_ORDER {
+            if self.attach_hook(device, hook, facing)? == Attached::Fresh {
+                outcome = Attached::Fresh;
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// One hook of `attach_facing`: creates the link, or replaces the
+    /// program of the existing pinned one in place.
+    pub fn attach_hook(
+        &mut self,
+        device: &str,
+        hook: Hook,
+        facing: Facing,
+    ) -> Result<Attached, DatapathError> {
         if !device_exists(device) {
             return Err(DatapathError::NoDevice(device.to_owned()));
         }
-        let mut outcome = Attached::Replaced;
-        for hook in Hook::ALL {
-            let pin = pin_path(&self.root, device, hook);
-            let name = hook.program_for(facing);
-            let program: &mut SchedClassifier = self
-                .ebpf
-                .program_mut(name)
-                .ok_or(DatapathError::MissingProgram(name))?
-                .try_into()
-                .map_err(|source| DatapathError::Program { name, source })?;
-            let attach_err = |source: ProgramError| DatapathError::Attach {
-                device: device.to_owned(),
-                source,
-            };
-            if replace(program, &pin, device)? {
-                if self.migration.pending() {
-                    super::migrate::failpoint("migrate-swapped-one");
-                }
-                continue;
+        let pin = pin_path(&self.root, device, hook);
+        let name = hook.program_for(facing);
+        let program: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(DatapathError::MissingProgram(name))?
+            .try_into()
+            .map_err(|source| DatapathError::Program { name, source })?;
+        let attach_err = |source: ProgramError| DatapathError::Attach {
+            device: device.to_owned(),
+            source,
+        };
+        if replace(program, &pin, device)? {
+            if self.migration.pending() {
+                super::migrate::failpoint("migrate-swapped-one");
             }
-            outcome = Attached::Fresh;
-            let id = program
-                .attach_with_options(
-                    device,
-                    hook.attach_type(),
-                    TcAttachOptions::TcxOrder(LinkOrder::default()),
-                )
-                .map_err(attach_err)?;
-            let link = program.take_link(id).map_err(attach_err)?;
-            let link: FdLink = link.try_into().map_err(|source| DatapathError::Link {
-                device: device.to_owned(),
-                source,
-            })?;
-            link.pin(&pin).map_err(|e| DatapathError::Io {
-                path: pin.clone(),
-                source: io::Error::other(e),
-            })?;
+            return Ok(Attached::Replaced);
         }
-        Ok(outcome)
+        let id = program
+            .attach_with_options(
+                device,
+                hook.attach_type(),
+                TcAttachOptions::TcxOrder(LinkOrder::default()),
+            )
+            .map_err(attach_err)?;
+        let link = program.take_link(id).map_err(attach_err)?;
+        let link: FdLink = link.try_into().map_err(|source| DatapathError::Link {
+            device: device.to_owned(),
+            source,
+        })?;
+        link.pin(&pin).map_err(|e| DatapathError::Io {
+            path: pin.clone(),
+            source: io::Error::other(e),
+        })?;
+        Ok(Attached::Fresh)
     }
 
     /// Lets host routing (`--host-routing`) take packets from `device`

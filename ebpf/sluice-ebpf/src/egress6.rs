@@ -44,13 +44,16 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
         events::flow6(Stat::FragmentUnknown, Hook::Egress, skb, &s.flow, 0, 0);
         return Ok(Verdict::Next);
     }
-    // Reverse NAT applies only to a packet from a backend's port.
+    // Reverse NAT applies only to a packet from a backend's port (as
+    // `egress::handle`: during an upgrade's handover, the previous
+    // generation decides that by its own filter).
     if !maps::may_be_backend_port(s.flow.sport) {
-        return Ok(Verdict::Next);
+        return Ok(Verdict::HandOver);
     }
     s.flow.ct_key_into(&mut s.ct_key);
     let Some(entry) = CONNTRACK_V6.get_ptr_mut(&s.ct_key) else {
-        return Ok(Verdict::Next);
+        // During an upgrade's handover the old generation may know it.
+        return Ok(Verdict::HandOver);
     };
     let flow = &s.flow;
     let Some((frontend, port)) = reverse_nat_of(entry) else {

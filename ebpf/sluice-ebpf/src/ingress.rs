@@ -218,7 +218,7 @@ fn unserved(skb: *mut __sk_buff, flow: &Flow4, snat_port: bool) -> Result<Verdic
 /// frontend takes: during an upgrade's handover one to an SNAT port may
 /// be the reply of a flow only the previous generation knows.
 #[inline(always)]
-fn outside(snat_port: bool) -> Verdict {
+pub fn outside(snat_port: bool) -> Verdict {
     if snat_port {
         Verdict::HandOver
     } else {

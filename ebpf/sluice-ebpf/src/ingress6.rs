@@ -82,10 +82,10 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
         return Ok(Verdict::Next);
     }
     let config = maps::config();
-    if s.flow.dport >= config.snat_port_min
+    let snat_port = s.flow.dport >= config.snat_port_min
         && s.flow.dport <= config.snat_port_max
-        && config.snat_port_min != 0
-    {
+        && config.snat_port_min != 0;
+    if snat_port {
         s.flow.ct_key_into(&mut s.ct_key);
         if let Some(entry) = CONNTRACK_V6.get_ptr_mut(&s.ct_key) {
             // SAFETY: pointer from a successful lookup; copied at once.
@@ -105,11 +105,13 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
                 done => return Ok(done),
             }
         }
-        return Ok(unserved(skb, s));
+        return Ok(unserved(skb, s, snat_port));
     }
     s.flow.svc_key_into(&mut s.svc_key, 0, SCOPE_EXTERNAL);
     let Some(master) = maps::service6(&s.svc_key) else {
-        return Ok(unserved(skb, s));
+        // Maybe the reply of an SNATed flow that only the previous
+        // generation knows, during an upgrade's handover.
+        return Ok(unserved(skb, s, snat_port));
     };
     let now = crate::clock::now();
 
@@ -180,12 +182,14 @@ fn try_handle(skb: *mut __sk_buff, s: &mut Scratch6) -> Result<Verdict, Error> {
 
 /// A packet no frontend takes: `ingress::unserved` for IPv6 (a cluster
 /// IP's unserved port is rejected, an unallocated address of the service
-/// CIDRs dropped, new flows only; `sl_svcnet6`).
+/// CIDRs dropped, new flows only; `sl_svcnet6`). Outside the service
+/// address space, one to an SNAT port goes to the previous generation
+/// during an upgrade's handover (`ingress::outside`).
 #[inline(never)]
-fn unserved(skb: *mut __sk_buff, s: &mut Scratch6) -> Verdict {
+fn unserved(skb: *mut __sk_buff, s: &mut Scratch6, snat_port: bool) -> Verdict {
     let kind = maps::svcnet_v6(&mut s.local_key, &s.flow.dst);
     if kind == 0 {
-        return Verdict::Next;
+        return crate::ingress::outside(snat_port);
     }
     s.flow.ct_key_into(&mut s.ct_key);
     if CONNTRACK_V6.get_ptr(&s.ct_key).is_some() {

@@ -140,7 +140,12 @@ pub fn sl_ingress6(ctx: TcContext) -> i32 {
         return code;
     }
     let sctp = sctp::ports6(ctx.skb.skb);
-    sctp::fix(ctx.skb.skb, sctp, ingress6::handle(ctx.skb.skb).code())
+    let verdict = ingress6::handle(ctx.skb.skb);
+    if let Verdict::HandOver = verdict {
+        // Untouched so far: the previous generation takes it whole.
+        crate::maps::hand_over(&ctx, HANDOVER_INGRESS);
+    }
+    sctp::fix(ctx.skb.skb, sctp, verdict.code())
 }
 
 /// Entered only by tail call from `sl_egress` (never attached), as
@@ -151,7 +156,11 @@ pub fn sl_egress6(ctx: TcContext) -> i32 {
         return code;
     }
     let sctp = sctp::ports6(ctx.skb.skb);
-    sctp::fix(ctx.skb.skb, sctp, egress6::handle(ctx.skb.skb).code())
+    let verdict = egress6::handle(ctx.skb.skb);
+    if let Verdict::HandOver = verdict {
+        crate::maps::hand_over(&ctx, HANDOVER_EGRESS);
+    }
+    sctp::fix(ctx.skb.skb, sctp, verdict.code())
 }
 
 /// Tail-calls the IPv6 half at `index`. Returns only if the slot is empty
