@@ -1,6 +1,7 @@
 //! Fuzzing the loaded datapath with `BPF_PROG_TEST_RUN` (issue 18):
 //! generated and mutated frames through `sl_ingress` and `sl_egress`
-//! (both families; IPv6 through the tail call), with the invariants of
+//! (both families; IPv6 through the tail call), those arriving on the
+//! outside-facing device through `sl_xdp` first, with the invariants of
 //! `sluice_tests::fuzz` checked after every packet and batch. A fixed
 //! seed, then a time-seeded part (its seed printed), then the corpus in
 //! `tests/fuzz-corpus/`. `SLUICE_FUZZ_PACKETS` sets the count (default
@@ -16,7 +17,10 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use sluice::model::{BackendState, FrontendKind, Proto};
+use sluice::{
+    datapath::XdpMode,
+    model::{BackendState, FrontendKind, Proto},
+};
 use sluice_tests::{
     fuzz::{self, gen::Target, testrun, Harness},
     lb::{frontend, service, Lb},
@@ -121,8 +125,33 @@ fn program(lb: &mut Lb, topo: &Topology) -> Target {
             let report = lb.set(service(&name, port, proto, vec![fe]));
             assert!(report.errors.is_empty(), "{name}: {:?}", report.errors);
         }
+        // Backends behind the outside-facing devices (another node's pods,
+        // as far as this node can tell): `sl_xdp` sends their flows itself,
+        // out of the device they came in on (`XDP_TX`) or the other one
+        // (`XDP_REDIRECT`), and turns their replies back.
+        let remote: Vec<(IpAddr, u16, BackendState)> = topo
+            .externals
+            .iter()
+            .map(|e| (e.addr(v6), 8080, BackendState::Active))
+            .collect();
+        for (proto, port) in [(Proto::Tcp, 31080), (Proto::Udp, 31053)] {
+            let mut fe = frontend(FrontendKind::NodePort, node, port, proto, &remote);
+            fe.snat = true;
+            target
+                .frontends
+                .push((fe.key.addr, fe.key.port, proto.number()));
+            let name = format!("remote{fam}-{port}");
+            let report = lb.set(service(&name, port, proto, vec![fe]));
+            assert!(report.errors.is_empty(), "{name}: {:?}", report.errors);
+        }
         for b in &topo.backends {
             target.backends.push((b.addr(v6), 8080));
+        }
+        for (k, e) in topo.externals.iter().enumerate() {
+            target.backends.push((e.addr(v6), 8080));
+            if k > 0 {
+                target.nodes.push(ip(topo.node_address(k)));
+            }
         }
         target.nodes.push(node);
         target.nodes.push(ip(Ipv4Addr::new(10, 10, 0, 1)));
@@ -146,15 +175,56 @@ fn ifindex(name: &str) -> Option<u32> {
 fn generated_and_mutated_packets_keep_every_invariant() -> Result<()> {
     let mut topo = Topology::new(1, 2)?;
     topo.add_external()?;
+    topo.add_external()?;
+    topo.wait_ipv6_ready()?;
     let mut lb = Lb::load(&topo)?;
     let mut target = program(&mut lb, &topo);
     let root = lb.datapath.root().to_owned();
     let devices = topo.devices();
+    // `sl_xdp` on the devices that face outside hosts, as `--xdp-devices`
+    // puts it (generic mode unless the run tests native XDP): frames that
+    // arrive there meet it before `sl_ingress`.
+    let xdp_devices: Vec<String> = devices
+        .iter()
+        .filter(|d| d.starts_with('e'))
+        .cloned()
+        .collect();
+    let mode = sluice_tests::xdp_under_test().unwrap_or(XdpMode::Generic);
+    {
+        let datapath = &mut lb.datapath;
+        topo.node.run(|| -> Result<()> {
+            for d in &xdp_devices {
+                datapath.attach_xdp(d, mode)?;
+            }
+            Ok(())
+        })??;
+    }
+    // `sl_xdp` sends only to a resolved neighbour (else TC resolves it):
+    // the node connects to a closed port of each outside host first, and
+    // its reset proves the round trip.
+    for e in &topo.externals {
+        for addr in [e.addr(false), e.addr(true)] {
+            let to = std::net::SocketAddr::new(addr, 9);
+            let answer = topo.node.run(move || {
+                std::net::TcpStream::connect_timeout(&to, std::time::Duration::from_secs(3))
+            })?;
+            anyhow::ensure!(
+                answer
+                    .as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused),
+                "the node reaches {addr}: {answer:?}"
+            );
+        }
+    }
     let packets = env_u64("SLUICE_FUZZ_PACKETS").unwrap_or(200_000);
     let corpus_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz-corpus");
 
     let report = topo.node.run(move || -> Result<fuzz::Report> {
         target.ifindexes = devices
+            .iter()
+            .map(|d| ifindex(d).with_context(|| format!("no device {d}")))
+            .collect::<Result<_>>()?;
+        target.xdp_ifindexes = xdp_devices
             .iter()
             .map(|d| ifindex(d).with_context(|| format!("no device {d}")))
             .collect::<Result<_>>()?;
@@ -225,11 +295,25 @@ fn generated_and_mutated_packets_keep_every_invariant() -> Result<()> {
         Ok(h.report)
     })??;
     println!("{report}");
+    let decided_by_xdp: u64 = report
+        .xdp_verdicts
+        .iter()
+        .filter(|(v, _)| **v != "pass")
+        .map(|(_, n)| n)
+        .sum();
     assert!(
-        report.packets + report.refused >= packets,
-        "every packet ran or was refused by test-run"
+        report.packets + report.refused + decided_by_xdp >= packets,
+        "every packet ran, was refused by test-run or was decided by sl_xdp"
     );
     assert!(report.ct_created > 0, "service traffic created flows");
     assert!(report.modified > 0, "packets were rewritten");
+    assert!(report.xdp > 0, "frames went through sl_xdp");
+    for sent in ["tx", "redirect", "drop"] {
+        assert!(
+            report.xdp_verdicts.get(sent).is_some_and(|n| *n > 0),
+            "sl_xdp decided some frames itself ({sent}): {:?}",
+            report.xdp_verdicts
+        );
+    }
     Ok(())
 }

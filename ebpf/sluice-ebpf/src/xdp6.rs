@@ -129,7 +129,9 @@ fn refused6(ctx: *mut xdp_md, s: &Scratch6, svc_id: u32, action: Action) -> Acti
 fn parse6(ctx: *mut xdp_md, s: &mut Scratch6) -> Option<u16> {
     let xdp = XdpContext::new(ctx);
     let ip = at::<Ipv6Hdr>(&xdp, ETH_LEN)?;
-    if ip.hop_limit <= 1 {
+    // A header of another version behind the IPv6 ethertype is not IPv6
+    // (the stack and the TC path drop it): nothing to decide.
+    if ip.vtcfl[0] >> 4 != 6 || ip.hop_limit <= 1 {
         return None;
     }
     let (sport, dport, tcp_flags) = if ip.next_header == IPPROTO_TCP {

@@ -56,6 +56,9 @@ pub struct Target {
     pub snat_ports: (u16, u16),
     /// The node devices packets arrive on / leave by.
     pub ifindexes: Vec<u32>,
+    /// Those of them with `sl_xdp` attached: a frame arriving there meets
+    /// it before `sl_ingress`.
+    pub xdp_ifindexes: Vec<u32>,
 }
 
 impl Target {

@@ -21,7 +21,7 @@ use sluice_common::{
 
 use gen::{Known, Packet, Target};
 use packet::{checksums_ok, hex, layout, lenient_tuple, quoted_tuple, Tuple};
-use testrun::{run_skb, Program};
+use testrun::{run_skb, run_xdp, Program};
 
 /// TC verdicts sluice returns: `TC_ACT_UNSPEC` (carry on), `TC_ACT_SHOT`,
 /// `TC_ACT_REDIRECT`.
@@ -29,13 +29,21 @@ pub const UNSPEC: u32 = u32::MAX;
 pub const SHOT: u32 = 2;
 pub const REDIRECT: u32 = 7;
 
+/// XDP verdicts (`enum xdp_action`); `XDP_ABORTED` (0) is a program error.
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
+pub const XDP_REDIRECT: u32 = 4;
+
 /// Counters that must never move, whatever the input.
-const NEVER: [Stat; 5] = [
+const NEVER: [Stat; 6] = [
     Stat::Dangling,
     Stat::TailCallFailed,
     Stat::NatFailed,
     Stat::RejectFailed,
     Stat::CtInsertFailed,
+    // `sl_xdp` rewrote a frame it then could not send.
+    Stat::XdpAborted,
 ];
 
 /// Conntrack is emptied when it holds more entries than this, to keep
@@ -84,8 +92,12 @@ pub struct Report {
     pub packets: u64,
     pub ingress: u64,
     pub egress: u64,
+    /// Frames run through `sl_xdp` (arriving on a device it is attached
+    /// to); those it passed went on to `sl_ingress`.
+    pub xdp: u64,
     pub batches: u64,
     pub verdicts: BTreeMap<&'static str, u64>,
+    pub xdp_verdicts: BTreeMap<&'static str, u64>,
     pub modified: u64,
     /// Invariant name -> how many times it was checked.
     pub checks: BTreeMap<&'static str, u64>,
@@ -109,6 +121,11 @@ impl fmt::Display for Report {
             f,
             "{} packets ({} ingress, {} egress) in {} batches; {} rewritten; verdicts {:?}",
             self.packets, self.ingress, self.egress, self.batches, self.modified, self.verdicts
+        )?;
+        writeln!(
+            f,
+            "{} frames through sl_xdp first; its verdicts {:?}",
+            self.xdp, self.xdp_verdicts
         )?;
         writeln!(
             f,
@@ -137,6 +154,8 @@ struct Snapshot {
 pub struct Harness {
     ingress: Program,
     egress: Program,
+    /// `sl_xdp`, when `target.xdp_ifindexes` names devices.
+    xdp: Option<Program>,
     maps: Maps,
     pub target: Target,
     pub report: Report,
@@ -183,6 +202,27 @@ fn tuple_of6(k: &Ct6Key) -> Tuple {
     }
 }
 
+fn xdp_verdict_name(v: u32) -> &'static str {
+    match v {
+        XDP_DROP => "drop",
+        XDP_PASS => "pass",
+        XDP_TX => "tx",
+        XDP_REDIRECT => "redirect",
+        0 => "aborted",
+        _ => "unexpected",
+    }
+}
+
+/// What the XDP runs of one batch returned, by verdict.
+#[derive(Default)]
+struct XdpTally {
+    runs: u64,
+    drop: u64,
+    pass: u64,
+    tx: u64,
+    redirect: u64,
+}
+
 fn verdict_name(v: u32) -> &'static str {
     match v {
         UNSPEC => "unspec",
@@ -215,10 +255,18 @@ impl Harness {
         let (Some(ingress), Some(egress)) = (progs.next(), progs.next()) else {
             anyhow::bail!("programs missing");
         };
+        let xdp = if target.xdp_ifindexes.is_empty() {
+            None
+        } else {
+            testrun::open_programs(root, &["sl_xdp"])?
+                .into_iter()
+                .next()
+        };
         let maps = Maps::open_pinned(root)?;
         let mut h = Self {
             ingress,
             egress,
+            xdp,
             maps,
             target,
             report: Report::default(),
@@ -373,6 +421,76 @@ impl Harness {
         Ok((out.retval, modified, out.data))
     }
 
+    /// Runs one frame through `sl_xdp` as received by its device, and
+    /// checks the per-packet invariants of the XDP hook: a verdict of
+    /// drop, pass, TX or redirect; a passed frame untouched (the program
+    /// hands TC what it does not decide before changing anything);
+    /// non-service traffic passed; a sent frame with valid checksums and
+    /// no untranslated reply tuple. Returns the verdict.
+    fn run_xdp_one(&mut self, pkt: &Packet) -> Result<u32> {
+        let Some(prog) = &self.xdp else {
+            return Ok(XDP_PASS);
+        };
+        let out = run_xdp(prog, &pkt.data, pkt.ifindex)
+            .map_err(|e| violation("XDP test-run succeeds", format!("sl_xdp: {e}"), Some(pkt)))?;
+        let r = &mut self.report;
+        r.xdp += 1;
+        *r.xdp_verdicts
+            .entry(xdp_verdict_name(out.retval))
+            .or_default() += 1;
+        let inv = "XDP verdict is drop/pass/tx/redirect";
+        r.check(inv);
+        if !matches!(out.retval, XDP_DROP | XDP_PASS | XDP_TX | XDP_REDIRECT) {
+            return Err(violation(
+                inv,
+                format!("returned {}", out.retval as i32),
+                Some(pkt),
+            ));
+        }
+        let modified = out.data != pkt.data;
+        if out.retval == XDP_PASS {
+            let inv = "XDP passes only frames it left untouched";
+            r.check(inv);
+            if modified {
+                return Err(violation(
+                    inv,
+                    format!("output {}", hex(&out.data)),
+                    Some(pkt),
+                ));
+            }
+        }
+        let t = &self.target;
+        let service = raw_addr(&pkt.data, true)
+            .is_some_and(|d| t.is_frontend_addr(d) || t.is_node_addr(d))
+            || is_icmp(&pkt.data);
+        if !service {
+            let inv = "non-service traffic passes XDP";
+            r.check(inv);
+            if out.retval != XDP_PASS {
+                return Err(violation(
+                    inv,
+                    format!("verdict {}", xdp_verdict_name(out.retval)),
+                    Some(pkt),
+                ));
+            }
+        }
+        if matches!(out.retval, XDP_TX | XDP_REDIRECT) {
+            if modified && checksums_ok(&pkt.data) == Some(true) {
+                let inv = "frames XDP sends keep valid checksums";
+                r.check(inv);
+                if checksums_ok(&out.data) != Some(true) {
+                    return Err(violation(
+                        inv,
+                        format!("output {}", hex(&out.data)),
+                        Some(pkt),
+                    ));
+                }
+            }
+            self.check_reply_addresses(pkt, &out.data)?;
+        }
+        Ok(out.retval)
+    }
+
     /// A reply never leaves with the backend's address where its client
     /// expects the frontend: not as the packet's own tuple, not in the
     /// quote of an ICMP error addressed to the client.
@@ -419,6 +537,8 @@ impl Harness {
         let stats_before = self.stats()?;
         let mut frontend_tuples: HashSet<Tuple> = HashSet::new();
         let (mut untouched_passed, mut egress_modified, mut ingress_sent) = (0u64, 0u64, 0u64);
+        let mut xdp = XdpTally::default();
+        let mut tc_ingress = 0u64;
         for pkt in batch {
             if pkt.ingress {
                 if let Some(t) = lenient_tuple(&pkt.data) {
@@ -426,6 +546,23 @@ impl Harness {
                         frontend_tuples.insert(t);
                     }
                 }
+                // On a device with `sl_xdp`, the frame meets it first; TC
+                // sees only what it passes.
+                if self.xdp.is_some() && self.target.xdp_ifindexes.contains(&pkt.ifindex) {
+                    let verdict = self.run_xdp_one(pkt)?;
+                    xdp.runs += 1;
+                    match verdict {
+                        XDP_DROP => xdp.drop += 1,
+                        XDP_TX => xdp.tx += 1,
+                        XDP_REDIRECT => xdp.redirect += 1,
+                        _ => xdp.pass += 1,
+                    }
+                    if verdict != XDP_PASS {
+                        ingress_sent += 1;
+                        continue;
+                    }
+                }
+                tc_ingress += 1;
             }
             let (verdict, modified, _) = self.run_one(pkt)?;
             if !modified && verdict == UNSPEC {
@@ -449,9 +586,22 @@ impl Harness {
             report.check(inv);
             report.ct_created += 1;
             if !frontend_tuples.contains(&fwd) {
+                // The frames that may have made it: those of the batch
+                // that carry its client's address anywhere.
+                let suspects: Vec<String> = batch
+                    .iter()
+                    .filter(|p| {
+                        p.data
+                            .windows(fwd.src.len())
+                            .any(|w| w == fwd.src.as_slice())
+                    })
+                    .map(|p| format!("{} ifindex {}: {}", p.kind, p.ifindex, hex(&p.data)))
+                    .collect();
                 return Err(violation(
                     inv,
-                    format!("conntrack entry {t:?} (kind {}, flags {:#x}) belongs to no packet of the batch sent to a frontend", e.kind, e.flags),
+                    format!(
+                        "conntrack entry {t:?} ({e:?}) of the flow {fwd:?} belongs to no packet of the batch sent to a frontend; frames of the batch with its client's address: {suspects:#?}"
+                    ),
                     None,
                 ));
             }
@@ -545,7 +695,30 @@ impl Harness {
         explain(
             "new_flow + reselected <= packets to frontends".into(),
             flows,
-            batch.iter().filter(|p| p.ingress).count() as u64,
+            tc_ingress + xdp.runs,
+        )?;
+        // `sl_xdp` counts each verdict it returns, once.
+        for (stat, returned) in [
+            (Stat::XdpTx, xdp.tx),
+            (Stat::XdpRedirect, xdp.redirect),
+            (Stat::XdpDrop, xdp.drop),
+        ] {
+            if delta(stat) != returned {
+                return Err(violation(
+                    inv,
+                    format!(
+                        "{} moved by {} for {returned} such XDP verdicts",
+                        stat.name(),
+                        delta(stat)
+                    ),
+                    None,
+                ));
+            }
+        }
+        explain(
+            "xdp_pass <= frames XDP passed".into(),
+            delta(Stat::XdpPass),
+            xdp.pass,
         )?;
         explain(
             "reply_nat + icmp_translated <= rewritten egress packets".into(),

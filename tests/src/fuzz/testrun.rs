@@ -82,6 +82,38 @@ pub fn run_skb(prog: &Program, data: &[u8], ifindex: u32) -> io::Result<Outcome>
     Ok(Outcome { retval, data: out })
 }
 
+/// Size of `struct xdp_md`: `data`, `data_end`, `data_meta`,
+/// `ingress_ifindex`, `rx_queue_index`, `egress_ifindex`.
+const XDP_CTX_LEN: usize = 24;
+const XDP_DATA_END: usize = 4;
+const XDP_INGRESS_IFINDEX: usize = 12;
+
+/// Runs the XDP program `prog` once on `data` as a frame received by
+/// `ifindex` (queue 0; resolved in the calling thread's network
+/// namespace). Test-run performs no transmission: `XDP_TX` and
+/// `XDP_REDIRECT` come back as the verdict, with the frame as the program
+/// left it.
+pub fn run_xdp(prog: &Program, data: &[u8], ifindex: u32) -> io::Result<Outcome> {
+    let mut out = vec![0u8; MAX_PACKET + 512];
+    let mut ctx = [0u8; XDP_CTX_LEN];
+    ctx[XDP_DATA_END..XDP_DATA_END + 4].copy_from_slice(&(data.len() as u32).to_ne_bytes());
+    ctx[XDP_INGRESS_IFINDEX..XDP_INGRESS_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+    let mut attr = [0u8; 128];
+    put(&mut attr, 0, &(prog.fd.as_raw_fd() as u32).to_ne_bytes());
+    put(&mut attr, 8, &(data.len() as u32).to_ne_bytes());
+    put(&mut attr, 12, &(out.len() as u32).to_ne_bytes());
+    put(&mut attr, 16, &(data.as_ptr() as u64).to_ne_bytes());
+    put(&mut attr, 24, &(out.as_mut_ptr() as u64).to_ne_bytes());
+    put(&mut attr, 32, &1u32.to_ne_bytes());
+    put(&mut attr, 40, &(XDP_CTX_LEN as u32).to_ne_bytes());
+    put(&mut attr, 48, &(ctx.as_ptr() as u64).to_ne_bytes());
+    sys_bpf(BPF_PROG_TEST_RUN, &mut attr)?;
+    let retval = u32::from_ne_bytes([attr[4], attr[5], attr[6], attr[7]]);
+    let size = u32::from_ne_bytes([attr[12], attr[13], attr[14], attr[15]]) as usize;
+    out.truncate(size.min(out.len()));
+    Ok(Outcome { retval, data: out })
+}
+
 /// Whether test-run supports `prog` at all: the error of one run on a
 /// minimal input (`None`: it ran).
 pub fn probe(prog: &Program) -> Option<io::Error> {
