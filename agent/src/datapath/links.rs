@@ -128,13 +128,18 @@ impl Datapath {
 
     /// `attach`, with the egress program of a device that faces `facing`.
     ///
-    /// Egress first: while an upgrade swaps the links, the flows of a
-    /// device's clients are then created by the old generation's ingress
-    /// program until the new one runs on both hooks, and a reply the new
-    /// egress program's conntrack lacks goes to the old program through
-    /// the handover (`migrate.rs`). The other order would leave a moment in
+    /// Egress first: while an upgrade swaps the links, the flows a device's
+    /// ingress creates are then created by the old generation's program
+    /// until the new one runs on both hooks, and a reply the new egress
+    /// program's conntrack lacks goes to the old program through the
+    /// handover (`migrate.rs`). The other order would leave a moment in
     /// which the new ingress program creates a flow whose first reply the
-    /// old egress program, which has no handover, passes untranslated.
+    /// old egress program of the same device, which has no handover, passes
+    /// untranslated. This covers replies that leave through the device the
+    /// flow came in on (a pod's connections, an outside client's
+    /// connections to a local backend without SNAT); an SNATed flow's reply
+    /// is turned back on the ingress of the backend's device, which may be
+    /// swapped later (docs/install.md).
     pub fn attach_facing(
         &mut self,
         device: &str,

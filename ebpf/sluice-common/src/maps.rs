@@ -140,8 +140,8 @@ pub const SVCNET_CLUSTER_IP: u8 = 2;
 // `crate::abi::MAPS`.
 
 /// The previous program generation during an upgrade that migrates
-/// conntrack (`HANDOVER_*` index -> program), not pinned: an IPv4 packet
-/// whose flow the new generation's conntrack does not know (yet) is handed
+/// conntrack (`HANDOVER_*` index -> program), not pinned: a packet (IPv4
+/// or IPv6) whose flow the new generation's conntrack does not know (yet) is handed
 /// to the old generation's program, which does. Empty otherwise.
 pub const HANDOVER: &str = "sl_handover";
 /// `sl_handover` index of the previous generation's `sl_ingress`.

@@ -142,7 +142,8 @@ pub fn sl_ingress6(ctx: TcContext) -> i32 {
     let sctp = sctp::ports6(ctx.skb.skb);
     let verdict = ingress6::handle(ctx.skb.skb);
     if let Verdict::HandOver = verdict {
-        // Untouched so far: the previous generation takes it whole.
+        // No entry of this generation's conntrack knows its flow: the
+        // previous generation takes it whole.
         crate::maps::hand_over(&ctx, HANDOVER_INGRESS);
     }
     sctp::fix(ctx.skb.skb, sctp, verdict.code())

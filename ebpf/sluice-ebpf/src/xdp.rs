@@ -169,6 +169,42 @@ fn parse(ctx: &XdpContext) -> Option<(Flow4, u16)> {
     ))
 }
 
+/// What the stack would drop before forwarding (`ip_rcv_core`), `sl_xdp`
+/// must not send on (`xdp_nat::route` passes it to TC, and the stack
+/// drops it): a total length beyond the frame or short of the TCP or UDP
+/// header, a header checksum that does not add up. Asked only of frames
+/// about to be sent (parsed by `parse`: 20-byte header, TCP or UDP). A
+/// separate BPF function that reads the header in place: no frame of its
+/// own on the deepest chain (`new_flow`, `route`).
+#[inline(never)]
+pub fn forwardable(ctx: *mut xdp_md) -> bool {
+    let xdp = XdpContext::new(ctx);
+    let start = xdp.data();
+    if start + ETH_LEN + IPV4_LEN > xdp.data_end() {
+        return false;
+    }
+    let ip = (start + ETH_LEN) as *const u8;
+    // SAFETY: the 20 header bytes lie within the frame (checked above).
+    let byte = |i: usize| u32::from(unsafe { *ip.add(i) });
+    let mut sum = 0u32;
+    let mut i = 0;
+    while i < IPV4_LEN {
+        sum += (byte(i) << 8) | byte(i + 1);
+        i += 2;
+    }
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    let l4_len = if byte(9) as u8 == IPPROTO_TCP {
+        TCP_LEN
+    } else {
+        UDP_LEN
+    };
+    let tot_len = u64::from((byte(2) << 8) | byte(3));
+    // SAFETY: plain helper call on the running program's frame.
+    let frame = unsafe { aya_ebpf::helpers::bpf_xdp_get_buff_len(ctx) };
+    sum == 0xffff && tot_len >= (IPV4_LEN + l4_len) as u64 && (ETH_LEN as u64) + tot_len <= frame
+}
+
 /// An IPv4 frame. A separate BPF function: the program's own frame stays
 /// small for the IPv6 half's deeper chain.
 #[inline(never)]

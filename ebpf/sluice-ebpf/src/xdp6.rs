@@ -28,7 +28,7 @@ use crate::{
     conntrack::{note_reply6, tcp_bits_of},
     events,
     flow6::{same_addr, FRAG_NONE},
-    headers::{EthHdr, Ipv6Hdr, TcpHdr, UdpHdr, ETH_LEN, IPV6_LEN},
+    headers::{EthHdr, Ipv6Hdr, TcpHdr, UdpHdr, ETH_LEN, IPV6_LEN, TCP_LEN, UDP_LEN},
     ingress6,
     maps::{self, count, Scratch6, CONNTRACK_V6, XDP_DEVS},
     select::{
@@ -158,6 +158,32 @@ fn parse6(ctx: *mut xdp_md, s: &mut Scratch6) -> Option<u16> {
     Some(u16::from_be_bytes(ip.payload_len).wrapping_add(IPV6_LEN as u16))
 }
 
+/// Whether the stack would forward the frame (`ipv6_rcv`): a payload
+/// length within the frame and long enough for the TCP or UDP header.
+/// `sl_xdp` sends nothing else on (`route6` passes it to TC, and the stack
+/// drops it). Asked only of frames about to be sent. A separate BPF
+/// function that reads the header in place.
+#[inline(never)]
+fn forwardable6(ctx: *mut xdp_md) -> bool {
+    let xdp = XdpContext::new(ctx);
+    let start = xdp.data();
+    if start + ETH_LEN + IPV6_LEN > xdp.data_end() {
+        return false;
+    }
+    let ip = (start + ETH_LEN) as *const u8;
+    // SAFETY: the 40 header bytes lie within the frame (checked above).
+    let byte = |i: usize| u64::from(unsafe { *ip.add(i) });
+    let l4_len = if byte(6) as u8 == IPPROTO_TCP {
+        TCP_LEN
+    } else {
+        UDP_LEN
+    };
+    let payload = (byte(4) << 8) | byte(5);
+    // SAFETY: plain helper call on the running program's frame.
+    let frame = unsafe { aya_ebpf::helpers::bpf_xdp_get_buff_len(ctx) };
+    payload >= l4_len as u64 && (L4_OFF6 as u64) + payload <= frame
+}
+
 /// `xdp::unserved` for IPv6.
 #[inline(never)]
 fn unserved6(s: &mut Scratch6) -> Action {
@@ -179,6 +205,9 @@ fn unserved6(s: &mut Scratch6) -> Action {
 /// source the node would use goes to `s.snat_addr`.
 #[inline(never)]
 fn route6(ctx: *mut xdp_md, s: &mut Scratch6, tot_len: u16) -> u32 {
+    if !forwardable6(ctx) {
+        return 0;
+    }
     let Some(scratch) = maps::scratch() else {
         return 0;
     };

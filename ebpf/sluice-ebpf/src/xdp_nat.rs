@@ -44,6 +44,9 @@ pub struct Ends {
 /// `send`. A separate BPF function.
 #[inline(never)]
 pub fn route(ctx: *mut xdp_md, flow: &Flow4, dst: [u8; 4], tot_len: u16) -> u32 {
+    if !crate::xdp::forwardable(ctx) {
+        return 0;
+    }
     let Some(scratch) = maps::scratch() else {
         return 0;
     };

@@ -5,8 +5,9 @@
 //! For each number of services N, every variant gets its own node
 //! namespace (see [`env`]) and is programmed once, which is where the
 //! control-plane figures come from; then the data-plane measurements run
-//! in rounds, every round measuring every variant in turn (in a rotating
-//! order), so that machine noise hits all variants alike. A round's
+//! in rounds, every round measuring every variant in turn (in a fresh
+//! random order each block pass), so that machine noise hits all variants
+//! alike. A round's
 //! connections are measured in short blocks, every variant in turn within
 //! each block pass. Figures are aggregated over blocks: rates are the
 //! median of the per-block rates, latency percentiles come from all
@@ -414,6 +415,22 @@ pub struct Results {
     /// The kernel's cost of writing map entries (`mapwrites`).
     #[serde(default)]
     pub map_writes: Option<mapwrites::MapWriteCost>,
+}
+
+/// Mixed into `--seed` for the order of the block passes.
+const PASS_ORDER_SEED: u64 = 0x0b1c_40d3;
+
+/// The order of one block pass over `n` variants: a fresh permutation
+/// each pass (Fisher-Yates, reproducible from `--seed`). With a rotation
+/// each variant always followed the same one, and what a block leaves
+/// behind (warm code paths, caches, the cgroup the socket variants run
+/// in) could favour or penalise its successor in every pass alike.
+fn pass_order(n: usize, rng: &mut services::Rng) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        order.swap(i, rng.below(i + 1));
+    }
+    order
 }
 
 /// Maps big enough for the largest N of the run, used at every N (a real
@@ -962,6 +979,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
     } else {
         cfg.warmup_rounds + cfg.rounds
     };
+    let mut order = services::Rng::new(cfg.seed ^ PASS_ORDER_SEED);
     for round in 0..rounds {
         let warmup = round < cfg.warmup_rounds;
         if warmup {
@@ -974,10 +992,10 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
         // then spoils one block of a variant, which the median over all
         // blocks leaves out, not the variant's whole round.
         for block in 0..cfg.blocks {
-            for k in 0..envs.len() {
-                let i = (k + round + block) % envs.len();
+            let last_block = block + 1 == cfg.blocks;
+            for i in pass_order(envs.len(), &mut order) {
                 measure_block(&envs[i], &mut accs[i], &set, cfg, warmup)?;
-                if !warmup && block + 1 == cfg.blocks {
+                if !warmup && last_block {
                     accs[i].print_round(envs[i].variant.name(), cfg.blocks);
                 }
             }

@@ -20,7 +20,7 @@ use sluice_common::{
 };
 
 use gen::{Known, Packet, Target};
-use packet::{checksums_ok, hex, layout, lenient_tuple, quoted_tuple, Tuple};
+use packet::{checksums_ok, forwardable, hex, layout, lenient_tuple, quoted_tuple, Tuple};
 use testrun::{run_skb, run_xdp, Program};
 
 /// TC verdicts sluice returns: `TC_ACT_UNSPEC` (carry on), `TC_ACT_SHOT`,
@@ -475,6 +475,17 @@ impl Harness {
             }
         }
         if matches!(out.retval, XDP_TX | XDP_REDIRECT) {
+            // The node's stack would have dropped anything else; `sl_xdp`
+            // must not send it on in its stead.
+            let inv = "XDP sends only frames a router would forward";
+            r.check(inv);
+            if !forwardable(&pkt.data) {
+                return Err(violation(
+                    inv,
+                    format!("verdict {}", xdp_verdict_name(out.retval)),
+                    Some(pkt),
+                ));
+            }
             if modified && checksums_ok(&pkt.data) == Some(true) {
                 let inv = "frames XDP sends keep valid checksums";
                 r.check(inv);
@@ -538,7 +549,6 @@ impl Harness {
         let mut frontend_tuples: HashSet<Tuple> = HashSet::new();
         let (mut untouched_passed, mut egress_modified, mut ingress_sent) = (0u64, 0u64, 0u64);
         let mut xdp = XdpTally::default();
-        let mut tc_ingress = 0u64;
         for pkt in batch {
             if pkt.ingress {
                 if let Some(t) = lenient_tuple(&pkt.data) {
@@ -562,7 +572,6 @@ impl Harness {
                         continue;
                     }
                 }
-                tc_ingress += 1;
             }
             let (verdict, modified, _) = self.run_one(pkt)?;
             if !modified && verdict == UNSPEC {
@@ -692,10 +701,11 @@ impl Harness {
             new_forward,
             flows,
         )?;
+        // A frame starts at most one flow, in `sl_xdp` or in `sl_ingress`.
         explain(
-            "new_flow + reselected <= packets to frontends".into(),
+            "new_flow + reselected <= ingress frames".into(),
             flows,
-            tc_ingress + xdp.runs,
+            batch.iter().filter(|p| p.ingress).count() as u64,
         )?;
         // `sl_xdp` counts each verdict it returns, once.
         for (stat, returned) in [

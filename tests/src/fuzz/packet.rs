@@ -352,6 +352,26 @@ pub fn layout(f: &[u8]) -> Option<Layout> {
     }
 }
 
+/// Whether a router would forward frame `f` as the IP packet it says it
+/// is: a consistent IPv4 or IPv6 header (version, lengths within the
+/// frame), an IPv4 header checksum that adds up, and a whole TCP or UDP
+/// header within the packet. The node's stack drops anything else before
+/// forwarding it.
+pub fn forwardable(f: &[u8]) -> bool {
+    let Some(l) = layout(f) else {
+        return false;
+    };
+    if !l.v6 && sum(0, &f[ETH_LEN..l.l4]) != 0xffff {
+        return false;
+    }
+    let l4 = match l.proto {
+        TCP => 20,
+        UDP => 8,
+        _ => 0,
+    };
+    l.l4 + l4 <= l.end
+}
+
 /// Whether every checksum of frame `f` is right: the IPv4 header, the
 /// TCP/UDP/ICMP/ICMPv6 checksum of an unfragmented packet (IPv6
 /// pseudo-header included), and the IPv4 header an ICMP error quotes.
