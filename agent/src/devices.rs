@@ -285,7 +285,11 @@ impl Devices {
         // time its packets meet the programs (the sync task writes it).
         self.publish_local_interfaces();
         let present: BTreeMap<String, u32> = netdev::devices().into_iter().collect();
-        for (name, index) in &present {
+        let order = swap_order(present.keys().map(|n| (n.as_str(), self.facing(n))));
+        for name in order {
+            let Some(index) = present.get(name) else {
+                continue;
+            };
             if !self.wanted(name) || self.attached.get(name) == Some(index) {
                 continue;
             }
@@ -293,7 +297,7 @@ impl Devices {
             match self.datapath.attach_facing(name, facing) {
                 Ok(how) => {
                     info!(device = %name, ?how, ?facing, "attached");
-                    self.attached.insert(name.clone(), *index);
+                    self.attached.insert(name.to_owned(), *index);
                     self.failing.remove(name);
                     self.route_into(name);
                 }
@@ -301,7 +305,7 @@ impl Devices {
                     let msg = e.to_string();
                     if self.failing.get(name) != Some(&msg) {
                         warn!(device = %name, error = %msg, "cannot attach");
-                        self.failing.insert(name.clone(), msg);
+                        self.failing.insert(name.to_owned(), msg);
                     }
                 }
             }
@@ -349,5 +353,39 @@ impl Devices {
                 _ = shutdown.changed() => return,
             }
         }
+    }
+}
+
+/// The order a scan attaches (or, after an upgrade, swaps) devices in:
+/// the pods' devices first, then the others, each by name. During an
+/// upgrade's swap the uplinks' ingress programs then keep creating the
+/// flows of outside clients with the old generation until every pod's
+/// device runs the new one, so that an SNATed flow's first reply, turned
+/// back on the backend pod's device, always meets a program whose
+/// conntrack has the flow or whose handover has (docs/install.md).
+pub fn swap_order<'a>(devices: impl Iterator<Item = (&'a str, Facing)>) -> Vec<&'a str> {
+    let mut order: Vec<(bool, &str)> = devices
+        .map(|(name, facing)| (facing != Facing::Pods, name))
+        .collect();
+    order.sort();
+    order.into_iter().map(|(_, name)| name).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_devices_are_swapped_before_the_uplinks() {
+        let devices = [
+            ("eth0", Facing::Any),
+            ("lxc2", Facing::Pods),
+            ("cni0", Facing::Any),
+            ("lxc1", Facing::Pods),
+        ];
+        assert_eq!(
+            swap_order(devices.into_iter()),
+            ["lxc1", "lxc2", "cni0", "eth0"]
+        );
     }
 }

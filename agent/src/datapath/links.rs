@@ -138,8 +138,9 @@ impl Datapath {
     /// untranslated. This covers replies that leave through the device the
     /// flow came in on (a pod's connections, an outside client's
     /// connections to a local backend without SNAT); an SNATed flow's reply
-    /// is turned back on the ingress of the backend's device, which may be
-    /// swapped later (docs/install.md).
+    /// is turned back on the ingress of the backend's device, which is why
+    /// the pods' devices are swapped first (`devices::swap_order`,
+    /// docs/install.md).
     pub fn attach_facing(
         &mut self,
         device: &str,
