@@ -41,6 +41,7 @@ use sluice_common::{
 };
 
 use crate::{
+    checksum::{fold16, sum_words},
     conntrack::tcp_bits,
     events,
     flow::Flow4,
@@ -179,30 +180,43 @@ fn parse(ctx: &XdpContext) -> Option<(Flow4, u16)> {
 #[inline(never)]
 pub fn forwardable(ctx: *mut xdp_md) -> bool {
     let xdp = XdpContext::new(ctx);
-    let start = xdp.data();
-    if start + ETH_LEN + IPV4_LEN > xdp.data_end() {
+    let Some(ip) = bytes_at::<IPV4_LEN>(&xdp, ETH_LEN) else {
         return false;
+    };
+    let tot_len = u16::from_be_bytes([ip[2], ip[3]]) as u64;
+    fold16(sum_words(ip, 0)) == 0xffff
+        && tot_len >= (IPV4_LEN + l4_min_len(ip[9])) as u64
+        && (ETH_LEN as u64) + tot_len <= frame_len(ctx)
+}
+
+/// The `N` bytes of the frame at `off`, in place (no copy on the stack),
+/// bounds-checked.
+#[inline(always)]
+pub(crate) fn bytes_at<const N: usize>(ctx: &XdpContext, off: usize) -> Option<&[u8; N]> {
+    let start = ctx.data();
+    if start + off + N > ctx.data_end() {
+        return None;
     }
-    let ip = (start + ETH_LEN) as *const u8;
-    // SAFETY: the 20 header bytes lie within the frame (checked above).
-    let byte = |i: usize| u32::from(unsafe { *ip.add(i) });
-    let mut sum = 0u32;
-    let mut i = 0;
-    while i < IPV4_LEN {
-        sum += (byte(i) << 8) | byte(i + 1);
-        i += 2;
-    }
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    let l4_len = if byte(9) as u8 == IPPROTO_TCP {
+    // SAFETY: the N bytes lie within the frame (checked above).
+    Some(unsafe { &*((start + off) as *const [u8; N]) })
+}
+
+/// The shortest L4 header of `proto` that `sl_xdp` parses (TCP or UDP).
+#[inline(always)]
+pub(crate) fn l4_min_len(proto: u8) -> usize {
+    if proto == IPPROTO_TCP {
         TCP_LEN
     } else {
         UDP_LEN
-    };
-    let tot_len = u64::from((byte(2) << 8) | byte(3));
+    }
+}
+
+/// The frame's length, as a number the verifier lets the program compare
+/// (the difference of the end and start pointers it refuses).
+#[inline(always)]
+pub(crate) fn frame_len(ctx: *mut xdp_md) -> u64 {
     // SAFETY: plain helper call on the running program's frame.
-    let frame = unsafe { aya_ebpf::helpers::bpf_xdp_get_buff_len(ctx) };
-    sum == 0xffff && tot_len >= (IPV4_LEN + l4_len) as u64 && (ETH_LEN as u64) + tot_len <= frame
+    unsafe { aya_ebpf::helpers::bpf_xdp_get_buff_len(ctx) }
 }
 
 /// An IPv4 frame. A separate BPF function: the program's own frame stays

@@ -28,14 +28,14 @@ use crate::{
     conntrack::{note_reply6, tcp_bits_of},
     events,
     flow6::{same_addr, FRAG_NONE},
-    headers::{EthHdr, Ipv6Hdr, TcpHdr, UdpHdr, ETH_LEN, IPV6_LEN, TCP_LEN, UDP_LEN},
+    headers::{EthHdr, Ipv6Hdr, TcpHdr, UdpHdr, ETH_LEN, IPV6_LEN},
     ingress6,
     maps::{self, count, Scratch6, CONNTRACK_V6, XDP_DEVS},
     select::{
         candidates, judge, orphan_snat_segment, pick6, remember6, Pick, Tracked, PICK_AFFINITY,
     },
     snat6::{bytes, claim6, words},
-    xdp::{at, Action},
+    xdp::{at, bytes_at, frame_len, l4_min_len, Action},
 };
 
 const AF_INET6: u8 = 10;
@@ -166,22 +166,11 @@ fn parse6(ctx: *mut xdp_md, s: &mut Scratch6) -> Option<u16> {
 #[inline(never)]
 fn forwardable6(ctx: *mut xdp_md) -> bool {
     let xdp = XdpContext::new(ctx);
-    let start = xdp.data();
-    if start + ETH_LEN + IPV6_LEN > xdp.data_end() {
+    let Some(ip) = bytes_at::<IPV6_LEN>(&xdp, ETH_LEN) else {
         return false;
-    }
-    let ip = (start + ETH_LEN) as *const u8;
-    // SAFETY: the 40 header bytes lie within the frame (checked above).
-    let byte = |i: usize| u64::from(unsafe { *ip.add(i) });
-    let l4_len = if byte(6) as u8 == IPPROTO_TCP {
-        TCP_LEN
-    } else {
-        UDP_LEN
     };
-    let payload = (byte(4) << 8) | byte(5);
-    // SAFETY: plain helper call on the running program's frame.
-    let frame = unsafe { aya_ebpf::helpers::bpf_xdp_get_buff_len(ctx) };
-    payload >= l4_len as u64 && (L4_OFF6 as u64) + payload <= frame
+    let payload = u16::from_be_bytes([ip[4], ip[5]]) as u64;
+    payload >= l4_min_len(ip[6]) as u64 && (L4_OFF6 as u64) + payload <= frame_len(ctx)
 }
 
 /// `xdp::unserved` for IPv6.
