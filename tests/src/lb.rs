@@ -18,7 +18,7 @@ use sluice::{
 };
 use sluice_common::Stat;
 
-use crate::topology::Topology;
+use crate::topology::{Pod, Topology};
 
 /// The loaded datapath of one topology.
 pub struct Lb {
@@ -161,6 +161,19 @@ pub fn vip(addr: Ipv4Addr, port: u16) -> SocketAddrV4 {
 /// `[vip]:port` as a socket address.
 pub fn vip6(addr: Ipv6Addr, port: u16) -> SocketAddrV6 {
     SocketAddrV6::new(addr, port, 0, 0)
+}
+
+/// Every pod of `pods` as an active backend on `port`, once per family
+/// (its IPv4 and its IPv6 address), as a dual-stack service's endpoints.
+pub fn dual_stack_backends(pods: &[Pod], port: u16) -> Vec<(IpAddr, u16, BackendState)> {
+    pods.iter()
+        .flat_map(|p| {
+            [
+                (IpAddr::V4(p.ip), port, BackendState::Active),
+                (IpAddr::V6(p.ip6), port, BackendState::Active),
+            ]
+        })
+        .collect()
 }
 
 /// A ClusterIP service port with one frontend per address in `vips` (a

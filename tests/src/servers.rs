@@ -24,6 +24,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::{
     clients::{ext_headers, ExtHeaders},
     netns::Netns,
+    topology::Pod,
 };
 
 /// A running server; stops on drop.
@@ -67,6 +68,17 @@ pub fn tcp_greeters(topo: &crate::Topology, port: u16) -> Result<Vec<Server>> {
 /// Starts a TCP greeter on `[::]:port` (IPv6 only) inside `ns`.
 pub fn tcp_greeter6(ns: &Netns, port: u16, name: &str) -> Result<Server> {
     tcp_server(ns, any(true, port), name, false)
+}
+
+/// A TCP greeter of each family on `port` in every pod of `pods`, each
+/// answering with its pod's name.
+pub fn tcp_greeters_dual(pods: &[Pod], port: u16) -> Result<Vec<Server>> {
+    let mut servers = Vec::new();
+    for p in pods {
+        servers.push(tcp_greeter(&p.ns, port, &p.name)?);
+        servers.push(tcp_greeter6(&p.ns, port, &p.name)?);
+    }
+    Ok(servers)
 }
 
 /// `tcp_greeter6` whose packets (SYN-ACK on) carry the IPv6 extension

@@ -37,11 +37,7 @@ fn dual_stack_service_is_programmed_in_both_families_and_drains_an_ipv6_backend(
     let topo = Topology::new(1, 2)?;
     topo.strict_checksums()?;
     topo.wait_ipv6_ready()?;
-    let mut servers = Vec::new();
-    for b in &topo.backends {
-        servers.push(servers::tcp_greeter(&b.ns, 8080, &b.name)?);
-        servers.push(servers::tcp_greeter6(&b.ns, 8080, &b.name)?);
-    }
+    let servers = servers::tcp_greeters_dual(&topo.backends, 8080)?;
     let dir = ManifestDir::create()?;
     dir.write(
         "dual-svc.yaml",

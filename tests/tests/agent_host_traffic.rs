@@ -259,11 +259,7 @@ spec:
 fn the_nodes_own_ipv6_and_v4_mapped_sockets_reach_services() -> Result<()> {
     let topo = Topology::new(0, 2)?;
     topo.wait_ipv6_ready()?;
-    let mut servers = Vec::new();
-    for b in &topo.backends {
-        servers.push(servers::tcp_greeter(&b.ns, 8080, &b.name)?);
-        servers.push(servers::tcp_greeter6(&b.ns, 8080, &b.name)?);
-    }
+    let mut servers = servers::tcp_greeters_dual(&topo.backends, 8080)?;
     servers.push(servers::udp_greeter6(
         &topo.backends[0].ns,
         5353,

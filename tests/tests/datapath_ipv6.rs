@@ -19,7 +19,7 @@ use sluice::model::{BackendState, Proto};
 use sluice_common::Stat;
 use sluice_tests::{
     clients::{self, ExtHeaders, Stream},
-    lb::{cluster_ip6, cluster_ips, vip, vip6, Lb},
+    lb::{cluster_ip6, cluster_ips, dual_stack_backends, vip, vip6, Lb},
     servers::{self, Server},
     Netns, Topology,
 };
@@ -294,16 +294,7 @@ fn dual_stack_service_is_reached_over_both_families() -> Result<()> {
         servers.push(servers::tcp_greeter(&b.ns, 8080, &b.name)?);
     }
     let mut lb = Lb::load(&topo)?;
-    let backends: Vec<(IpAddr, u16, BackendState)> = topo
-        .backends
-        .iter()
-        .flat_map(|b| {
-            [
-                (IpAddr::V4(b.ip), 8080, BackendState::Active),
-                (IpAddr::V6(b.ip6), 8080, BackendState::Active),
-            ]
-        })
-        .collect();
+    let backends = dual_stack_backends(&topo.backends, 8080);
     let report = lb.set(cluster_ips(
         "dual",
         &[IpAddr::V4(VIP4), IpAddr::V6(VIP6)],

@@ -14,11 +14,11 @@ use std::{
 use anyhow::{ensure, Context, Result};
 use sluice::{
     datapath::{Datapath, Facing, Hook, MapSizes},
-    model::{BackendState, Proto},
+    model::Proto,
 };
 use sluice_tests::{
     clients::{self, Stream},
-    lb::{cluster_ips, vip, vip6, Lb},
+    lb::{cluster_ips, dual_stack_backends, vip, vip6, Lb},
     servers, Netns, Topology,
 };
 
@@ -44,21 +44,8 @@ fn targets() -> [SocketAddr; 2] {
 fn replies_the_new_conntrack_lacks_go_to_the_old_programs_during_the_swap() -> Result<()> {
     let topo = Topology::new(1, 2)?;
     topo.wait_ipv6_ready()?;
-    let mut servers = Vec::new();
-    for b in &topo.backends {
-        servers.push(servers::tcp_greeter(&b.ns, 8080, &b.name)?);
-        servers.push(servers::tcp_greeter6(&b.ns, 8080, &b.name)?);
-    }
-    let backends: Vec<(IpAddr, u16, BackendState)> = topo
-        .backends
-        .iter()
-        .flat_map(|b| {
-            [
-                (IpAddr::V4(b.ip), 8080, BackendState::Active),
-                (IpAddr::V6(b.ip6), 8080, BackendState::Active),
-            ]
-        })
-        .collect();
+    let _servers = servers::tcp_greeters_dual(&topo.backends, 8080)?;
+    let backends = dual_stack_backends(&topo.backends, 8080);
     let names: Vec<&str> = topo.backends.iter().map(|b| b.name.as_str()).collect();
     let client = &topo.clients[0];
 

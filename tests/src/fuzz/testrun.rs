@@ -62,10 +62,16 @@ pub struct Outcome {
 /// Runs `prog` once on `data` as an skb arriving on/leaving `ifindex`
 /// (resolved in the calling thread's network namespace).
 pub fn run_skb(prog: &Program, data: &[u8], ifindex: u32) -> io::Result<Outcome> {
-    let mut out = vec![0u8; MAX_PACKET + 512];
     let mut ctx = [0u8; SKB_CTX_LEN];
     ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
     ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+    test_run(prog, data, &ctx)
+}
+
+/// One `BPF_PROG_TEST_RUN` of `prog` on `data` with the context `ctx`
+/// (the program type's context struct, as bytes).
+fn test_run(prog: &Program, data: &[u8], ctx: &[u8]) -> io::Result<Outcome> {
+    let mut out = vec![0u8; MAX_PACKET + 512];
     let mut attr = [0u8; 128];
     put(&mut attr, 0, &(prog.fd.as_raw_fd() as u32).to_ne_bytes());
     put(&mut attr, 8, &(data.len() as u32).to_ne_bytes());
@@ -73,7 +79,7 @@ pub fn run_skb(prog: &Program, data: &[u8], ifindex: u32) -> io::Result<Outcome>
     put(&mut attr, 16, &(data.as_ptr() as u64).to_ne_bytes());
     put(&mut attr, 24, &(out.as_mut_ptr() as u64).to_ne_bytes());
     put(&mut attr, 32, &1u32.to_ne_bytes());
-    put(&mut attr, 40, &(SKB_CTX_LEN as u32).to_ne_bytes());
+    put(&mut attr, 40, &(ctx.len() as u32).to_ne_bytes());
     put(&mut attr, 48, &(ctx.as_ptr() as u64).to_ne_bytes());
     sys_bpf(BPF_PROG_TEST_RUN, &mut attr)?;
     let retval = u32::from_ne_bytes([attr[4], attr[5], attr[6], attr[7]]);
@@ -94,24 +100,10 @@ const XDP_INGRESS_IFINDEX: usize = 12;
 /// `XDP_REDIRECT` come back as the verdict, with the frame as the program
 /// left it.
 pub fn run_xdp(prog: &Program, data: &[u8], ifindex: u32) -> io::Result<Outcome> {
-    let mut out = vec![0u8; MAX_PACKET + 512];
     let mut ctx = [0u8; XDP_CTX_LEN];
     ctx[XDP_DATA_END..XDP_DATA_END + 4].copy_from_slice(&(data.len() as u32).to_ne_bytes());
     ctx[XDP_INGRESS_IFINDEX..XDP_INGRESS_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
-    let mut attr = [0u8; 128];
-    put(&mut attr, 0, &(prog.fd.as_raw_fd() as u32).to_ne_bytes());
-    put(&mut attr, 8, &(data.len() as u32).to_ne_bytes());
-    put(&mut attr, 12, &(out.len() as u32).to_ne_bytes());
-    put(&mut attr, 16, &(data.as_ptr() as u64).to_ne_bytes());
-    put(&mut attr, 24, &(out.as_mut_ptr() as u64).to_ne_bytes());
-    put(&mut attr, 32, &1u32.to_ne_bytes());
-    put(&mut attr, 40, &(XDP_CTX_LEN as u32).to_ne_bytes());
-    put(&mut attr, 48, &(ctx.as_ptr() as u64).to_ne_bytes());
-    sys_bpf(BPF_PROG_TEST_RUN, &mut attr)?;
-    let retval = u32::from_ne_bytes([attr[4], attr[5], attr[6], attr[7]]);
-    let size = u32::from_ne_bytes([attr[12], attr[13], attr[14], attr[15]]) as usize;
-    out.truncate(size.min(out.len()));
-    Ok(Outcome { retval, data: out })
+    test_run(prog, data, &ctx)
 }
 
 /// Whether test-run supports `prog` at all: the error of one run on a
