@@ -286,14 +286,13 @@ impl Devices {
         self.publish_local_interfaces();
         let present: BTreeMap<String, u32> = netdev::devices().into_iter().collect();
         let order = swap_order(present.keys().map(|n| (n.as_str(), self.facing(n))));
-        for name in order {
+        for (name, facing) in order {
             let Some(index) = present.get(name) else {
                 continue;
             };
             if !self.wanted(name) || self.attached.get(name) == Some(index) {
                 continue;
             }
-            let facing = self.facing(name);
             match self.datapath.attach_facing(name, facing) {
                 Ok(how) => {
                     info!(device = %name, ?how, ?facing, "attached");
@@ -363,12 +362,10 @@ impl Devices {
 /// device runs the new one, so that an SNATed flow's first reply, turned
 /// back on the backend pod's device, always meets a program whose
 /// conntrack has the flow or whose handover has (docs/install.md).
-pub fn swap_order<'a>(devices: impl Iterator<Item = (&'a str, Facing)>) -> Vec<&'a str> {
-    let mut order: Vec<(bool, &str)> = devices
-        .map(|(name, facing)| (facing != Facing::Pods, name))
-        .collect();
-    order.sort();
-    order.into_iter().map(|(_, name)| name).collect()
+pub fn swap_order<'a>(devices: impl Iterator<Item = (&'a str, Facing)>) -> Vec<(&'a str, Facing)> {
+    let mut order: Vec<(&str, Facing)> = devices.collect();
+    order.sort_by_key(|&(name, facing)| (facing != Facing::Pods, name));
+    order
 }
 
 #[cfg(test)]
@@ -385,7 +382,12 @@ mod tests {
         ];
         assert_eq!(
             swap_order(devices.into_iter()),
-            ["lxc1", "lxc2", "cni0", "eth0"]
+            [
+                ("lxc1", Facing::Pods),
+                ("lxc2", Facing::Pods),
+                ("cni0", Facing::Any),
+                ("eth0", Facing::Any)
+            ]
         );
     }
 }

@@ -192,14 +192,7 @@ impl Datapath {
             )
             .map_err(attach_err)?;
         let link = program.take_link(id).map_err(attach_err)?;
-        let link: FdLink = link.try_into().map_err(|source| DatapathError::Link {
-            device: device.to_owned(),
-            source,
-        })?;
-        link.pin(&pin).map_err(|e| DatapathError::Io {
-            path: pin.clone(),
-            source: io::Error::other(e),
-        })?;
+        pin_new_link(link, &pin, device)?;
         Ok(Attached::Fresh)
     }
 
@@ -321,6 +314,23 @@ fn replace(program: &mut SchedClassifier, pin: &Path, device: &str) -> Result<bo
             Ok(false)
         }
     }
+}
+
+/// Pins a link just created on `device` (TCX or XDP) at `pin`, where the
+/// next agent finds it to replace its program in place.
+pub(super) fn pin_new_link<L>(link: L, pin: &Path, device: &str) -> Result<(), DatapathError>
+where
+    L: TryInto<FdLink, Error = LinkError>,
+{
+    let link: FdLink = link.try_into().map_err(|source| DatapathError::Link {
+        device: device.to_owned(),
+        source,
+    })?;
+    link.pin(pin).map_err(|e| DatapathError::Io {
+        path: pin.to_owned(),
+        source: io::Error::other(e),
+    })?;
+    Ok(())
 }
 
 /// Where the link of `device` at `hook` is pinned.

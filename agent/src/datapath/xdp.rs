@@ -113,14 +113,7 @@ impl Datapath {
         } else {
             let id = program.attach(device, mode.aya()).map_err(attach_err)?;
             let link = program.take_link(id).map_err(attach_err)?;
-            let link: FdLink = link.try_into().map_err(|source| DatapathError::Link {
-                device: device.to_owned(),
-                source,
-            })?;
-            link.pin(&pin).map_err(|e| DatapathError::Io {
-                path: pin.clone(),
-                source: io::Error::other(e),
-            })?;
+            super::links::pin_new_link(link, &pin, device)?;
             Attached::Fresh
         };
         self.allow_redirect(index)?;
