@@ -27,9 +27,12 @@ use crate::{
 pub struct Devices {
     datapath: Datapath,
     patterns: Vec<String>,
-    /// The pods' devices (`--pod-devices`), given only when the socket
-    /// programs serve every pod: their egress runs `sl_egress_pod`.
+    /// The pods' devices (`--pod-devices`, or those of interface-based
+    /// local-traffic detection): swapped first in an upgrade.
     pod_patterns: Vec<String>,
+    /// Whether the pods' devices' egress runs `sl_egress_pod` (only when
+    /// the socket programs serve every pod); otherwise `sl_egress`.
+    pod_egress: bool,
     /// The pods' devices host routing takes packets from and hands them
     /// to (`--host-routing`; empty without it).
     peer_patterns: Vec<String>,
@@ -127,6 +130,7 @@ impl Devices {
             datapath,
             patterns,
             pod_patterns: Vec::new(),
+            pod_egress: false,
             peer_patterns: Vec::new(),
             not_peers: BTreeSet::new(),
             attached: BTreeMap::new(),
@@ -137,10 +141,12 @@ impl Devices {
         }
     }
 
-    /// Runs `sl_egress_pod` at the egress of the devices `patterns` match
-    /// (the pods'; see `--pod-devices`).
-    pub fn with_pod_devices(mut self, patterns: Vec<String>) -> Self {
+    /// The devices `patterns` match are the pods' (`--pod-devices`): a
+    /// scan attaches (an upgrade swaps) them before the others, and with
+    /// `egress` their egress runs `sl_egress_pod`.
+    pub fn with_pod_devices(mut self, patterns: Vec<String>, egress: bool) -> Self {
         self.pod_patterns = patterns;
+        self.pod_egress = egress;
         self
     }
 
@@ -170,9 +176,14 @@ impl Devices {
         }
     }
 
-    /// What `name` faces, by `--pod-devices`.
-    fn facing(&self, name: &str) -> Facing {
-        if self.pod_patterns.iter().any(|p| netdev::glob(p, name)) {
+    /// Whether `name` is one of the pods' devices.
+    fn is_pods(&self, name: &str) -> bool {
+        self.pod_patterns.iter().any(|p| netdev::glob(p, name))
+    }
+
+    /// What `name` faces, for the program at its egress.
+    fn facing(&self, pods: bool) -> Facing {
+        if pods && self.pod_egress {
             Facing::Pods
         } else {
             Facing::Any
@@ -285,8 +296,9 @@ impl Devices {
         // time its packets meet the programs (the sync task writes it).
         self.publish_local_interfaces();
         let present: BTreeMap<String, u32> = netdev::devices().into_iter().collect();
-        let order = swap_order(present.keys().map(|n| (n.as_str(), self.facing(n))));
-        for (name, facing) in order {
+        let order = swap_order(present.keys().map(|n| (n.as_str(), self.is_pods(n))));
+        for (name, pods) in order {
+            let facing = self.facing(pods);
             let Some(index) = present.get(name) else {
                 continue;
             };
@@ -362,9 +374,11 @@ impl Devices {
 /// device runs the new one, so that an SNATed flow's first reply, turned
 /// back on the backend pod's device, always meets a program whose
 /// conntrack has the flow or whose handover has (docs/install.md).
-pub fn swap_order<'a>(devices: impl Iterator<Item = (&'a str, Facing)>) -> Vec<(&'a str, Facing)> {
-    let mut order: Vec<(&str, Facing)> = devices.collect();
-    order.sort_by_key(|&(name, facing)| (facing != Facing::Pods, name));
+/// Each device comes with whether it is a pod's (whatever program its
+/// egress runs), and goes back with it.
+pub fn swap_order<'a>(devices: impl Iterator<Item = (&'a str, bool)>) -> Vec<(&'a str, bool)> {
+    let mut order: Vec<(&str, bool)> = devices.collect();
+    order.sort_by_key(|&(name, pods)| (!pods, name));
     order
 }
 
@@ -375,18 +389,18 @@ mod tests {
     #[test]
     fn pods_devices_are_swapped_before_the_uplinks() {
         let devices = [
-            ("eth0", Facing::Any),
-            ("lxc2", Facing::Pods),
-            ("cni0", Facing::Any),
-            ("lxc1", Facing::Pods),
+            ("eth0", false),
+            ("lxc2", true),
+            ("cni0", false),
+            ("lxc1", true),
         ];
         assert_eq!(
             swap_order(devices.into_iter()),
             [
-                ("lxc1", Facing::Pods),
-                ("lxc2", Facing::Pods),
-                ("cni0", Facing::Any),
-                ("eth0", Facing::Any)
+                ("lxc1", true),
+                ("lxc2", true),
+                ("cni0", false),
+                ("eth0", false)
             ]
         );
     }

@@ -147,18 +147,11 @@ fn host_routing_devices(args: &AgentArgs, local: &LocalDetector) -> Vec<String> 
     patterns
 }
 
-/// The pods' devices whose egress runs `sl_egress_pod` (`--pod-devices`,
-/// or the pods' devices of interface-based local-traffic detection): none
-/// unless the socket programs serve every pod (`--socket-lb=all`; for
-/// devices not named, also on the cgroup2 mount's root).
-fn pod_devices(
-    args: &AgentArgs,
-    local: &LocalDetector,
-    cgroup: Option<&std::path::Path>,
-) -> Vec<String> {
+/// The pods' devices: `--pod-devices`, or else those of interface-based
+/// local-traffic detection. An upgrade swaps them first, whatever runs at
+/// their egress.
+fn known_pod_devices(args: &AgentArgs, local: &LocalDetector) -> Vec<String> {
     let mut patterns = named_pod_devices(args);
-    // Named by the operator: its pods' processes are under --cgroup-root.
-    let named = !patterns.is_empty();
     if patterns.is_empty() {
         match local {
             LocalDetector::InterfaceNamePrefix(prefix) => patterns.push(format!("{prefix}*")),
@@ -166,6 +159,20 @@ fn pod_devices(
             _ => {}
         }
     }
+    patterns
+}
+
+/// The pods' devices whose egress runs `sl_egress_pod` (`known_pod_devices`):
+/// none unless the socket programs serve every pod (`--socket-lb=all`; for
+/// devices not named, also on the cgroup2 mount's root).
+fn pod_devices(
+    args: &AgentArgs,
+    local: &LocalDetector,
+    cgroup: Option<&std::path::Path>,
+) -> Vec<String> {
+    // Named by the operator: its pods' processes are under --cgroup-root.
+    let named = !named_pod_devices(args).is_empty();
+    let patterns = known_pod_devices(args, local);
     if patterns.is_empty() {
         return patterns;
     }
@@ -431,7 +438,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     }
     let (ifaces_tx, ifaces_rx) = watch::channel(BTreeSet::new());
     let mut devices = Devices::new(datapath, args.devices.clone())
-        .with_pod_devices(pod_devices)
+        .with_pod_devices(known_pod_devices(&args, &local), !pod_devices.is_empty())
         .with_host_routing(host_routing_devices(&args, &local));
     if local.by_interface() {
         devices = devices.with_local_interfaces(local.clone(), ifaces_tx);

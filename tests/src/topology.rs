@@ -195,10 +195,17 @@ impl Topology {
     /// the node at 192.168.<k+1>.1 (a NodePort address) and routes
     /// everything there, as a client on the node's LAN would.
     pub fn add_external(&mut self) -> Result<&Pod> {
+        let host_if = format!("e{}", self.externals.len());
+        self.add_external_on(&host_if)
+    }
+
+    /// `add_external` with the node's device named `host_if` (a name that
+    /// sorts before the pods' devices, say, where the order matters).
+    pub fn add_external_on(&mut self, host_if: &str) -> Result<&Pod> {
         let k = self.externals.len();
         let net = u8::try_from(k + 1).context("at most 255 external hosts")?;
         let name = format!("external-{k}");
-        let pod = self.add_pod(&name, &format!("e{k}"), (192, 168, 100), net as usize)?;
+        let pod = self.add_pod(&name, host_if, (192, 168, 100), net as usize)?;
         if crate::xdp_under_test().is_some() {
             pod.strict_checksums()?;
             pod.receive_xdp_frames()?;

@@ -192,8 +192,13 @@ pub struct Flows {
 
 /// Starts one TCP greeter (8080) and one UDP greeter (5353) per backend.
 pub fn topology() -> Result<(Topology, Vec<Server>)> {
+    topology_with_uplink("e0")
+}
+
+/// `topology` with the outside host's node device named `uplink`.
+pub fn topology_with_uplink(uplink: &str) -> Result<(Topology, Vec<Server>)> {
     let mut topo = Topology::new(1, BACKENDS)?;
-    topo.add_external()?;
+    topo.add_external_on(uplink)?;
     let mut servers = Vec::new();
     for b in &topo.backends {
         servers.push(servers::tcp_greeter(&b.ns, 8080, &b.name)?);

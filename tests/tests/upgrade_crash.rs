@@ -6,8 +6,10 @@
 //! finishes or undoes the migration, with every flow still working.
 //!
 //! Points, in order: `migrate-copied` (new maps filled, not committed),
-//! `migrate-committed`, `migrate-swapped-one` (one link, an egress one, runs the new
-//! programs, the others the old ones), `migrate-swapped` (all links
+//! `migrate-committed`, `migrate-swapped-one` (one link, a pod device's
+//! egress link, runs the new programs, the others the old ones: in a
+//! topology whose uplink, `a0`, sorts before the pods' devices),
+//! `migrate-swapped` (all links
 //! swapped, late entries not yet copied), `migrate-promoted-one` (one
 //! staged pin renamed over the old one).
 
@@ -17,7 +19,7 @@ use anyhow::{ensure, Context, Result};
 use sluice_tests::{
     agent::{binary, release_binary, Agent},
     bpf::{tcx_links, BPF_TCX_EGRESS, BPF_TCX_INGRESS},
-    upgrade::{manifest_source, topology, Flows},
+    upgrade::{manifest_source, topology, topology_with_uplink, Flows},
     Topology,
 };
 
@@ -30,13 +32,48 @@ enum Then {
     Rollback,
 }
 
+/// The uplink's name where the order of the link swaps is checked: it
+/// sorts before the pods' devices (`b*`, `c*`), so a swap in name order
+/// would begin with it.
+const UPLINK_FIRST_BY_NAME: &str = "a0";
+
+/// The pods' devices named, as the agent is started where the order of
+/// the link swaps is checked: without local-traffic detection their
+/// egress keeps `sl_egress`, with it (`--cluster-cidr`, every pod on its
+/// sockets) it runs `sl_egress_pod`. Either way they are swapped first.
+const PODS_NAMED: &[&str] = &["--pod-devices", "b*,c*"];
+const PODS_NAMED_AND_DETECTED: &[&str] = &[
+    "--pod-devices",
+    "b*,c*",
+    "--cluster-cidr",
+    "10.0.0.0/8,fd00::/8",
+];
+
 fn crash_at(point: &str, then: Then) -> Result<()> {
-    let (topo, servers) = topology()?;
+    crash_with(point, then, &[])
+}
+
+fn crash_with(point: &str, then: Then, args: &[&str]) -> Result<()> {
+    let swapped_one = point == "migrate-swapped-one";
+    let (topo, servers) = if swapped_one {
+        topology_with_uplink(UPLINK_FIRST_BY_NAME)?
+    } else {
+        topology()?
+    };
     let (dir, source) = manifest_source(&topo)?;
     let main = binary()?;
     let probe = release_binary("abi-probe")?;
 
-    let mut agent = Agent::start(&topo, &source, &[])?;
+    let mut agent = if swapped_one {
+        Agent::start_on(
+            &topo,
+            &source,
+            &format!("{UPLINK_FIRST_BY_NAME},b*,c*"),
+            args,
+        )?
+    } else {
+        Agent::start(&topo, &source, args)?
+    };
     agent.wait_ready(READY)?;
     let mut flows = Flows::open(&topo, &dir, servers)?;
     flows.check("main", &topo, &dir, &agent)?;
@@ -48,8 +85,8 @@ fn crash_at(point: &str, then: Then) -> Result<()> {
         "the agent did not stop at {point} (exit {code:?}):\n{}",
         agent.log_tail()
     );
-    if point == "migrate-swapped-one" {
-        first_swap_is_an_egress_link(&topo)?;
+    if swapped_one {
+        first_swap_is_a_pod_devices_egress_link(&topo)?;
     }
     flows
         .check_flows(&format!("no agent after a crash at {point}"), &topo)
@@ -100,12 +137,16 @@ fn crash_at(point: &str, then: Then) -> Result<()> {
     Ok(())
 }
 
-/// The one link the crashed agent swapped is an egress link: the new
-/// generation's newest program runs there, and every other link still runs
-/// the old generation's (`Hook::SWAP_ORDER`: a device's egress first, so
-/// that no flow is created by a new ingress program while an old egress
-/// program, which has no handover, takes its replies).
-fn first_swap_is_an_egress_link(topo: &Topology) -> Result<()> {
+/// The one link the crashed agent swapped is a pod device's egress link:
+/// the new generation's newest program runs there, and every other link
+/// still runs the old generation's. A device's egress goes first
+/// (`Hook::SWAP_ORDER`), so that no flow is created by a new ingress
+/// program while an old egress program, which has no handover, takes its
+/// replies; the pods' devices go before the others (`devices::swap_order`),
+/// so that an outside client's SNATed flow is not created by the uplink's
+/// new program while a backend's device, where its replies are turned
+/// back, still runs the old one.
+fn first_swap_is_a_pod_devices_egress_link(topo: &Topology) -> Result<()> {
     let mut links = Vec::new();
     for dev in topo.devices() {
         for (hook, attach_type) in [("ingress", BPF_TCX_INGRESS), ("egress", BPF_TCX_EGRESS)] {
@@ -118,9 +159,15 @@ fn first_swap_is_an_egress_link(topo: &Topology) -> Result<()> {
     let Some((_, newest)) = links.last() else {
         anyhow::bail!("no TCX link left after the crash");
     };
+    let pods: Vec<String> = topo
+        .clients
+        .iter()
+        .chain(&topo.backends)
+        .map(|p| format!("{} egress", p.host_if))
+        .collect();
     ensure!(
-        newest.ends_with(" egress"),
-        "the first link swapped is {newest}, not an egress link: {links:?}"
+        pods.contains(newest),
+        "the first link swapped is {newest}, not a pod device's egress link: {links:?}"
     );
     Ok(())
 }
@@ -137,7 +184,7 @@ fn crash_after_the_commit_is_finished() -> Result<()> {
 
 #[test]
 fn crash_in_the_middle_of_the_link_swaps_is_finished() -> Result<()> {
-    crash_at("migrate-swapped-one", Then::SameRelease)
+    crash_with("migrate-swapped-one", Then::SameRelease, PODS_NAMED)
 }
 
 #[test]
@@ -152,7 +199,11 @@ fn crash_during_the_pin_renames_is_finished() -> Result<()> {
 
 #[test]
 fn crash_in_the_middle_of_the_link_swaps_then_a_rollback() -> Result<()> {
-    crash_at("migrate-swapped-one", Then::Rollback)
+    crash_with(
+        "migrate-swapped-one",
+        Then::Rollback,
+        PODS_NAMED_AND_DETECTED,
+    )
 }
 
 #[test]
