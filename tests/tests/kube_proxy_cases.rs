@@ -259,12 +259,18 @@ fn play(topo: &Topology, i: usize, c: &Case) -> Result<Option<String>> {
                     _ => None,
                 })
                 .collect();
-            let failed = got
+            // How the failed ones failed (refused, timed out, reset...):
+            // what tells a datapath fault from a slow machine.
+            let failed: Vec<&Outcome> = got
                 .iter()
                 .filter(|o| !matches!(o, Outcome::Reached(_)))
-                .count();
-            (reached != want || failed > 0)
-                .then(|| format!("reached {reached:?} ({failed} failed), want {want:?}"))
+                .collect();
+            (reached != want || !failed.is_empty()).then(|| {
+                format!(
+                    "reached {reached:?} ({} of {n} failed: {failed:?}), want {want:?}",
+                    failed.len()
+                )
+            })
         }
         // The socket programs refuse without a packet, so only the TC
         // path's refusals are counted.
