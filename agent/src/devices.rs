@@ -202,10 +202,34 @@ impl Devices {
         let Some(xdp) = &mut self.xdp else {
             return;
         };
+        let root = self.datapath.root().to_owned();
         let Some(wanted) = xdp.wanted(&self.attached) else {
+            // Not known yet (the node's addresses come with the first
+            // translation, after the first scan): the links a previous
+            // agent pinned are kept, with this generation's program
+            // swapped in, so that an upgrade's migration, which ends
+            // after the first scan, leaves no old program balancing on
+            // the old maps. The next scan that knows sets them right.
+            for name in xdp_devices(&root) {
+                if xdp.attached.contains_key(&name) || xdp.failed.contains_key(&name) {
+                    continue;
+                }
+                let Some(&index) = self.attached.get(&name) else {
+                    continue;
+                };
+                match self.datapath.attach_xdp(&name, xdp.mode) {
+                    Ok(how) => {
+                        info!(device = %name, ?how, "XDP kept from the previous agent until the node's addresses are known");
+                        xdp.attached.insert(name, index);
+                    }
+                    Err(e) => {
+                        warn!(device = %name, error = %e, "cannot swap the pinned XDP link's program: it keeps the previous agent's");
+                        xdp.metrics.xdp_attach_failures.inc();
+                    }
+                }
+            }
             return;
         };
-        let root = self.datapath.root().to_owned();
         xdp.attached.retain(|n, i| self.attached.get(n) == Some(i));
         xdp.failed.retain(|n, i| self.attached.get(n) == Some(i));
         for name in &wanted {

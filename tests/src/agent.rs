@@ -217,6 +217,15 @@ impl Agent {
         self.spawn(node)
     }
 
+    /// Leaves `flag` and its value out of the arguments of the agents
+    /// `replace` starts from now on.
+    pub fn drop_arg(&mut self, flag: &str) {
+        if let Some(i) = self.args.iter().position(|a| a == flag) {
+            let end = (i + 2).min(self.args.len());
+            self.args.drain(i..end);
+        }
+    }
+
     /// Waits for the agent to exit on its own (a failpoint) and returns its
     /// exit code.
     pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<i32>> {

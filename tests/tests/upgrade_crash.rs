@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use sluice_tests::{
     agent::{binary, release_binary, Agent},
-    bpf::{tcx_links, BPF_TCX_EGRESS, BPF_TCX_INGRESS},
+    bpf::{fdinfo_field, hold_pin, tcx_links, BPF_TCX_EGRESS, BPF_TCX_INGRESS},
     upgrade::{manifest_source, topology, topology_with_uplink, Flows},
     Topology,
 };
@@ -168,6 +168,67 @@ fn first_swap_is_a_pod_devices_egress_link(topo: &Topology) -> Result<()> {
     ensure!(
         pods.contains(newest),
         "the first link swapped is {newest}, not a pod device's egress link: {links:?}"
+    );
+    Ok(())
+}
+
+/// The program the XDP link pinned for `device` runs.
+fn xdp_program(topo: &Topology, device: &str) -> Result<u64> {
+    let link = hold_pin(&topo.bpf.path().join("links").join(format!("{device}_xdp")))?;
+    fdinfo_field(&link, "prog_id")?.context("an XDP link's prog_id")
+}
+
+/// An agent that runs `sl_xdp` on the uplink is upgraded by one that does
+/// not know the node's addresses at its first scan (`--xdp-devices` left
+/// to its default: the devices holding a node address, known only after
+/// the first translation), and the migration ends right after that scan.
+/// The XDP link must run the new generation by then: an old `sl_xdp` left
+/// on it would go on balancing outside clients on the old maps, its flows
+/// unknown to the new conntrack once the handover is gone.
+#[test]
+fn xdp_links_are_swapped_before_the_migration_ends() -> Result<()> {
+    let (topo, servers) = topology()?;
+    topo.externals[0].receive_xdp_frames()?;
+    let (dir, source) = manifest_source(&topo)?;
+    let probe = release_binary("abi-probe")?;
+    let mut agent = Agent::start(
+        &topo,
+        &source,
+        &["--xdp-mode", "native", "--xdp-devices", "e0"],
+    )?;
+    agent.wait_ready(READY)?;
+    let old = xdp_program(&topo, "e0").context("the first agent's XDP link on e0")?;
+    let mut flows = Flows::open(&topo, &dir, servers)?;
+    flows.check("main", &topo, &dir, &agent)?;
+
+    agent.drop_arg("--xdp-devices");
+    agent.replace(
+        &topo.node,
+        &probe,
+        &[("SLUICE_FAILPOINT", "migrate-swapped")],
+    )?;
+    let code = agent.wait_exit(READY)?;
+    ensure!(
+        code == Some(86),
+        "the agent did not stop at migrate-swapped (exit {code:?}):\n{}",
+        agent.log_tail()
+    );
+    let new = xdp_program(&topo, "e0").context("the XDP link after the swaps")?;
+    ensure!(
+        new > old,
+        "e0's XDP link still runs program {old} of the previous generation (now {new}) when the migration would end:\n{}",
+        agent.log_tail()
+    );
+    flows.check_flows("no agent after a crash at migrate-swapped", &topo)?;
+
+    agent.replace(&topo.node, &probe, &[])?;
+    agent.wait_ready(READY)?;
+    flows.check("the same release restarted", &topo, &dir, &agent)?;
+    let (connects, failed) = flows.finish_counting()?;
+    ensure!(
+        failed.is_empty(),
+        "failed connects ({} of {connects}): {failed:?}",
+        failed.len()
     );
     Ok(())
 }
