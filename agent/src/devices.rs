@@ -176,9 +176,22 @@ impl Devices {
         }
     }
 
-    /// Whether `name` is one of the pods' devices.
+    /// Whether `name` is one of the pods' devices by `--pod-devices` (or
+    /// the detection's pattern): the devices `sl_egress_pod` may run on.
     fn is_pods(&self, name: &str) -> bool {
         self.pod_patterns.iter().any(|p| netdev::glob(p, name))
+    }
+
+    /// Whether device `index` faces pods, for the swap order: `is_pods`,
+    /// or one of the devices interface-based local-traffic detection
+    /// found (a pod bridge's ports too, where a backend's replies first
+    /// meet `sl_ingress` when `--devices` takes them).
+    fn swaps_as_pods(&self, name: &str, index: u32) -> bool {
+        self.is_pods(name)
+            || self
+                .local
+                .as_ref()
+                .is_some_and(|(_, found)| found.borrow().contains(&index))
     }
 
     /// What `name` faces, for the program at its egress.
@@ -320,9 +333,13 @@ impl Devices {
         // time its packets meet the programs (the sync task writes it).
         self.publish_local_interfaces();
         let present: BTreeMap<String, u32> = netdev::devices().into_iter().collect();
-        let order = swap_order(present.keys().map(|n| (n.as_str(), self.is_pods(n))));
-        for (name, pods) in order {
-            let facing = self.facing(pods);
+        let order = swap_order(
+            present
+                .iter()
+                .map(|(n, &index)| (n.as_str(), self.swaps_as_pods(n, index))),
+        );
+        for (name, _) in order {
+            let facing = self.facing(self.is_pods(name));
             let Some(index) = present.get(name) else {
                 continue;
             };

@@ -394,6 +394,30 @@ fn bridge_interface_tells_pods_behind_the_bridge() -> Result<()> {
         "a pod outside the bridge was not masqueraded: {seen}"
     );
     agent.stop()?;
+    // With the bridge's ports attached too, they are pods' devices that an
+    // upgrade swaps first (detected, not named): before b0, which is not a
+    // pod's device here and whose name sorts before theirs. A scan attaches
+    // in the order it swaps.
+    let mut agent = Agent::start_on(
+        topo,
+        source,
+        "c*,b*,pv*",
+        &[
+            "--detect-local-mode",
+            "BridgeInterface",
+            "--pod-bridge-interface",
+            "cbr0",
+        ],
+    )?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    let log = agent.log();
+    let at = |dev: &str| log.find(&format!("attached device={dev} "));
+    ensure!(
+        matches!((at("pv0"), at("b0")), (Some(port), Some(other)) if port < other),
+        "the bridge's port pv0 was not attached before b0:\n{}",
+        agent.log_tail()
+    );
+    agent.stop()?;
     // Without a bridge flag the agent refuses to start rather than detect
     // nothing.
     let mut agent = Agent::start(topo, source, &["--detect-local-mode", "BridgeInterface"])?;
