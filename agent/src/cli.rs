@@ -171,7 +171,8 @@ pub struct AgentArgs {
     /// and never an uplink or a tunnel. Default: with `--cgroup-root` the
     /// cgroup2 root, the pods' devices of `--detect-local-mode
     /// InterfaceNamePrefix` (`<prefix>*`) or `BridgeInterface` (the
-    /// bridge), else none.
+    /// bridge), else none. Whatever their egress runs, an upgrade swaps
+    /// the programs of these devices before the others'.
     #[arg(long, env = "SLUICE_POD_DEVICES", value_delimiter = ',')]
     pub pod_devices: Vec<String>,
 

@@ -53,7 +53,8 @@ pub struct Xdp {
     /// Device globs; empty: the devices holding one of `node_addrs`.
     pub patterns: Vec<String>,
     /// This node's addresses, from the sync task (empty until the first
-    /// translation: no XDP change is made before).
+    /// translation: before it, only links a previous agent pinned are
+    /// swapped to this agent's program, see `Devices::scan_xdp`).
     pub node_addrs: watch::Receiver<Vec<IpAddr>>,
     pub metrics: Arc<Metrics>,
     /// Device name -> ifindex, XDP attached by this agent.
@@ -81,6 +82,16 @@ impl Xdp {
             failed: BTreeMap::new(),
             skipped: BTreeSet::new(),
         }
+    }
+
+    /// Sets `sluice_xdp_devices{mode}` to the devices running `sl_xdp`.
+    fn publish_count(&self) {
+        self.metrics
+            .xdp_devices
+            .get_or_create(&ModeLabel {
+                mode: self.mode.as_str().to_owned(),
+            })
+            .set(self.attached.len() as i64);
     }
 
     /// The devices (among `tc`, the TC-attached ones) that should run XDP,
@@ -218,29 +229,40 @@ impl Devices {
         let root = self.datapath.root().to_owned();
         let Some(wanted) = xdp.wanted(&self.attached) else {
             // Not known yet (the node's addresses come with the first
-            // translation, after the first scan): the links a previous
-            // agent pinned are kept, with this generation's program
-            // swapped in, so that an upgrade's migration, which ends
-            // after the first scan, leaves no old program balancing on
-            // the old maps. The next scan that knows sets them right.
+            // translation, after the first scan). An upgrade's migration
+            // ends after the first scan, so no previous agent's `sl_xdp`
+            // may stay on the old maps: the links it pinned get this
+            // generation's program, or go (TC, which runs this
+            // generation, takes the device's packets) where that fails or
+            // where this agent does not run TC. The next scan that knows
+            // keeps or detaches them as usual.
             for name in xdp_devices(&root) {
                 if xdp.attached.contains_key(&name) || xdp.failed.contains_key(&name) {
                     continue;
                 }
                 let Some(&index) = self.attached.get(&name) else {
+                    info!(device = %name, "XDP detached: not a device this agent runs TC on");
+                    if let Err(e) = detach_xdp(&root, &name) {
+                        warn!(device = %name, error = %e, "cannot detach XDP");
+                    }
                     continue;
                 };
                 match self.datapath.attach_xdp(&name, xdp.mode) {
                     Ok(how) => {
-                        info!(device = %name, ?how, "XDP kept from the previous agent until the node's addresses are known");
+                        info!(device = %name, ?how, "XDP runs this agent's program (its link was pinned before), ahead of knowing the node's addresses");
                         xdp.attached.insert(name, index);
                     }
                     Err(e) => {
-                        warn!(device = %name, error = %e, "cannot swap the pinned XDP link's program: it keeps the previous agent's");
+                        warn!(device = %name, error = %e, "cannot swap this agent's program into the pinned XDP link: detached, the device stays on TC only");
                         xdp.metrics.xdp_attach_failures.inc();
+                        xdp.failed.insert(name.clone(), index);
+                        if let Err(e) = detach_xdp(&root, &name) {
+                            warn!(device = %name, error = %e, "cannot detach XDP");
+                        }
                     }
                 }
             }
+            xdp.publish_count();
             return;
         };
         xdp.attached.retain(|n, i| self.attached.get(n) == Some(i));
@@ -271,12 +293,7 @@ impl Devices {
                 }
             }
         }
-        xdp.metrics
-            .xdp_devices
-            .get_or_create(&ModeLabel {
-                mode: xdp.mode.as_str().to_owned(),
-            })
-            .set(xdp.attached.len() as i64);
+        xdp.publish_count();
     }
 
     /// Publishes the pods' devices by `detector` to `tx` on every scan.
@@ -338,7 +355,7 @@ impl Devices {
                 .iter()
                 .map(|(n, &index)| (n.as_str(), self.swaps_as_pods(n, index))),
         );
-        for (name, _) in order {
+        for name in order {
             let facing = self.facing(self.is_pods(name));
             let Some(index) = present.get(name) else {
                 continue;
@@ -416,11 +433,11 @@ impl Devices {
 /// back on the backend pod's device, always meets a program whose
 /// conntrack has the flow or whose handover has (docs/install.md).
 /// Each device comes with whether it is a pod's (whatever program its
-/// egress runs), and goes back with it.
-pub fn swap_order<'a>(devices: impl Iterator<Item = (&'a str, bool)>) -> Vec<(&'a str, bool)> {
+/// egress runs).
+pub fn swap_order<'a>(devices: impl Iterator<Item = (&'a str, bool)>) -> Vec<&'a str> {
     let mut order: Vec<(&str, bool)> = devices.collect();
     order.sort_by_key(|&(name, pods)| (!pods, name));
-    order
+    order.into_iter().map(|(name, _)| name).collect()
 }
 
 #[cfg(test)]
@@ -437,12 +454,7 @@ mod tests {
         ];
         assert_eq!(
             swap_order(devices.into_iter()),
-            [
-                ("lxc1", true),
-                ("lxc2", true),
-                ("cni0", false),
-                ("eth0", false)
-            ]
+            ["lxc1", "lxc2", "cni0", "eth0"]
         );
     }
 }

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 use crate::{netns::unique_name, topology::Topology, Netns};
 
@@ -217,13 +217,20 @@ impl Agent {
         self.spawn(node)
     }
 
-    /// Leaves `flag` and its value out of the arguments of the agents
-    /// `replace` starts from now on.
-    pub fn drop_arg(&mut self, flag: &str) {
-        if let Some(i) = self.args.iter().position(|a| a == flag) {
-            let end = (i + 2).min(self.args.len());
-            self.args.drain(i..end);
+    /// Leaves the valued option `flag` out of the arguments of the agents
+    /// `replace` starts from now on (`--flag value` or `--flag=value`); an
+    /// error if this agent was not given it.
+    pub fn drop_arg(&mut self, flag: &str) -> Result<()> {
+        let joined = format!("{flag}=");
+        if let Some(i) = self.args.iter().position(|a| a.starts_with(&joined)) {
+            self.args.remove(i);
+        } else if let Some(i) = self.args.iter().position(|a| a == flag) {
+            ensure!(i + 1 < self.args.len(), "{flag} without its value");
+            self.args.drain(i..i + 2);
+        } else {
+            bail!("the agent was not started with {flag}: {:?}", self.args);
         }
+        Ok(())
     }
 
     /// Waits for the agent to exit on its own (a failpoint) and returns its

@@ -201,7 +201,7 @@ fn xdp_links_are_swapped_before_the_migration_ends() -> Result<()> {
     let mut flows = Flows::open(&topo, &dir, servers)?;
     flows.check("main", &topo, &dir, &agent)?;
 
-    agent.drop_arg("--xdp-devices");
+    agent.drop_arg("--xdp-devices")?;
     agent.replace(
         &topo.node,
         &probe,
