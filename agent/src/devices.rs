@@ -242,9 +242,7 @@ impl Devices {
                 }
                 let Some(&index) = self.attached.get(&name) else {
                     info!(device = %name, "XDP detached: not a device this agent runs TC on");
-                    if let Err(e) = detach_xdp(&root, &name) {
-                        warn!(device = %name, error = %e, "cannot detach XDP");
-                    }
+                    detach_xdp_logged(&root, &name);
                     continue;
                 };
                 match self.datapath.attach_xdp(&name, xdp.mode) {
@@ -256,9 +254,7 @@ impl Devices {
                         warn!(device = %name, error = %e, "cannot swap this agent's program into the pinned XDP link: detached, the device stays on TC only");
                         xdp.metrics.xdp_attach_failures.inc();
                         xdp.failed.insert(name.clone(), index);
-                        if let Err(e) = detach_xdp(&root, &name) {
-                            warn!(device = %name, error = %e, "cannot detach XDP");
-                        }
+                        detach_xdp_logged(&root, &name);
                     }
                 }
             }
@@ -288,9 +284,7 @@ impl Devices {
             if !wanted.contains(&name) || !xdp.attached.contains_key(&name) {
                 info!(device = %name, "XDP detached");
                 xdp.attached.remove(&name);
-                if let Err(e) = detach_xdp(&root, &name) {
-                    warn!(device = %name, error = %e, "cannot detach XDP");
-                }
+                detach_xdp_logged(&root, &name);
             }
         }
         xdp.publish_count();
@@ -422,6 +416,13 @@ impl Devices {
                 _ = shutdown.changed() => return,
             }
         }
+    }
+}
+
+/// Removes `device`'s XDP link pin; a failure is logged, not fatal.
+fn detach_xdp_logged(root: &std::path::Path, device: &str) {
+    if let Err(e) = detach_xdp(root, device) {
+        warn!(device = %device, error = %e, "cannot detach XDP");
     }
 }
 

@@ -162,19 +162,20 @@ fn known_pod_devices(args: &AgentArgs, local: &LocalDetector) -> Vec<String> {
     patterns
 }
 
-/// The pods' devices whose egress runs `sl_egress_pod` (`known_pod_devices`):
-/// none unless the socket programs serve every pod (`--socket-lb=all`; for
-/// devices not named, also on the cgroup2 mount's root).
-fn pod_devices(
+/// Whether the egress of the pods' devices (`patterns`, from
+/// `known_pod_devices`) runs `sl_egress_pod`: not unless the socket
+/// programs serve every pod (`--socket-lb=all`; for devices not named,
+/// also on the cgroup2 mount's root).
+fn pod_egress(
     args: &AgentArgs,
     local: &LocalDetector,
+    patterns: &[String],
     cgroup: Option<&std::path::Path>,
-) -> Vec<String> {
+) -> bool {
     // Named by the operator: its pods' processes are under --cgroup-root.
     let named = !named_pod_devices(args).is_empty();
-    let patterns = known_pod_devices(args, local);
     if patterns.is_empty() {
-        return patterns;
+        return false;
     }
     let whole_node = match cgroup {
         Some(path) => crate::datapath::cgroup2_mount().is_some_and(|root| {
@@ -190,24 +191,24 @@ fn pod_devices(
             devices = ?patterns,
             "pods' devices keep sl_egress: --cluster-cidr names no IPv6 network, so the datapath cannot tell an IPv6 pod's flow on the TC path (give one, or --ipv6=false)"
         );
-        return Vec::new();
+        return false;
     }
     if matches!(local, LocalDetector::Off) {
         info!(
             devices = ?patterns,
             "pods' devices keep sl_egress: without local-traffic detection (--cluster-cidr or another --detect-local-mode) the datapath cannot tell a pod's flow on the TC path"
         );
-        return Vec::new();
+        return false;
     }
     if args.socket_lb.mode != SocketLb::All || !(named || whole_node) {
         info!(
             devices = ?patterns,
             "pods' devices keep sl_egress: the socket programs do not serve every pod (--socket-lb=all, on the cgroup2 root unless --pod-devices names them)"
         );
-        return Vec::new();
+        return false;
     }
     info!(devices = ?patterns, "pods' devices run sl_egress_pod");
-    patterns
+    true
 }
 
 /// Whether every pinned link of a device `patterns` match runs
@@ -360,10 +361,11 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         (Some(path), _) => Some(path.clone()),
         (None, _) => crate::datapath::cgroup2_mount(),
     };
-    let pod_devices = pod_devices(&args, &local, cgroup_path.as_deref());
-    let kept = pod_egress_kept(root, &pod_devices);
+    let pod_devices = known_pod_devices(&args, &local);
+    let pod_egress = pod_egress(&args, &local, &pod_devices, cgroup_path.as_deref());
+    let kept = pod_egress && pod_egress_kept(root, &pod_devices);
     reconciler
-        .allow_pods_on_sockets(!pod_devices.is_empty(), kept)
+        .allow_pods_on_sockets(pod_egress, kept)
         .context("writing the pods' socket-balancing bit")?;
     let cgroup = if socket_lb == SocketLb::Off {
         // Links a previous agent pinned go, and the programs (if a
@@ -438,7 +440,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     }
     let (ifaces_tx, ifaces_rx) = watch::channel(BTreeSet::new());
     let mut devices = Devices::new(datapath, args.devices.clone())
-        .with_pod_devices(known_pod_devices(&args, &local), !pod_devices.is_empty())
+        .with_pod_devices(pod_devices, pod_egress)
         .with_host_routing(host_routing_devices(&args, &local));
     if local.by_interface() {
         devices = devices.with_local_interfaces(local.clone(), ifaces_tx);

@@ -361,6 +361,14 @@ fn interface_name_prefix_tells_pods_by_their_device() -> Result<()> {
 /// kube-proxy's `BridgeInterface` detection with pods behind a bridge, as
 /// bridge CNI plugins wire them: sluice runs on the bridge, a pod behind
 /// it is a pod, a pod on a routed veth is not.
+/// Local-traffic detection by the pods' bridge, `cbr0`.
+const BRIDGE_DETECTION: &[&str] = &[
+    "--detect-local-mode",
+    "BridgeInterface",
+    "--pod-bridge-interface",
+    "cbr0",
+];
+
 #[test]
 fn bridge_interface_tells_pods_behind_the_bridge() -> Result<()> {
     let mut node = Node::new(false)?;
@@ -369,16 +377,7 @@ fn bridge_interface_tells_pods_behind_the_bridge() -> Result<()> {
     let web = SocketAddrV4::new(WEB_VIP, 80);
 
     // The default --devices of the tests (c*, ...) take cbr0, not pv0.
-    let mut agent = Agent::start(
-        topo,
-        source,
-        &[
-            "--detect-local-mode",
-            "BridgeInterface",
-            "--pod-bridge-interface",
-            "cbr0",
-        ],
-    )?;
+    let mut agent = Agent::start(topo, source, BRIDGE_DETECTION)?;
     agent.wait_ready(Duration::from_secs(20))?;
     for _ in 0..4 {
         let (_, seen) = whoami(&bridged.ns, web)?;
@@ -398,17 +397,7 @@ fn bridge_interface_tells_pods_behind_the_bridge() -> Result<()> {
     // upgrade swaps first (detected, not named): before b0, which is not a
     // pod's device here and whose name sorts before theirs. A scan attaches
     // in the order it swaps.
-    let mut agent = Agent::start_on(
-        topo,
-        source,
-        "c*,b*,pv*",
-        &[
-            "--detect-local-mode",
-            "BridgeInterface",
-            "--pod-bridge-interface",
-            "cbr0",
-        ],
-    )?;
+    let mut agent = Agent::start_on(topo, source, "c*,b*,pv*", BRIDGE_DETECTION)?;
     agent.wait_ready(Duration::from_secs(20))?;
     let log = agent.log();
     let at = |dev: &str| log.find(&format!("attached device={dev} "));
