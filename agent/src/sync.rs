@@ -218,6 +218,11 @@ impl<W: MapWrites> Sync<W> {
         if let Err(e) = self.reconciler.distrust_sock_marks() {
             warn!(error = %e, "sl_sockmark's validity could not be cleared");
         }
+        // Nor keep the socket programs' entries (`sl_sockfe4`/`sl_sockfe6`)
+        // while it changes the services under them.
+        if let Err(e) = self.reconciler.stop_picks() {
+            warn!(error = %e, "the socket programs could not be stopped reading sl_sockfe4/sl_sockfe6");
+        }
         info!("sync task stopped; the datapath keeps running on its pinned maps");
     }
 

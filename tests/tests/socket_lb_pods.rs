@@ -1481,3 +1481,212 @@ fn a_socket_whose_backend_is_gone_gives_its_count_back_at_its_close() -> Result<
     )?;
     Ok(())
 }
+
+/// The backends of `vip:80/TCP`'s entry in `sl_sockfe4`/`sl_sockfe6`, in
+/// slot order (`None`: no entry).
+fn picks_of(maps: &Maps, vip: IpAddr) -> Result<Option<Vec<IpAddr>>> {
+    match vip {
+        IpAddr::V4(a) => {
+            let key = sluice_common::Svc4Key::new(a.octets(), 80, IPPROTO_TCP, 0);
+            Ok(maps.sock_picks_v4.get(&key, 0).ok().map(|v| {
+                v.picks[..usize::from(v.count)]
+                    .iter()
+                    .map(|p| IpAddr::from(p.addr))
+                    .collect()
+            }))
+        }
+        IpAddr::V6(a) => {
+            let key = sluice_common::Svc6Key::new(a.octets(), 80, IPPROTO_TCP, 0);
+            Ok(maps.sock_picks_v6.get(&key, 0).ok().map(|v| {
+                v.picks[..usize::from(v.count)]
+                    .iter()
+                    .map(|p| IpAddr::from(p.addr))
+                    .collect()
+            }))
+        }
+    }
+}
+
+/// A frontend a socket needs nothing more than a hash for (no affinity,
+/// no Maglev, no source ranges) has its active backends in
+/// `sl_sockfe4`/`sl_sockfe6`, which a connect takes in one lookup
+/// (`sock_picked`), in both families, with the general path's answers:
+/// the VIP as peer, every active backend over a run, never a terminating
+/// one. A frontend with session affinity has none. A stopping agent turns
+/// the entries off (`CFG_F_SOCK_PICKS`: the next agent may not keep them);
+/// one that starts deletes an entry that disagrees with the service maps
+/// (as a release that does not keep them would leave behind) before it
+/// turns them on again.
+#[test]
+fn plain_frontends_give_sockets_their_backend_in_one_lookup() -> Result<()> {
+    use sluice_common::config::CFG_F_SOCK_PICKS;
+    let topo = Topology::new(1, 3)?;
+    topo.wait_ipv6_ready()?;
+    let mut servers = Vec::new();
+    for pod in &topo.backends {
+        servers.push(servers::tcp_greeter(&pod.ns, 8080, &pod.name)?);
+        servers.push(servers::tcp_greeter6(&pod.ns, 8080, &pod.name)?);
+    }
+    let eps = |first: (bool, bool, bool)| -> Vec<Ep> {
+        topo.backends
+            .iter()
+            .enumerate()
+            .flat_map(|(i, b)| {
+                let c = if i == 0 { first } else { READY };
+                [
+                    (IpAddr::from(b.ip), "node-1", c),
+                    (IpAddr::from(b.ip6), "node-1", c),
+                ]
+            })
+            .collect()
+    };
+    let tcp = (80, 8080, None);
+    let plain = |first| {
+        service(
+            "plain",
+            &["10.96.3.1", "fd00:96::3:1"],
+            "",
+            "",
+            "TCP",
+            tcp,
+            &eps(first),
+        )
+    };
+    let dir = ManifestDir::create()?;
+    dir.write("node.yaml", &node_yaml(&topo))?;
+    dir.write("plain.yaml", &plain(READY))?;
+    let v4_only: Vec<Ep> = eps(READY)
+        .into_iter()
+        .filter(|(a, _, _)| a.is_ipv4())
+        .collect();
+    dir.write(
+        "sticky.yaml",
+        &service(
+            "sticky",
+            &["10.96.3.2"],
+            "  sessionAffinity: ClientIP\n",
+            "",
+            "TCP",
+            tcp,
+            &v4_only,
+        ),
+    )?;
+    let mut agent = Agent::start(&topo, &format!("dir:{}", dir.path().display()), &[])?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    let maps = || Maps::open_pinned(topo.bpf.path());
+    let client = &topo.clients[0];
+    let (vip4, vip6): (IpAddr, IpAddr) = ("10.96.3.1".parse()?, "fd00:96::3:1".parse()?);
+    let ips = |v6: bool, from: usize| -> BTreeSet<IpAddr> {
+        topo.backends[from..]
+            .iter()
+            .map(|b| {
+                if v6 {
+                    IpAddr::from(b.ip6)
+                } else {
+                    IpAddr::from(b.ip)
+                }
+            })
+            .collect()
+    };
+    let picked = |v6: bool| -> Result<Option<BTreeSet<IpAddr>>> {
+        let m = maps()?;
+        Ok(picks_of(&m, if v6 { vip6 } else { vip4 })?.map(|p| p.into_iter().collect()))
+    };
+    for v6 in [false, true] {
+        ensure!(
+            picked(v6)? == Some(ips(v6, 0)),
+            "v6={v6}: {:?}",
+            picked(v6)?
+        );
+    }
+    ensure!(
+        picks_of(&maps()?, "10.96.3.2".parse()?)?.is_none(),
+        "a frontend with session affinity has no entry"
+    );
+    ensure!(
+        maps()?.config()?.flags() & CFG_F_SOCK_PICKS != 0,
+        "the entries are on"
+    );
+
+    // Sockets take the entry, with the general path's answers.
+    let run = |v6: bool, n: usize| -> Result<BTreeSet<String>> {
+        let (host, peer) = if v6 {
+            ("fd00:96::3:1", "[fd00:96::3:1]:80")
+        } else {
+            ("10.96.3.1", "10.96.3.1:80")
+        };
+        backends_reached(&topo, client, host, 80, peer, n)
+    };
+    let picks_taken = || -> Result<u64> { Ok(maps()?.stat(Stat::SockPicked)?) };
+    let before = picks_taken()?;
+    for v6 in [false, true] {
+        let seen = run(v6, 16)?;
+        ensure!(seen.len() >= 2, "v6={v6}: {seen:?}");
+    }
+    ensure!(
+        picks_taken()? >= before + 32,
+        "connects did not take the entries"
+    );
+    let before = picks_taken()?;
+    let seen = backends_reached(&topo, client, "10.96.3.2", 80, "10.96.3.2:80", 4)?;
+    ensure!(seen.len() == 1, "affinity not kept: {seen:?}");
+    ensure!(
+        picks_taken()? == before,
+        "a frontend with affinity took an entry"
+    );
+
+    // backend-0 terminates: the entries follow, and no socket goes there.
+    dir.write("plain.yaml", &plain(TERMINATING_SERVING))?;
+    agent.wait_until(
+        "the entries without backend-0",
+        Duration::from_secs(15),
+        |_| Ok(picked(false)? == Some(ips(false, 1)) && picked(true)? == Some(ips(true, 1))),
+    )?;
+    for v6 in [false, true] {
+        let seen = run(v6, 16)?;
+        ensure!(
+            !seen.contains("backend-0"),
+            "v6={v6}: a terminating backend picked: {seen:?}"
+        );
+    }
+
+    // Stopped, the agent leaves the entries off: the general path answers.
+    agent.stop()?;
+    ensure!(
+        maps()?.config()?.flags() & CFG_F_SOCK_PICKS == 0,
+        "the entries stay on"
+    );
+    let before = picks_taken()?;
+    let seen = run(false, 8)?;
+    ensure!(
+        !seen.contains("backend-0") && picks_taken()? == before,
+        "{seen:?}"
+    );
+
+    // An entry that disagrees (backend-0 only, as a release that does not
+    // keep these maps would leave it) goes before they are on again.
+    let key = sluice_common::Svc4Key::new([10, 96, 3, 1], 80, IPPROTO_TCP, 0);
+    let m = maps()?;
+    let mut stale = m.sock_picks_v4.get(&key, 0)?;
+    stale.count = 1;
+    stale.picks[0].addr = topo.backends[0].ip.octets();
+    let mut m = m;
+    m.sock_picks_v4.insert(key, stale, 0)?;
+    agent.restart(&topo.node)?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    ensure!(
+        picked(false)? == Some(ips(false, 1)),
+        "{:?}",
+        picked(false)?
+    );
+    ensure!(
+        maps()?.config()?.flags() & CFG_F_SOCK_PICKS != 0,
+        "the entries are off"
+    );
+    let before = picks_taken()?;
+    let seen = run(false, 16)?;
+    ensure!(!seen.contains("backend-0") && seen.len() == 2, "{seen:?}");
+    ensure!(picks_taken()? >= before + 16);
+    drop(servers);
+    Ok(())
+}

@@ -11,11 +11,11 @@ use aya::{
 };
 use sluice_common::{
     maps as names, maps::SOCK_MARK_SLOTS, Affinity4Key, Affinity6Key, AffinityValue, Backend,
-    Config, Ct4Key, Ct6Key, CtEntry, MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4,
-    SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue, SvcnetSummary4,
+    Config, Ct4Key, Ct6Key, CtEntry, MaglevTable, SockEntry, SockPicks4, SockPicks6, SockRevKey,
+    SockRevValue, SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue, SvcnetSummary4,
 };
 
-use super::{socktab::SockTable, DatapathError};
+use super::{socktab::SockTable, writer::PicksEntry, DatapathError};
 use crate::{
     model::{Endpoint, FrontendKey, Proto, Scope},
     reconcile::{BackendId, MapState, SvcId},
@@ -40,6 +40,8 @@ pub struct Maps {
     pub source_ranges_v6: LpmTrie<MapData, SrcRange6, u8>,
     pub maglev_v4: HashMap<MapData, Svc4Key, MaglevTable>,
     pub maglev_v6: HashMap<MapData, Svc6Key, MaglevTable>,
+    pub sock_picks_v4: HashMap<MapData, Svc4Key, SockPicks4>,
+    pub sock_picks_v6: HashMap<MapData, Svc6Key, SockPicks6>,
     pub local_v4: LpmTrie<MapData, [u8; 4], u8>,
     pub local_v6: LpmTrie<MapData, [u8; 16], u8>,
     pub local_ifs: HashMap<MapData, u32, u8>,
@@ -89,6 +91,8 @@ impl Maps {
             source_ranges_v6: convert(names::SOURCE_RANGES_V6, take(names::SOURCE_RANGES_V6)?)?,
             maglev_v4: convert(names::MAGLEV_V4, take(names::MAGLEV_V4)?)?,
             maglev_v6: convert(names::MAGLEV_V6, take(names::MAGLEV_V6)?)?,
+            sock_picks_v4: convert(names::SOCK_PICKS_V4, take(names::SOCK_PICKS_V4)?)?,
+            sock_picks_v6: convert(names::SOCK_PICKS_V6, take(names::SOCK_PICKS_V6)?)?,
             local_v4: convert(names::LOCAL_V4, take(names::LOCAL_V4)?)?,
             local_v6: convert(names::LOCAL_V6, take(names::LOCAL_V6)?)?,
             local_ifs: convert(names::LOCAL_IFS, take(names::LOCAL_IFS)?)?,
@@ -128,6 +132,8 @@ impl Maps {
             source_ranges_v6: convert(names::SOURCE_RANGES_V6, open(names::SOURCE_RANGES_V6)?)?,
             maglev_v4: convert(names::MAGLEV_V4, open(names::MAGLEV_V4)?)?,
             maglev_v6: convert(names::MAGLEV_V6, open(names::MAGLEV_V6)?)?,
+            sock_picks_v4: convert(names::SOCK_PICKS_V4, open(names::SOCK_PICKS_V4)?)?,
+            sock_picks_v6: convert(names::SOCK_PICKS_V6, open(names::SOCK_PICKS_V6)?)?,
             local_v4: convert(names::LOCAL_V4, open(names::LOCAL_V4)?)?,
             local_v6: convert(names::LOCAL_V6, open(names::LOCAL_V6)?)?,
             local_ifs: convert(names::LOCAL_IFS, open(names::LOCAL_IFS)?)?,
@@ -179,6 +185,26 @@ impl Maps {
             tracing::info!(moved, "sockets of sl_socktab moved into sl_sock");
         }
         moved
+    }
+
+    /// Every entry of `sl_sockfe4` and `sl_sockfe6`.
+    pub fn sock_picks(&self) -> Result<Vec<PicksEntry>, DatapathError> {
+        let mut out = Vec::new();
+        for item in self.sock_picks_v4.iter() {
+            let (key, value) = item.map_err(|source| DatapathError::Map {
+                name: names::SOCK_PICKS_V4,
+                source,
+            })?;
+            out.push(PicksEntry::V4(key, value));
+        }
+        for item in self.sock_picks_v6.iter() {
+            let (key, value) = item.map_err(|source| DatapathError::Map {
+                name: names::SOCK_PICKS_V6,
+                source,
+            })?;
+            out.push(PicksEntry::V6(key, value));
+        }
+        Ok(out)
     }
 
     /// The config entry (all zero before the agent first wrote it).

@@ -31,7 +31,7 @@ pub(crate) use loader::{fs_type, BPF_FS_MAGIC};
 pub use loader::{Datapath, MapSizes};
 pub use maps::{read_map_state, FilterMaps, Maps, ServiceKey};
 pub use socktab::SockTable;
-pub use writer::{Entry, EntryKey, Filter, MapReads, MapWriter, MapWrites};
+pub use writer::{Entry, EntryKey, Filter, MapReads, MapWriter, MapWrites, PicksEntry};
 pub use xdp::{detach_xdp, xdp_devices, XdpMode, PROGRAM as XDP_PROGRAM};
 
 /// The eBPF object built by `cargo xtask build-ebpf`, embedded at build time

@@ -2,8 +2,9 @@
 //! the real maps would, records every write, and checks on every write the
 //! invariant the datapath relies on (`frontend.rs`): a slot names an
 //! existing backend, a master entry covers only existing slots and flags
-//! only an existing Maglev table, a table names only existing backends;
-//! removals go in the reverse order; the loaded programs' filters pass
+//! only an existing Maglev table, a table names only existing backends,
+//! a socket programs' entry names only existing active backends of its
+//! frontend's service port; removals go in the reverse order; the loaded programs' filters pass
 //! every frontend address and backend port the maps hold (once written).
 //! A violation panics with the write that broke it.
 
@@ -21,7 +22,8 @@ use super::{endpoint_of, BackendId, MapState, SourceRange, SvcId};
 use crate::{
     conntrack::SocketEntries,
     datapath::{
-        DatapathError, Entry, EntryKey, Filter, MapReads, MapWrites, ServiceKey, WriteError,
+        DatapathError, Entry, EntryKey, Filter, MapReads, MapWrites, PicksEntry, ServiceKey,
+        WriteError,
     },
     model::{Endpoint, FrontendKey},
 };
@@ -67,6 +69,8 @@ pub struct FakeMaps {
     pub foreign: Vec<ServiceKey>,
     pub backends: BTreeMap<BackendId, Backend>,
     pub maglev: BTreeMap<FrontendKey, Vec<BackendId>>,
+    /// `sl_sockfe4` and `sl_sockfe6`, by frontend.
+    pub picks: BTreeMap<FrontendKey, PicksEntry>,
     pub source_ranges: BTreeSet<(SvcId, SourceRange)>,
     pub local_sources: BTreeSet<SourceRange>,
     pub local_ifaces: BTreeSet<u32>,
@@ -219,6 +223,21 @@ impl FakeMaps {
                     );
                 }
             }
+            Entry::SockPicks(entry) => {
+                let (fe, slot) = frontend_of(entry.key());
+                assert_eq!(slot, 0, "socket picks of {fe} keyed by a slot");
+                for (id, svc, ep) in picks_named(entry) {
+                    let b = self.backends.get(&id).unwrap_or_else(|| {
+                        panic!("socket picks of {fe} name backend {id} before it exists")
+                    });
+                    assert!(
+                        b.svc_id == svc
+                            && b.state == sluice_common::BackendState::Active as u8
+                            && endpoint_of(b) == ep,
+                        "socket picks of {fe} name backend {id} as active {ep} of service port {svc}, the map holds {b:?}"
+                    );
+                }
+            }
             _ => {}
         }
     }
@@ -235,6 +254,13 @@ impl FakeMaps {
                 }
                 if let Some((fe, _)) = self.maglev.iter().find(|(_, t)| t.contains(id)) {
                     panic!("backend {id} deleted while the Maglev table of {fe} names it");
+                }
+                if let Some((fe, _)) = self
+                    .picks
+                    .iter()
+                    .find(|(_, e)| picks_named(e).any(|(b, _, _)| b == *id))
+                {
+                    panic!("backend {id} deleted while the socket picks of {fe} name it");
                 }
             }
             EntryKey::Service(key) => {
@@ -287,6 +313,7 @@ impl FakeMaps {
             Entry::LocalSource(n) => EntryKey::LocalSource(n),
             Entry::LocalIface(i) => EntryKey::LocalIface(i),
             Entry::ServiceNet(n, _) => EntryKey::ServiceNet(n),
+            Entry::SockPicks(e) => EntryKey::SockPicks(e.key()),
         })
     }
 
@@ -385,6 +412,17 @@ impl MapReads for FakeMaps {
             members.sort_by_key(|(_, ep)| *ep);
             state.frontends.get_or_default(*fe).maglev = members.into();
         }
+        // What the adoption concludes (`adopt_picks`): an entry equal to
+        // what its frontend's record gives is that record's.
+        for (fe, e) in &self.picks {
+            let matches = state
+                .frontends
+                .get(fe)
+                .is_some_and(|f| super::picks::entry(fe, f, &state.backends) == Some(*e));
+            if let (true, Some(f)) = (matches, state.frontends.get_mut(fe)) {
+                f.sock_picks = true;
+            }
+        }
         Ok((state, self.foreign.clone()))
     }
 
@@ -432,6 +470,10 @@ impl MapReads for FakeMaps {
 
     fn stat(&self, stat: Stat) -> Result<u64, DatapathError> {
         Ok(self.stats.get(&(stat as usize)).copied().unwrap_or(0))
+    }
+
+    fn sock_picks(&self) -> Result<Vec<PicksEntry>, DatapathError> {
+        Ok(self.picks.values().copied().collect())
     }
 }
 
@@ -512,6 +554,9 @@ impl MapWrites for FakeMaps {
                     slot.1 = *e;
                 }
             }
+            Entry::SockPicks(e) => {
+                self.picks.insert(frontend_of(e.key()).0, *e);
+            }
         }
         Ok(())
     }
@@ -540,6 +585,7 @@ impl MapWrites for FakeMaps {
             EntryKey::Affinity6(k) => remove(&mut self.affinities6, |(x, _)| *x == k),
             EntryKey::Socket(c) => remove(&mut self.sockets, |(x, _)| *x == c),
             EntryKey::SockRev(k) => remove(&mut self.sock_revs, |x| *x == k),
+            EntryKey::SockPicks(k) => self.picks.remove(&frontend_of(k).0).is_some(),
         };
         if found {
             self.log.push(Write::Delete(key));
@@ -550,6 +596,36 @@ impl MapWrites for FakeMaps {
     fn writes(&self) -> u64 {
         self.log.len() as u64
     }
+}
+
+/// The backends a socket programs' entry names: id, the service port it
+/// says they serve, endpoint.
+pub fn picks_named(entry: &PicksEntry) -> impl Iterator<Item = (BackendId, u32, Endpoint)> + '_ {
+    let (svc, named): (u32, Vec<(u32, Endpoint)>) = match entry {
+        PicksEntry::V4(_, v) => (
+            v.svc_id,
+            v.picks[..usize::from(v.count).min(v.picks.len())]
+                .iter()
+                .map(|p| {
+                    let addr = IpAddr::V4(Ipv4Addr::from(p.addr));
+                    (p.backend_id, Endpoint { addr, port: p.port })
+                })
+                .collect(),
+        ),
+        PicksEntry::V6(_, v) => (
+            v.svc_id,
+            v.picks[..usize::from(v.count).min(v.picks.len())]
+                .iter()
+                .map(|p| {
+                    let addr = IpAddr::V6(std::net::Ipv6Addr::from(p.addr));
+                    (p.backend_id, Endpoint { addr, port: p.port })
+                })
+                .collect(),
+        ),
+    };
+    named
+        .into_iter()
+        .map(move |(id, ep)| (BackendId(id), svc, ep))
 }
 
 fn remove<T>(list: &mut Vec<T>, matches: impl Fn(&T) -> bool) -> bool {
@@ -574,6 +650,8 @@ pub struct Canonical {
     pub local_sources: BTreeSet<SourceRange>,
     pub local_ifaces: BTreeSet<u32>,
     pub service_nets: BTreeMap<SourceRange, u8>,
+    /// Each socket programs' entry: the backends it names, in order.
+    pub picks: BTreeMap<FrontendKey, Vec<Endpoint>>,
 }
 
 impl FakeMaps {
@@ -622,6 +700,43 @@ impl FakeMaps {
             local_sources: self.local_sources.clone(),
             local_ifaces: self.local_ifaces.clone(),
             service_nets: self.service_nets.clone(),
+            picks: self
+                .picks
+                .iter()
+                .map(|(fe, e)| (*fe, picks_named(e).map(|(_, _, ep)| ep).collect()))
+                .collect(),
         }
+    }
+
+    /// Whether the socket programs' entries are exactly those the service
+    /// maps give (`picks::entry` of each frontend's master and slots).
+    pub fn picks_match_services(&self) -> Result<(), String> {
+        let (state, _) = self.state().map_err(|e| e.to_string())?;
+        let mut want = BTreeMap::new();
+        for (fe, record) in state.frontends.iter() {
+            if let Some(e) = super::picks::entry(&fe, record, &state.backends) {
+                want.insert(fe, e);
+            }
+        }
+        if want == self.picks {
+            return Ok(());
+        }
+        let missing: Vec<_> = want
+            .keys()
+            .filter(|k| !self.picks.contains_key(k))
+            .collect();
+        let extra: Vec<_> = self
+            .picks
+            .keys()
+            .filter(|k| !want.contains_key(k))
+            .collect();
+        let differ: Vec<_> = want
+            .iter()
+            .filter(|(k, e)| self.picks.get(k).is_some_and(|p| p != *e))
+            .map(|(k, _)| k)
+            .collect();
+        Err(format!(
+            "socket picks: missing {missing:?}, extra {extra:?}, different {differ:?}"
+        ))
     }
 }

@@ -1,11 +1,14 @@
-//! Writing one frontend: its slots, its Maglev table and its master entry,
-//! in an order that keeps the datapath consistent at every instant, after
+//! Writing one frontend: its socket programs' entry, its slots, its Maglev
+//! table and its master entry, in an order that keeps the datapath
+//! consistent at every instant, after
 //! Cilium's `lb.h` discipline: a backend exists before any slot names it
 //! (the caller writes backends first), a slot exists before a master count
 //! covers it, a table exists before a master entry flags it, surplus slots
 //! and tables go only after the master stopped covering them, and a
 //! backend goes only after no slot names it (the caller deletes backends
-//! last). IPv6 frontends go to `sl_svc6` under the same rules; both
+//! last). The socket programs' entry (`sl_sockfe4`/`sl_sockfe6`,
+//! `picks.rs`) always gives what the master entry and slots give: one that
+//! changes goes before them and comes back after them. IPv6 frontends go to `sl_svc6` under the same rules; both
 //! families name backends in the one `sl_backends`.
 //! Each call updates the caller's record of what is programmed write by
 //! write, so the record stays exact even when a write fails half way.
@@ -13,12 +16,13 @@
 use sluice_common::{MaglevTable, SvcValue};
 
 use super::{
+    backends::BackendLookup,
     ids::{BackendId, SvcId},
-    maglev,
+    maglev, picks,
     state::{FrontendState, MaglevMembers},
 };
 use crate::{
-    datapath::{Entry, EntryKey, MapWrites, ServiceKey, WriteError},
+    datapath::{Entry, EntryKey, MapWrites, PicksEntry, ServiceKey, WriteError},
     model::FrontendKey,
 };
 
@@ -27,21 +31,60 @@ fn slot_number(i: usize) -> u16 {
     (i + 1) as u16
 }
 
-/// Brings one frontend from `current` to `target`: changed slots first,
-/// then the Maglev table, then the master entry, then trims the slots and
-/// the table it no longer covers. On failure `current` is marked unknown
-/// (`svc_id` 0) so the next call rewrites everything.
+/// Brings one frontend from `current` to `target`: takes its socket
+/// programs' entry away first if the target's differs, then the changed
+/// slots, the Maglev table, the master entry, trims the slots and the
+/// table it no longer covers, and writes the target's socket programs'
+/// entry last. `backends` are the programmed backends (the target's among
+/// them). On failure `current` is marked unknown (`svc_id` 0) so the next
+/// call rewrites everything.
 pub fn sync<W: MapWrites>(
     writer: &mut W,
     frontend: &FrontendKey,
     current: &mut FrontendState,
     target: &FrontendState,
+    backends: &impl BackendLookup,
 ) -> Result<(), WriteError> {
-    let result = sync_inner(writer, frontend, current, target);
+    let want = if target.sock_picks {
+        picks::entry(frontend, target, backends)
+    } else {
+        None
+    };
+    let result = drop_picks_unless(writer, frontend, current, want.as_ref(), backends)
+        .and_then(|()| sync_inner(writer, frontend, current, target));
     if result.is_err() {
         current.svc_id = SvcId::default();
+        return result;
     }
-    result
+    // The rest is exact whether this goes in or not: `sock_picks` says.
+    if let Some(entry) = want.filter(|_| !current.sock_picks) {
+        writer.put(Entry::SockPicks(&entry))?;
+        current.sock_picks = true;
+    }
+    Ok(())
+}
+
+/// Deletes the frontend's `sl_sockfe4`/`sl_sockfe6` entry unless it is
+/// `keep`: an entry always gives what the master entry and slots give, so
+/// it goes before they change (a socket meanwhile takes the general
+/// lookups) and the new one comes after them. `current.sock_picks` says
+/// the map holds the entry `picks::entry` gives for `current`.
+fn drop_picks_unless<W: MapWrites>(
+    writer: &mut W,
+    frontend: &FrontendKey,
+    current: &mut FrontendState,
+    keep: Option<&PicksEntry>,
+    backends: &impl BackendLookup,
+) -> Result<(), WriteError> {
+    // The map holds what `picks::entry` gave for `current` when it was
+    // written; the same today unless a backend it names stopped being
+    // active since (its id keeps its address while it lives).
+    let holds = picks::entry(frontend, current, backends);
+    if current.sock_picks && (keep.is_none() || holds.as_ref() != keep) {
+        writer.delete(EntryKey::SockPicks(ServiceKey::of(frontend, 0)))?;
+        current.sock_picks = false;
+    }
+    Ok(())
 }
 
 fn sync_inner<W: MapWrites>(
@@ -160,13 +203,18 @@ fn delete_slots_from<W: MapWrites>(
     result
 }
 
-/// Removes a frontend: the master first (new flows stop matching), then
-/// its table and its slots. `current` shrinks as entries go.
+/// Removes a frontend: its socket programs' entry and the master first
+/// (new flows stop matching), then its table and its slots. `current`
+/// shrinks as entries go.
 pub fn delete<W: MapWrites>(
     writer: &mut W,
     frontend: &FrontendKey,
     current: &mut FrontendState,
 ) -> Result<(), WriteError> {
+    if current.sock_picks {
+        writer.delete(EntryKey::SockPicks(ServiceKey::of(frontend, 0)))?;
+        current.sock_picks = false;
+    }
     writer.delete(EntryKey::Service(ServiceKey::of(frontend, 0)))?;
     current.svc_id = SvcId::default();
     if !current.maglev.is_empty() {

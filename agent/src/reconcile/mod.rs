@@ -19,6 +19,7 @@ mod frontend_table;
 mod id_list;
 mod ids;
 pub mod maglev;
+mod picks;
 mod plan;
 pub mod pods;
 mod state;
@@ -41,8 +42,8 @@ use tracing::{debug, info, warn};
 use crate::{
     conntrack,
     datapath::{
-        DatapathError, Entry, EntryKey, MapSizes, MapWriter, MapWrites, Occupancy, ServiceKey,
-        WriteError,
+        DatapathError, Entry, EntryKey, MapReads, MapSizes, MapWriter, MapWrites, Occupancy,
+        ServiceKey, WriteError,
     },
     model::{DesiredState, FrontendKey, ServicePortName},
 };
@@ -50,7 +51,7 @@ use filters::Filters;
 use ids::Ids;
 use pods::PodFlows;
 use sluice_common::{
-    config::CFG_F_PODS_ON_SOCKETS,
+    config::{CFG_F_PODS_ON_SOCKETS, CFG_F_SOCK_PICKS},
     maps::{self as names, MAX_SLOTS, SVCNET_CIDR, SVCNET_CLUSTER_IP},
     Backend, Config, Ct4Key, Ct6Key, SvcnetSummary4, ABI_VERSION,
 };
@@ -273,8 +274,37 @@ const NETS_BATCH: usize = 1024;
 
 /// The bits of `Config::flags` that belong to socket-level balancing.
 /// The socket-balancing bits `set_socket_lb` writes (`CFG_F_PODS_ON_SOCKETS`
-/// is `pods.rs`'s).
-const CFG_SOCK_MASK: u32 = 0x0000_ff00 & !CFG_F_PODS_ON_SOCKETS;
+/// is `pods.rs`'s, `CFG_F_SOCK_PICKS` the adoption's).
+const CFG_SOCK_MASK: u32 = 0x0000_ff00 & !CFG_F_PODS_ON_SOCKETS & !CFG_F_SOCK_PICKS;
+
+/// Marks each adopted frontend whose `sl_sockfe4`/`sl_sockfe6` entry is the
+/// one its record gives (`picks::entry`) and returns the keys of every
+/// other entry: an entry of a frontend the maps no longer hold, or one a
+/// release that does not keep these maps left behind while it changed
+/// the frontend (a rollback to 0.1.0, then an upgrade again).
+fn adopt_picks(
+    reads: &impl MapReads,
+    programmed: &mut MapState,
+) -> Result<Vec<ServiceKey>, DatapathError> {
+    let mut stale = Vec::new();
+    for entry in reads.sock_picks()? {
+        let key = entry.key();
+        let frontend = key
+            .frontend()
+            .filter(|(fe, slot)| {
+                *slot == 0
+                    && programmed.frontends.get(fe).is_some_and(|state| {
+                        picks::entry(fe, state, &programmed.backends) == Some(entry)
+                    })
+            })
+            .map(|(fe, _)| fe);
+        match frontend.and_then(|fe| programmed.frontends.get_mut(&fe)) {
+            Some(state) => state.sock_picks = true,
+            None => stale.push(key),
+        }
+    }
+    Ok(stale)
+}
 
 impl<W: MapWrites> Reconciler<W> {
     /// Adopts what the maps hold now and makes sure the config entry is set.
@@ -309,7 +339,8 @@ impl<W: MapWrites> Reconciler<W> {
                 netns_cookie: config.netns_cookie,
             })?;
         }
-        let (programmed, foreign) = writer.state()?;
+        let (mut programmed, foreign) = writer.state()?;
+        let stale_picks = adopt_picks(&writer, &mut programmed)?;
         let ids = Ids::adopt(&programmed);
         let mut r = Self {
             writer,
@@ -359,7 +390,30 @@ impl<W: MapWrites> Reconciler<W> {
         if let Err(e) = r.filters.fill(&mut r.writer, &r.programmed) {
             warn!(error = %e, "datapath filters not written: every packet takes the service lookups");
         }
+        r.start_picks(stale_picks)?;
         Ok(r)
+    }
+
+    /// Deletes the socket programs' entries adoption found stale, then lets
+    /// the programs read `sl_sockfe4`/`sl_sockfe6` (`CFG_F_SOCK_PICKS`;
+    /// written only when it was clear, so a restart writes nothing). Until
+    /// the bit is set they make the general lookups only, which are right
+    /// whatever these maps hold.
+    fn start_picks(&mut self, stale: Vec<ServiceKey>) -> Result<(), DatapathError> {
+        if !stale.is_empty() {
+            info!(entries = stale.len(), "deleting socket pick entries that disagree with the service maps (written before a release that does not keep them ran)");
+        }
+        for key in stale {
+            self.writer.delete(EntryKey::SockPicks(key))?;
+        }
+        self.set_config_flags(CFG_F_SOCK_PICKS, CFG_F_SOCK_PICKS)
+    }
+
+    /// Stops the socket programs reading `sl_sockfe4`/`sl_sockfe6`, as the
+    /// agent stops: the next agent may be one that does not keep them (a
+    /// rollback to 0.1.0) while this build's programs are still attached.
+    pub fn stop_picks(&mut self) -> Result<(), DatapathError> {
+        self.set_config_flags(CFG_F_SOCK_PICKS, 0)
     }
 
     /// Sets what the socket-level programs serve: the node's network
@@ -882,9 +936,10 @@ impl<W: MapWrites> Reconciler<W> {
             if !self.tables_fit(id, &plan) {
                 // Balanced like a service without the annotation, rather
                 // than refused: reported once, retried as room frees.
-                for (_, fe) in &mut plan.frontends {
+                for (key, fe) in &mut plan.frontends {
                     fe.maglev = MaglevMembers::default();
                     fe.flags &= !sluice_common::service::SVC_F_MAGLEV;
+                    fe.sock_picks = picks::qualifies(key, fe);
                 }
                 if self.maglev_fallback.insert(name.clone()) {
                     warn!(service = %name, capacity = self.capacity.maglev_tables, "Maglev table maps full: balanced by flow hash until room frees");
@@ -1313,7 +1368,13 @@ impl<W: MapWrites> Reconciler<W> {
                 }
             }
             let mut current = self.take_frontend(key).unwrap_or_default();
-            if let Err(e) = frontend::sync(&mut self.writer, key, &mut current, want) {
+            if let Err(e) = frontend::sync(
+                &mut self.writer,
+                key,
+                &mut current,
+                want,
+                &self.programmed.backends,
+            ) {
                 report.errors.push(e);
             }
             self.set_frontend(*key, current);

@@ -173,6 +173,7 @@ fn frontend_state(
         affinity_s,
         slots: order.into_iter().map(|(_, _, id)| id).collect(),
         maglev: table.into(),
+        sock_picks: false,
     }
 }
 
@@ -308,10 +309,9 @@ pub fn plan_desired(
             if fe.key.scope == Scope::External && internal.contains(&fe.key) {
                 flags |= SVC_F_INTERNAL;
             }
-            (
-                fe.key,
-                frontend_state(svc_id, flags, affinity_s, &members, fe.maglev),
-            )
+            let mut state = frontend_state(svc_id, flags, affinity_s, &members, fe.maglev);
+            state.sock_picks = super::picks::qualifies(&fe.key, &state);
+            (fe.key, state)
         })
         .collect();
     let source_ranges = svc

@@ -36,6 +36,10 @@ pub struct FrontendState {
     /// The backends its Maglev table spreads over (sorted by endpoint);
     /// empty: no table.
     pub maglev: MaglevMembers,
+    /// It has an entry in `sl_sockfe4`/`sl_sockfe6`, the one `picks::entry`
+    /// gives for this record (in a target: it should have one,
+    /// `picks::qualifies`).
+    pub sock_picks: bool,
 }
 
 /// The backends a frontend's Maglev table spreads over; most frontends

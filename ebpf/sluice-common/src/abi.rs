@@ -12,8 +12,8 @@ use crate::{
     maps as names,
     stats::{STATS2_MAX, STAT_COUNT},
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Frag4Key,
-    Frag6Key, FragPorts, MaglevTable, SockEntry, SockRevKey, SockRevValue, SrcRange4, SrcRange6,
-    Svc4Key, Svc6Key, SvcValue, SvcnetSummary4,
+    Frag6Key, FragPorts, MaglevTable, SockEntry, SockPicks4, SockPicks6, SockRevKey, SockRevValue,
+    SrcRange4, SrcRange6, Svc4Key, Svc6Key, SvcValue, SvcnetSummary4,
 };
 
 /// The kernel map type (`enum bpf_map_type`).
@@ -103,7 +103,7 @@ pub const PREALLOCATABLE: [&str; 3] = [names::SERVICES_V4, names::SERVICES_V6, n
 
 /// Every map the agent pins, in the order it creates them. (The per-CPU
 /// scratch maps are per program generation and never pinned.)
-pub const MAPS: [MapDecl; 28] = [
+pub const MAPS: [MapDecl; 30] = [
     decl(
         names::CONFIG,
         MapKind::Array,
@@ -339,6 +339,22 @@ pub const MAPS: [MapDecl; 28] = [
             false,
         )
     },
+    decl(
+        names::SOCK_PICKS_V4,
+        MapKind::Hash,
+        size_of::<Svc4Key>(),
+        size_of::<SockPicks4>(),
+        Capacity::Services,
+        true,
+    ),
+    decl(
+        names::SOCK_PICKS_V6,
+        MapKind::Hash,
+        size_of::<Svc6Key>(),
+        size_of::<SockPicks6>(),
+        Capacity::Services,
+        true,
+    ),
 ];
 
 /// The declaration of map `name`.

@@ -71,6 +71,15 @@ pub const CFG_F_SOCK_PODS_LOCAL: u32 = 1 << 9;
 /// it), `sl_egress_pod` does what `sl_egress` does.
 pub const CFG_F_PODS_ON_SOCKETS: u32 = 1 << 10;
 
+/// `sl_sockfe4`/`sl_sockfe6` are kept in step with the service maps by a
+/// running agent (`picks`): the socket programs take a frontend's entry
+/// there before the general lookups. The agent sets it once it has
+/// deleted every entry that disagrees with what it adopted, and clears it
+/// as it stops (the next agent may be one that does not keep them, such
+/// as 0.1.0, whose programs ignore the bit). Without it the socket
+/// programs make the general lookups only.
+pub const CFG_F_SOCK_PICKS: u32 = 1 << 11;
+
 /// `--host-routing`: a service flow without SNAT between two of the pods'
 /// devices (`sl_peer_devs`) skips the node's IP stack both ways: the
 /// packets `sl_ingress` DNATs, and the backend's replies, which it then

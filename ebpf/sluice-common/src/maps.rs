@@ -57,6 +57,12 @@ pub const SOCK_MARKS: &str = "sl_sockmark";
 /// (the agent reads it in place and hands slots back with an atomic
 /// compare-and-swap). A socket whose slot is taken goes to `sl_sock`.
 pub const SOCK_TABLE: &str = "sl_socktab";
+/// A frontend's active backends for the socket programs, in one lookup
+/// (`picks`): master `Svc4Key` -> `SockPicks4`, for the frontends that
+/// qualify (`picks::takes_picks`).
+pub const SOCK_PICKS_V4: &str = "sl_sockfe4";
+/// The same for IPv6 frontends: master `Svc6Key` -> `SockPicks6`.
+pub const SOCK_PICKS_V6: &str = "sl_sockfe6";
 /// The cluster's own sources (local-traffic detection: `--cluster-cidr`,
 /// or this node's pod CIDRs): LPM trie of an IPv4 network (`[u8; 4]`) ->
 /// `u8` (1).

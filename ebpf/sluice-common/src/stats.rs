@@ -139,6 +139,10 @@ pub enum Stat {
     /// A DNATed packet was handed straight into its backend's pod
     /// (`--host-routing`, `bpf_redirect_peer`), past the node's IP stack.
     HostRouted = 60,
+    /// A socket's backend came from its frontend's entry in
+    /// `sl_sockfe4`/`sl_sockfe6` (one lookup instead of three); also
+    /// counted in `sock_connect`.
+    SockPicked = 61,
 }
 
 /// Number of counters in `sl_stats` (its `max_entries`, fixed since ABI 4:
@@ -149,7 +153,7 @@ pub const STAT_COUNT: u32 = 23;
 pub const STATS2_MAX: u32 = 64;
 
 /// Number of counters in all.
-pub const STAT_TOTAL: usize = 42;
+pub const STAT_TOTAL: usize = 43;
 
 const _: () = assert!(STAT_TOTAL <= (STAT_COUNT + STATS2_MAX) as usize);
 
@@ -210,6 +214,7 @@ impl Stat {
         Stat::SockLeftToTc,
         Stat::TupleClash,
         Stat::HostRouted,
+        Stat::SockPicked,
     ];
 
     /// The counter with index `i`, if any.
@@ -262,6 +267,7 @@ impl Stat {
             Stat::SockLeftToTc => "sock_left_to_tc",
             Stat::TupleClash => "tuple_clash",
             Stat::HostRouted => "host_routed",
+            Stat::SockPicked => "sock_picked",
         }
     }
 }

@@ -23,8 +23,8 @@ use sluice_common::{
     stats::{STATS2_MAX, STAT_COUNT},
     Affinity4Key, Affinity6Key, AffinityValue, Backend, Config, Ct4Key, Ct6Key, CtEntry, Event,
     EventBucket, Frag4Key, Frag6Key, FragPorts, Hop4Key, Hop6Key, HopEntry, MaglevTable, SockEntry,
-    SockRevKey, SockRevValue, SockSlot, SrcRange4, SrcRange6, Stat, Svc4Key, Svc6Key, SvcValue,
-    SvcnetSummary4,
+    SockPicks4, SockPicks6, SockRevKey, SockRevValue, SockSlot, SrcRange4, SrcRange6, Stat,
+    Svc4Key, Svc6Key, SvcValue, SvcnetSummary4,
 };
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -115,6 +115,24 @@ pub static MAGLEV_V4: HashMap<Svc4Key, MaglevTable, { MAGLEV_MAX as usize }, NO_
 #[btf_map(name = "sl_maglev6")]
 pub static MAGLEV_V6: HashMap<Svc6Key, MaglevTable, { MAGLEV_MAX as usize }, NO_PREALLOC> =
     HashMap::new();
+
+/// A frontend's active backends for the socket programs, in one lookup
+/// (`sluice_common::picks`).
+#[btf_map(name = "sl_sockfe4")]
+pub static SOCK_PICKS_V4: HashMap<
+    Svc4Key,
+    SockPicks4,
+    { DEFAULT_SERVICES_MAX as usize },
+    NO_PREALLOC,
+> = HashMap::new();
+
+#[btf_map(name = "sl_sockfe6")]
+pub static SOCK_PICKS_V6: HashMap<
+    Svc6Key,
+    SockPicks6,
+    { DEFAULT_SERVICES_MAX as usize },
+    NO_PREALLOC,
+> = HashMap::new();
 
 #[btf_map(name = "sl_sock")]
 pub static SOCKETS: LruHashMap<u64, SockEntry, { SOCKETS_MAX as usize }> = LruHashMap::new();
@@ -359,6 +377,8 @@ const _: () = assert!(same("sl_frag6", names::FRAGMENTS_V6));
 const _: () = assert!(same("sl_svcnet4", names::SVCNET_V4));
 const _: () = assert!(same("sl_svcnet6", names::SVCNET_V6));
 const _: () = assert!(same("sl_events", names::EVENTS));
+const _: () = assert!(same("sl_sockfe4", names::SOCK_PICKS_V4));
+const _: () = assert!(same("sl_sockfe6", names::SOCK_PICKS_V6));
 const _: () = assert!(same("sl_xdp_devs", names::XDP_DEVS));
 const _: () = assert!(same("sl_peer_devs", names::PEER_DEVS));
 const _: () = assert!(same("sl_svcnetsum4", names::SVCNET_SUMMARY_V4));
@@ -424,6 +444,20 @@ pub fn service(key: &Svc4Key) -> Option<&'static SvcValue> {
 pub fn service6(key: &Svc6Key) -> Option<&'static SvcValue> {
     // SAFETY: see `service`.
     SERVICES_V6.get_ptr(key).map(|p| unsafe { &*p })
+}
+
+/// An IPv4 frontend's picks for sockets (a reference, as for `service`).
+#[inline(always)]
+pub fn sock_picks4(key: &Svc4Key) -> Option<&'static SockPicks4> {
+    // SAFETY: see `service`.
+    SOCK_PICKS_V4.get_ptr(key).map(|p| unsafe { &*p })
+}
+
+/// An IPv6 frontend's picks for sockets (a reference, as for `service`).
+#[inline(always)]
+pub fn sock_picks6(key: &Svc6Key) -> Option<&'static SockPicks6> {
+    // SAFETY: see `service`.
+    SOCK_PICKS_V6.get_ptr(key).map(|p| unsafe { &*p })
 }
 
 /// A backend (a reference, as for `service`).

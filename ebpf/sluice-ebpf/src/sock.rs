@@ -29,9 +29,10 @@ use aya_ebpf::{
     EbpfContext,
 };
 use sluice_common::{
-    config::{CFG_F_SOCK_PODS, CFG_F_SOCK_PODS_LOCAL},
+    config::{CFG_F_SOCK_PICKS, CFG_F_SOCK_PODS, CFG_F_SOCK_PODS_LOCAL},
     hash::{jhash_3words, pick_slot},
     maps::SVCNET_CLUSTER_IP,
+    picks::SOCK_PICKS_MAX,
     service::{
         SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MAGLEV,
         SVC_F_NODE_DENIED, SVC_F_SOURCE_RANGES,
@@ -420,6 +421,75 @@ fn tracked_by_tc(sa: *const bpf_sock_addr, family: Family, at: &Target) -> bool 
     matches!(entry, Some(e) if unsafe { (*e).kind } == CtKind::Forward as u8)
 }
 
+/// The backend a socket goes to, as the socket sees it.
+struct Chosen {
+    backend_id: u32,
+    svc_id: u32,
+    /// `backend`'s address in the socket's family (v4-mapped for a
+    /// v4-mapped target).
+    addr: [u8; 16],
+    port: u16,
+}
+
+/// The backend `at`'s entry in `sl_sockfe4`/`sl_sockfe6` gives a socket
+/// whose hash is `h` (`picks[i]` is slot `i + 1`, so the one the general
+/// path would give), if the frontend has one (`sluice_common::picks`).
+#[inline(always)]
+fn from_picks(at: &Target, h: u32) -> Option<Chosen> {
+    let mut addr = [0u8; 16];
+    if at.v4 {
+        let picks = maps::sock_picks4(&Svc4Key::scoped(
+            at.v4_addr(),
+            at.port,
+            at.proto,
+            0,
+            SCOPE_EXTERNAL,
+        ))?;
+        let n = picks.count;
+        if n == 0 || n as usize > SOCK_PICKS_MAX {
+            return None;
+        }
+        let pick = picks
+            .picks
+            .get((pick_slot(h, 0, n) as usize) & (SOCK_PICKS_MAX - 1))?;
+        let o = if at.mapped {
+            addr[..12].copy_from_slice(&V4_MAPPED);
+            12
+        } else {
+            0
+        };
+        addr[o..o + 4].copy_from_slice(&pick.addr);
+        Some(Chosen {
+            backend_id: pick.backend_id,
+            svc_id: picks.svc_id,
+            addr,
+            port: pick.port,
+        })
+    } else {
+        let picks = maps::sock_picks6(&Svc6Key::scoped(
+            at.addr,
+            at.port,
+            at.proto,
+            0,
+            SCOPE_EXTERNAL,
+        ))?;
+        let n = picks.count;
+        if n == 0 || n as usize > SOCK_PICKS_MAX {
+            return None;
+        }
+        let pick = picks
+            .picks
+            .get((pick_slot(h, 0, n) as usize) & (SOCK_PICKS_MAX - 1))?;
+        addr.copy_from_slice(&pick.addr);
+        Some(Chosen {
+            backend_id: pick.backend_id,
+            svc_id: picks.svc_id,
+            addr,
+            port: pick.port,
+        })
+    }
+}
+
 /// `connect()` (TCP, UDP) and, with `datagram`, `sendmsg()` on unconnected
 /// UDP sockets: a frontend address becomes a backend address.
 #[inline(always)]
@@ -458,8 +528,60 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
     if !at.v4 && !maps::may_be_frontend_v6(&at.addr) {
         return unserved(&at);
     }
-    let Some(mut master) = service(&at, 0, SCOPE_EXTERNAL) else {
-        return unserved(&at);
+    // SAFETY: plain helper call on the program's context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let h = jhash_3words(
+        cookie as u32,
+        (cookie >> 32) as u32,
+        u32::from(at.port),
+        config.hash_seed,
+    );
+    let picked = if config.flags() & CFG_F_SOCK_PICKS != 0 {
+        from_picks(&at, h)
+    } else {
+        None
+    };
+    let chosen = match picked {
+        Some(chosen) => {
+            if who != Caller::Node && datagram && tracked_by_tc(sa, family, &at) {
+                count(Stat::SockLeftToTc);
+                return ALLOW;
+            }
+            count(Stat::SockPicked);
+            chosen
+        }
+        None => match general(ctx, sa, family, &at, who, &config, datagram, h) {
+            Ok(chosen) => chosen,
+            Err(verdict) => return verdict,
+        },
+    };
+    write_addr(sa, family, &chosen.addr, chosen.port);
+    record(family, &at, cookie, &chosen);
+    count(Stat::SockConnect);
+    if who != Caller::Node {
+        count(Stat::SockPodConnect);
+    }
+    ALLOW
+}
+
+/// The general path of `connect`: the master entry, its flags, a pick
+/// among its slots and the backend the slot names. `Err` is the call's
+/// verdict when the socket goes to no backend (refused, left to the TC
+/// path, a dangling slot).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn general(
+    ctx: &SockAddrContext,
+    sa: *mut bpf_sock_addr,
+    family: Family,
+    at: &Target,
+    who: Caller,
+    config: &Config,
+    datagram: bool,
+    h: u32,
+) -> Result<Chosen, i32> {
+    let Some(mut master) = service(at, 0, SCOPE_EXTERNAL) else {
+        return Err(unserved(at));
     };
     if who == Caller::Node {
         if master.flags & SVC_F_NODE_DENIED != 0 {
@@ -469,15 +591,14 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
             events::sock(Stat::SourceDenied, &at.addr, at.port, at.proto, at.v4);
             // SAFETY: plain helper call; sets the errno the syscall returns.
             unsafe { bpf_set_retval(-ETIMEDOUT) };
-            return REJECT;
+            return Err(REJECT);
         }
-    } else if master.flags & SVC_F_SOURCE_RANGES != 0
-        || (datagram && tracked_by_tc(sa, family, &at))
+    } else if master.flags & SVC_F_SOURCE_RANGES != 0 || (datagram && tracked_by_tc(sa, family, at))
     {
         // The TC path sees the pod's source address and the flow's
         // conntrack entry: it gives the answer.
         count(Stat::SockLeftToTc);
-        return ALLOW;
+        return Err(ALLOW);
     }
     // The node, and pods when local-traffic detection is configured, are
     // inside the cluster: an externalTrafficPolicy Local frontend gives
@@ -485,7 +606,7 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
     let local = who == Caller::Node || config.flags() & CFG_F_SOCK_PODS_LOCAL != 0;
     let mut scope = SCOPE_EXTERNAL;
     if local && master.flags & SVC_F_INTERNAL != 0 {
-        if let Some(internal) = service(&at, 0, SCOPE_INTERNAL) {
+        if let Some(internal) = service(at, 0, SCOPE_INTERNAL) {
             master = internal;
             scope = SCOPE_INTERNAL;
         }
@@ -499,62 +620,53 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
             events::sock(Stat::NoBackendDrop, &at.addr, at.port, at.proto, at.v4);
             // SAFETY: plain helper call; sets the errno the syscall returns.
             unsafe { bpf_set_retval(-ETIMEDOUT) };
-            return REJECT;
+            return Err(REJECT);
         }
         Pick::Reject => {
             count(Stat::SockRefused);
             events::sock(Stat::SockRefused, &at.addr, at.port, at.proto, at.v4);
             // SAFETY: plain helper call; sets the errno the syscall returns.
             unsafe { bpf_set_retval(-ECONNREFUSED) };
-            return REJECT;
+            return Err(REJECT);
         }
     };
-    // SAFETY: plain helper call on the program's context.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let h = jhash_3words(
-        cookie as u32,
-        (cookie >> 32) as u32,
-        u32::from(at.port),
-        config.hash_seed,
-    );
-    let backend_id = pick(&at, who, master, scope, slots, h);
+    let backend_id = pick(at, who, master, scope, slots, h);
     let Some(backend) = maps::backend(backend_id) else {
         count(Stat::Dangling);
         crate::log::socket_dangling(ctx, backend_id);
         events::sock(Stat::Dangling, &at.addr, at.port, at.proto, at.v4);
-        return ALLOW;
+        return Err(ALLOW);
     };
     if (backend.family == FAMILY_V4) != at.v4 {
         count(Stat::Dangling);
         events::sock(Stat::Dangling, &at.addr, at.port, at.proto, at.v4);
-        return ALLOW;
+        return Err(ALLOW);
     }
-    let baddr = socket_view(backend, mapped);
-    write_addr(sa, family, &baddr, backend.port);
-    let port = at.port;
-    let mut entry = SockEntry {
+    Ok(Chosen {
         backend_id,
         svc_id: master.svc_id,
-        backend: baddr,
+        addr: socket_view(backend, at.mapped),
+        port: backend.port,
+    })
+}
+
+/// Records where socket `cookie` went: its `sl_socktab` slot or `sl_sock`
+/// entry (TCP), or its `sl_sock` and `sl_sockrev` entries (UDP).
+#[inline(always)]
+fn record(family: Family, at: &Target, cookie: u64, chosen: &Chosen) {
+    let proto = at.proto;
+    let mut entry = SockEntry {
+        backend_id: chosen.backend_id,
+        svc_id: chosen.svc_id,
+        backend: chosen.addr,
         frontend: at.addr,
-        backend_port: backend.port,
-        frontend_port: port,
+        backend_port: chosen.port,
+        frontend_port: at.port,
         proto,
         family: match family {
             Family::V4 => FAMILY_V4,
             Family::V6 => FAMILY_V6,
         },
-        _pad: [0; 2],
-    };
-    let rev_key = SockRevKey {
-        cookie,
-        backend: baddr,
-        port: backend.port,
-        _pad: [0; 6],
-    };
-    let rev = SockRevValue {
-        frontend: at.addr,
-        port,
         _pad: [0; 2],
     };
     if proto == IPPROTO_TCP {
@@ -608,15 +720,21 @@ pub fn connect(ctx: &SockAddrContext, family: Family, datagram: bool) -> i32 {
         }
     } else {
         let _ = SOCKETS.insert(cookie, entry, BPF_ANY as u64);
+        let rev_key = SockRevKey {
+            cookie,
+            backend: chosen.addr,
+            port: chosen.port,
+            _pad: [0; 6],
+        };
+        let rev = SockRevValue {
+            frontend: at.addr,
+            port: at.port,
+            _pad: [0; 2],
+        };
         // A TCP socket has one peer, which `reverse` finds in `sl_sock`; a
         // UDP socket may send to several frontends, one reverse entry each.
         let _ = SOCK_REV.insert(rev_key, rev, BPF_ANY as u64);
     }
-    count(Stat::SockConnect);
-    if who != Caller::Node {
-        count(Stat::SockPodConnect);
-    }
-    ALLOW
 }
 
 /// `getpeername()` and UDP `recvmsg()`: a backend address the socket was
