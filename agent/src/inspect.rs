@@ -475,6 +475,9 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         .unwrap_or(0);
     // `sl_socktab`: balanced TCP sockets held in their cookie's slot.
     let table_held = maps.sock_table.occupied();
+    // `sl_sockfe4`/`sl_sockfe6`: frontends a connect answers in one lookup.
+    let picks_on = config.flags() & sluice_common::config::CFG_F_SOCK_PICKS != 0;
+    let picks = maps.sock_picks().map(|p| p.len()).unwrap_or(0);
     let agent = http_get(&args.healthz_url);
 
     if args.json {
@@ -507,6 +510,10 @@ pub fn status(args: &StatusArgs) -> Result<()> {
                 "sockets": table_held,
                 "slots": sluice_common::maps::SOCK_TABLE_SLOTS,
                 "in_use": marks_valid,
+            },
+            "sock_picks": {
+                "frontends": picks,
+                "on": picks_on,
             },
             "host_routing": host_routing,
             "datapath": counters,
@@ -595,6 +602,11 @@ pub fn status(args: &StatusArgs) -> Result<()> {
             "new sockets go to sl_sock until the counts are trusted"
         }
     );
+    if picks_on {
+        println!("sock picks: {picks} frontends give a connect its backend in one lookup (sl_sockfe4/sl_sockfe6)");
+    } else {
+        println!("sock picks: off, every connect takes the general lookups ({picks} entries in sl_sockfe4/sl_sockfe6 unread: no agent keeps them)");
+    }
     println!(
         "routing:   {}",
         if host_routing {

@@ -1607,6 +1607,11 @@ fn plain_frontends_give_sockets_their_backend_in_one_lookup() -> Result<()> {
         maps()?.config()?.flags() & CFG_F_SOCK_PICKS != 0,
         "the entries are on"
     );
+    let status = agent.cli(&["status"])?;
+    ensure!(
+        status.contains("sock picks: 2 frontends give a connect its backend in one lookup"),
+        "{status}"
+    );
 
     // Sockets take the entry, with the general path's answers.
     let run = |v6: bool, n: usize| -> Result<BTreeSet<String>> {
@@ -1656,6 +1661,8 @@ fn plain_frontends_give_sockets_their_backend_in_one_lookup() -> Result<()> {
         maps()?.config()?.flags() & CFG_F_SOCK_PICKS == 0,
         "the entries stay on"
     );
+    let status = agent.cli(&["status"])?;
+    ensure!(status.contains("sock picks: off"), "{status}");
     let before = picks_taken()?;
     let seen = run(false, 8)?;
     ensure!(

@@ -20,6 +20,12 @@
 //! socket balancing reached the pod), are left to the TC path
 //! (`sock_left_to_tc`); the externalTrafficPolicy Local short-circuit
 //! follows `CFG_F_SOCK_PODS_LOCAL`.
+//!
+//! A frontend whose pick is a hash over its active backends alone has an
+//! entry in `sl_sockfe4`/`sl_sockfe6` (`sluice_common::picks`), which
+//! `connect` takes first: one lookup gives the service port and the
+//! backend, the one the general path (master, slot, backend: three
+//! lookups) would give the same socket.
 
 use aya_ebpf::{
     bindings::{bpf_sock_addr, BPF_ANY},
