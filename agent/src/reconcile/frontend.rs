@@ -8,8 +8,9 @@
 //! backend goes only after no slot names it (the caller deletes backends
 //! last). The socket programs' entry (`sl_sockfe4`/`sl_sockfe6`,
 //! `picks.rs`) always gives what the master entry and slots give: one that
-//! changes goes before them and comes back after them. IPv6 frontends go to `sl_svc6` under the same rules; both
-//! families name backends in the one `sl_backends`.
+//! changes goes before them and comes back after them. IPv6 frontends go
+//! to `sl_svc6` under the same rules; both families name backends in the
+//! one `sl_backends`.
 //! Each call updates the caller's record of what is programmed write by
 //! write, so the record stays exact even when a write fails half way.
 
@@ -76,11 +77,13 @@ fn drop_picks_unless<W: MapWrites>(
     keep: Option<&PicksEntry>,
     backends: &impl BackendLookup,
 ) -> Result<(), WriteError> {
+    if !current.sock_picks {
+        return Ok(());
+    }
     // The map holds what `picks::entry` gave for `current` when it was
     // written; the same today unless a backend it names stopped being
     // active since (its id keeps its address while it lives).
-    let holds = picks::entry(frontend, current, backends);
-    if current.sock_picks && (keep.is_none() || holds.as_ref() != keep) {
+    if keep.is_none() || picks::entry(frontend, current, backends).as_ref() != keep {
         writer.delete(EntryKey::SockPicks(ServiceKey::of(frontend, 0)))?;
         current.sock_picks = false;
     }

@@ -390,7 +390,7 @@ impl<W: MapWrites> Reconciler<W> {
         if let Err(e) = r.filters.fill(&mut r.writer, &r.programmed) {
             warn!(error = %e, "datapath filters not written: every packet takes the service lookups");
         }
-        r.start_picks(stale_picks)?;
+        r.start_picks(stale_picks);
         Ok(r)
     }
 
@@ -399,14 +399,21 @@ impl<W: MapWrites> Reconciler<W> {
     /// written only when it was clear, so a restart writes nothing). Until
     /// the bit is set they make the general lookups only, which are right
     /// whatever these maps hold.
-    fn start_picks(&mut self, stale: Vec<ServiceKey>) -> Result<(), DatapathError> {
+    /// A delete that fails leaves the bit clear for this agent's life
+    /// (every connect then takes the general lookups), with a warning.
+    fn start_picks(&mut self, stale: Vec<ServiceKey>) {
         if !stale.is_empty() {
             info!(entries = stale.len(), "deleting socket pick entries that disagree with the service maps (written before a release that does not keep them ran)");
         }
         for key in stale {
-            self.writer.delete(EntryKey::SockPicks(key))?;
+            if let Err(e) = self.writer.delete(EntryKey::SockPicks(key)) {
+                warn!(error = %e, "a stale sl_sockfe4/sl_sockfe6 entry could not be deleted: sockets take the general lookups until the next start");
+                return;
+            }
         }
-        self.set_config_flags(CFG_F_SOCK_PICKS, CFG_F_SOCK_PICKS)
+        if let Err(e) = self.set_config_flags(CFG_F_SOCK_PICKS, CFG_F_SOCK_PICKS) {
+            warn!(error = %e, "the socket programs' one-lookup entries could not be turned on: sockets take the general lookups");
+        }
     }
 
     /// Stops the socket programs reading `sl_sockfe4`/`sl_sockfe6`, as the

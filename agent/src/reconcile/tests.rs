@@ -13,7 +13,7 @@ use super::{
     Reconciler, Refusal, Scope,
 };
 use crate::{
-    datapath::{EntryKey, MapSizes, MapWrites, ServiceKey},
+    datapath::{EntryKey, MapSizes, MapWrites, PicksEntry, ServiceKey},
     model::{
         DesiredBackend, DesiredService, DesiredState, Endpoint, Frontend, FrontendKey, Proto,
         ServicePortName, WhenEmpty,
@@ -284,6 +284,65 @@ fn a_restarted_agent_adopts_the_maps_without_writing() {
     assert!(again.writer().log.is_empty(), "{:?}", again.writer().log);
     assert_eq!(again.writer().services, held.services);
     assert_eq!(again.writer().backends, held.backends);
+}
+
+#[test]
+fn socket_picks_that_disagree_with_the_adopted_maps_go_before_the_programs_read_them() {
+    use sluice_common::config::CFG_F_SOCK_PICKS;
+    let mut r = start(FakeMaps::new());
+    let d = rich_desired();
+    let now = Instant::now();
+    sync_all(&mut r, &d, now);
+    assert_ne!(r.writer().config.flags() & CFG_F_SOCK_PICKS, 0);
+    let (fe, entry) = r
+        .writer()
+        .picks
+        .iter()
+        .next()
+        .map(|(k, e)| (*k, *e))
+        .expect("the plain frontend has an entry");
+    r.stop_picks().unwrap();
+    assert_eq!(
+        r.writer().config.flags() & CFG_F_SOCK_PICKS,
+        0,
+        "a stopping agent turns them off"
+    );
+    // A release that does not keep them changed the frontend under its
+    // entry, and removed another frontend whose entry stayed.
+    let mut held = r.writer().restarted();
+    let (stale, orphan) = match entry {
+        PicksEntry::V4(k, v) => {
+            let (mut wrong, mut gone) = (v, k);
+            wrong.svc_id += 100;
+            gone.port += 1;
+            (PicksEntry::V4(k, wrong), PicksEntry::V4(gone, v))
+        }
+        PicksEntry::V6(k, v) => {
+            let (mut wrong, mut gone) = (v, k);
+            wrong.svc_id += 100;
+            gone.port += 1;
+            (PicksEntry::V6(k, wrong), PicksEntry::V6(gone, v))
+        }
+    };
+    let orphan_fe = orphan.key().frontend().unwrap().0;
+    held.picks.insert(fe, stale);
+    held.picks.insert(orphan_fe, orphan);
+
+    let mut again = start(held);
+    let log = again.writer().log.clone();
+    let deleted = position(&log, |w| matches!(w, Write::Delete(EntryKey::SockPicks(_))));
+    let on = position(&log, |w| *w == Write::Config);
+    assert_eq!(deleted.len(), 2, "{log:?}");
+    assert!(
+        on.len() == 1 && deleted.iter().all(|d| *d < on[0]),
+        "the stale entries go before the bit is set: {log:?}"
+    );
+    assert_ne!(again.writer().config.flags() & CFG_F_SOCK_PICKS, 0);
+    assert!(!again.programmed().frontends.get(&fe).unwrap().sock_picks);
+    // The next reconcile writes the frontend's entry back, and only that.
+    let report = sync_all(&mut again, &d, now);
+    assert_eq!(report.writes, 1);
+    assert_eq!(again.writer().picks.get(&fe), Some(&entry));
 }
 
 /// Whether frontend `fe`'s slots and its unit's backends are one list.

@@ -30,7 +30,10 @@ use crate::{
 };
 
 /// Active backends an entry holds at most: a frontend with more has none.
-pub const SOCK_PICKS_MAX: usize = 16;
+/// 14 keeps an `sl_sockfe4` element (the kernel's 48-byte element header,
+/// the 16-byte key slot and the 176-byte value, plus the allocator's 8)
+/// in the 256-byte allocation class: 16 would take the 512-byte one.
+pub const SOCK_PICKS_MAX: usize = 14;
 
 /// Master flags that make a socket's pick depend on more than a hash over
 /// the active backends: a frontend with any of them has no entry.

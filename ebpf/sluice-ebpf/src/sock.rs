@@ -455,9 +455,7 @@ fn from_picks(at: &Target, h: u32) -> Option<Chosen> {
         if n == 0 || n as usize > SOCK_PICKS_MAX {
             return None;
         }
-        let pick = picks
-            .picks
-            .get((pick_slot(h, 0, n) as usize) & (SOCK_PICKS_MAX - 1))?;
+        let pick = picks.picks.get(pick_slot(h, 0, n) as usize)?;
         let o = if at.mapped {
             addr[..12].copy_from_slice(&V4_MAPPED);
             12
@@ -483,9 +481,7 @@ fn from_picks(at: &Target, h: u32) -> Option<Chosen> {
         if n == 0 || n as usize > SOCK_PICKS_MAX {
             return None;
         }
-        let pick = picks
-            .picks
-            .get((pick_slot(h, 0, n) as usize) & (SOCK_PICKS_MAX - 1))?;
+        let pick = picks.picks.get(pick_slot(h, 0, n) as usize)?;
         addr.copy_from_slice(&pick.addr);
         Some(Chosen {
             backend_id: pick.backend_id,
