@@ -328,6 +328,13 @@ fn socket_view(backend: &Backend, mapped: bool) -> [u8; 16] {
     if backend.family == FAMILY_V6 {
         return backend.addr;
     }
+    v4_view(&backend.addr_v4(), mapped)
+}
+
+/// An IPv4 address as a socket sees it: in the first 4 bytes (`AF_INET`),
+/// or v4-mapped (`mapped`: an `AF_INET6` socket).
+#[inline(always)]
+fn v4_view(addr: &[u8; 4], mapped: bool) -> [u8; 16] {
     let mut out = [0u8; 16];
     let o = if mapped {
         out[..12].copy_from_slice(&V4_MAPPED);
@@ -335,7 +342,7 @@ fn socket_view(backend: &Backend, mapped: bool) -> [u8; 16] {
     } else {
         0
     };
-    out[o..o + 4].copy_from_slice(&backend.addr[..4]);
+    out[o..o + 4].copy_from_slice(addr);
     out
 }
 
@@ -442,54 +449,34 @@ struct Chosen {
 /// path would give), if the frontend has one (`sluice_common::picks`).
 #[inline(always)]
 fn from_picks(at: &Target, h: u32) -> Option<Chosen> {
-    let mut addr = [0u8; 16];
-    if at.v4 {
-        let picks = maps::sock_picks4(&Svc4Key::scoped(
-            at.v4_addr(),
-            at.port,
-            at.proto,
-            0,
-            SCOPE_EXTERNAL,
-        ))?;
-        let n = picks.count;
-        if n == 0 || n as usize > SOCK_PICKS_MAX {
-            return None;
-        }
-        let pick = picks.picks.get(pick_slot(h, 0, n) as usize)?;
-        let o = if at.mapped {
-            addr[..12].copy_from_slice(&V4_MAPPED);
-            12
-        } else {
-            0
-        };
-        addr[o..o + 4].copy_from_slice(&pick.addr);
-        Some(Chosen {
-            backend_id: pick.backend_id,
-            svc_id: picks.svc_id,
-            addr,
-            port: pick.port,
-        })
+    let (svc_id, backend_id, addr, port) = if at.v4 {
+        let key = Svc4Key::scoped(at.v4_addr(), at.port, at.proto, 0, SCOPE_EXTERNAL);
+        let picks = maps::sock_picks4(&key)?;
+        let pick = nth(&picks.picks, picks.count, h)?;
+        let addr = v4_view(&pick.addr, at.mapped);
+        (picks.svc_id, pick.backend_id, addr, pick.port)
     } else {
-        let picks = maps::sock_picks6(&Svc6Key::scoped(
-            at.addr,
-            at.port,
-            at.proto,
-            0,
-            SCOPE_EXTERNAL,
-        ))?;
-        let n = picks.count;
-        if n == 0 || n as usize > SOCK_PICKS_MAX {
-            return None;
-        }
-        let pick = picks.picks.get(pick_slot(h, 0, n) as usize)?;
-        addr.copy_from_slice(&pick.addr);
-        Some(Chosen {
-            backend_id: pick.backend_id,
-            svc_id: picks.svc_id,
-            addr,
-            port: pick.port,
-        })
+        let key = Svc6Key::scoped(at.addr, at.port, at.proto, 0, SCOPE_EXTERNAL);
+        let picks = maps::sock_picks6(&key)?;
+        let pick = nth(&picks.picks, picks.count, h)?;
+        (picks.svc_id, pick.backend_id, pick.addr, pick.port)
+    };
+    Some(Chosen {
+        backend_id,
+        svc_id,
+        addr,
+        port,
+    })
+}
+
+/// The pick hash `h` names among an entry's first `count`, if `count` is
+/// one an entry may hold.
+#[inline(always)]
+fn nth<T>(picks: &[T; SOCK_PICKS_MAX], count: u16, h: u32) -> Option<&T> {
+    if count == 0 || usize::from(count) > SOCK_PICKS_MAX {
+        return None;
     }
+    picks.get(usize::from(pick_slot(h, 0, count)))
 }
 
 /// `connect()` (TCP, UDP) and, with `datagram`, `sendmsg()` on unconnected
