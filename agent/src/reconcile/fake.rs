@@ -353,6 +353,32 @@ impl FakeMaps {
         }
     }
 
+    /// A socket programs' entry gives what the master entry and slots give,
+    /// at every write: the master's service port, and its active slots'
+    /// backends in slot order (a backend's state may have changed under
+    /// both: the caller writes backends first).
+    fn check_picks_follow_slots(&self, fe: &FrontendKey) {
+        let Some(entry) = self.picks.get(fe) else {
+            return;
+        };
+        let master = self
+            .services
+            .get(&(*fe, 0))
+            .unwrap_or_else(|| panic!("socket picks of {fe} without its master entry"));
+        let named: Vec<(BackendId, u32)> =
+            picks_named(entry).map(|(id, svc, _)| (id, svc)).collect();
+        let slots: Vec<(BackendId, u32)> = (1..=master.active)
+            .map(|i| {
+                let slot = self.services.get(&(*fe, i));
+                (BackendId(slot.map_or(0, |s| s.backend_id)), master.svc_id)
+            })
+            .collect();
+        assert_eq!(
+            named, slots,
+            "socket picks of {fe} differ from its master's active slots"
+        );
+    }
+
     /// Puts and deletions recorded, without the config entry and
     /// `sl_sockmark`'s validity word.
     pub fn map_writes(&self) -> Vec<Write> {
@@ -521,6 +547,11 @@ impl MapWrites for FakeMaps {
         self.attempt("fake")?;
         self.check_put(&entry);
         self.log.push(Self::record(&entry));
+        let touched = match entry {
+            Entry::Service(k, _) => Some(frontend_of(k).0),
+            Entry::SockPicks(e) => Some(frontend_of(e.key()).0),
+            _ => None,
+        };
         match entry {
             Entry::Config(c) => self.config = *c,
             Entry::Backend(id, b) => {
@@ -558,6 +589,9 @@ impl MapWrites for FakeMaps {
                 self.picks.insert(frontend_of(e.key()).0, *e);
             }
         }
+        if let Some(fe) = touched {
+            self.check_picks_follow_slots(&fe);
+        }
         Ok(())
     }
 
@@ -589,6 +623,11 @@ impl MapWrites for FakeMaps {
         };
         if found {
             self.log.push(Write::Delete(key));
+        }
+        if let EntryKey::Service(k) = key {
+            if let Some((fe, _)) = k.frontend() {
+                self.check_picks_follow_slots(&fe);
+            }
         }
         Ok(())
     }
