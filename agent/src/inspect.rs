@@ -605,7 +605,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     if picks_on {
         println!("sock picks: {picks} frontends give a connect its backend in one lookup (sl_sockfe4/sl_sockfe6)");
     } else {
-        println!("sock picks: off, every connect takes the general lookups ({picks} entries in sl_sockfe4/sl_sockfe6 unread: no agent keeps them)");
+        println!("sock picks: off, every connect takes the general lookups ({picks} entries in sl_sockfe4/sl_sockfe6 unread: the agent stopped, or could not turn them on)");
     }
     println!(
         "routing:   {}",

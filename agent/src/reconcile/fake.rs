@@ -438,17 +438,7 @@ impl MapReads for FakeMaps {
             members.sort_by_key(|(_, ep)| *ep);
             state.frontends.get_or_default(*fe).maglev = members.into();
         }
-        // What the adoption concludes (`adopt_picks`): an entry equal to
-        // what its frontend's record gives is that record's.
-        for (fe, e) in &self.picks {
-            let matches = state
-                .frontends
-                .get(fe)
-                .is_some_and(|f| super::picks::entry(fe, f, &state.backends) == Some(*e));
-            if let (true, Some(f)) = (matches, state.frontends.get_mut(fe)) {
-                f.sock_picks = true;
-            }
-        }
+        // As `read_map_state`: `sock_picks` is the adoption's to set.
         Ok((state, self.foreign.clone()))
     }
 

@@ -306,6 +306,16 @@ fn adopt_picks(
     Ok(stale)
 }
 
+/// What an agent starting on `reads` adopts (for the tests' comparisons of
+/// the record with the maps): their state, with the frontends whose
+/// socket entries it keeps marked.
+#[cfg(test)]
+pub(crate) fn adopted_state(reads: &impl MapReads) -> Result<MapState, DatapathError> {
+    let (mut state, _) = reads.state()?;
+    adopt_picks(reads, &mut state)?;
+    Ok(state)
+}
+
 impl<W: MapWrites> Reconciler<W> {
     /// Adopts what the maps hold now and makes sure the config entry is set.
     pub fn new(
@@ -390,30 +400,34 @@ impl<W: MapWrites> Reconciler<W> {
         if let Err(e) = r.filters.fill(&mut r.writer, &r.programmed) {
             warn!(error = %e, "datapath filters not written: every packet takes the service lookups");
         }
-        r.start_picks(stale_picks);
+        r.start_picks(stale_picks)?;
         Ok(r)
     }
 
     /// Deletes the socket programs' entries adoption found stale, then lets
     /// the programs read `sl_sockfe4`/`sl_sockfe6` (`CFG_F_SOCK_PICKS`;
-    /// written only when it was clear, so a restart writes nothing). Until
-    /// the bit is set they make the general lookups only, which are right
-    /// whatever these maps hold.
-    /// A delete that fails leaves the bit clear for this agent's life
-    /// (every connect then takes the general lookups), with a warning.
-    fn start_picks(&mut self, stale: Vec<ServiceKey>) {
+    /// written only when it was clear: after a clean stop, one config
+    /// write). The bit goes first while stale entries exist (an agent that
+    /// did not stop cleanly left it set), so the programs never read one;
+    /// without the bit they make the general lookups only, which are right
+    /// whatever these maps hold. A delete that fails leaves the bit clear
+    /// for this agent's life (with a warning); a bit that cannot be
+    /// cleared fails the start.
+    fn start_picks(&mut self, stale: Vec<ServiceKey>) -> Result<(), DatapathError> {
         if !stale.is_empty() {
-            info!(entries = stale.len(), "deleting socket pick entries that disagree with the service maps (written before a release that does not keep them ran)");
+            info!(entries = stale.len(), "deleting socket pick entries that disagree with the service maps (a release that does not keep them ran, or an agent stopped mid-write)");
+            self.set_config_flags(CFG_F_SOCK_PICKS, 0)?;
         }
         for key in stale {
             if let Err(e) = self.writer.delete(EntryKey::SockPicks(key)) {
                 warn!(error = %e, "a stale sl_sockfe4/sl_sockfe6 entry could not be deleted: sockets take the general lookups until the next start");
-                return;
+                return Ok(());
             }
         }
         if let Err(e) = self.set_config_flags(CFG_F_SOCK_PICKS, CFG_F_SOCK_PICKS) {
             warn!(error = %e, "the socket programs' one-lookup entries could not be turned on: sockets take the general lookups");
         }
+        Ok(())
     }
 
     /// Stops the socket programs reading `sl_sockfe4`/`sl_sockfe6`, as the

@@ -14,14 +14,15 @@ use sluice_common::{
 use super::{backends::BackendLookup, endpoint_of, state::FrontendState};
 use crate::{
     datapath::{PicksEntry, ServiceKey},
-    model::{FrontendKey, Scope},
+    model::{FrontendKey, Proto, Scope},
 };
 
 /// Whether the frontend at `key` with record `fe` gets an entry: an
-/// external-scope frontend whose socket pick is a hash over its active
-/// backends alone (the socket programs look up the external scope only).
+/// external-scope TCP or UDP frontend whose socket pick is a hash over its
+/// active backends alone (the socket programs look up the external scope
+/// only, and leave SCTP sockets alone).
 pub fn qualifies(key: &FrontendKey, fe: &FrontendState) -> bool {
-    key.scope == Scope::External && takes_picks(fe.flags, fe.active)
+    key.scope == Scope::External && key.proto != Proto::Sctp && takes_picks(fe.flags, fe.active)
 }
 
 /// The entry of the frontend at `key` whose record is `fe`: its service
@@ -102,10 +103,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::{
-        model::Proto,
-        reconcile::{BackendId, SvcId},
-    };
+    use crate::reconcile::{BackendId, SvcId};
 
     #[allow(clippy::needless_update)] // not needless in the `abi-probe` build
     fn backend(last: u8, state: BackendState, svc: u32) -> Backend {
@@ -163,6 +161,11 @@ mod tests {
         // internal scope, nor without an active backend.
         assert!(entry(&key, &record(SVC_F_AFFINITY, 2, &[3, 1, 2]), &backends).is_none());
         assert!(entry(&key.in_scope(Scope::Internal), &fe, &backends).is_none());
+        let sctp = FrontendKey::new(key.addr, 80, Proto::Sctp);
+        assert!(
+            entry(&sctp, &fe, &backends).is_none(),
+            "SCTP sockets are not balanced"
+        );
         assert!(entry(&key, &record(0, 0, &[2]), &backends).is_none());
         // A record naming a backend that is not active, not known or
         // another service port's gets none (it is being rewritten).

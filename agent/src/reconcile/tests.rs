@@ -97,7 +97,7 @@ fn sync_all(r: &mut Reconciler<FakeMaps>, d: &DesiredState, now: Instant) -> sup
 /// The record equals the maps, but for frontends a failed write left
 /// marked unknown (`svc_id` 0, nothing recorded: rewritten next time).
 fn assert_programmed_is_exact(r: &Reconciler<FakeMaps>) {
-    let (held, _) = r.writer().state().unwrap();
+    let held = adopted(r.writer());
     let mut record = r.programmed().clone();
     record
         .frontends
@@ -105,7 +105,10 @@ fn assert_programmed_is_exact(r: &Reconciler<FakeMaps>) {
     assert_eq!(record, held, "the record differs from the maps");
 }
 
-use crate::datapath::MapReads;
+/// What an agent starting on `maps` adopts.
+fn adopted(maps: &FakeMaps) -> super::MapState {
+    super::adopted_state(maps).unwrap()
+}
 
 fn position(log: &[Write], pred: impl Fn(&Write) -> bool) -> Vec<usize> {
     log.iter()
@@ -343,6 +346,21 @@ fn socket_picks_that_disagree_with_the_adopted_maps_go_before_the_programs_read_
     let report = sync_all(&mut again, &d, now);
     assert_eq!(report.writes, 1);
     assert_eq!(again.writer().picks.get(&fe), Some(&entry));
+
+    // An agent that died without stopping left the bit set: it goes before
+    // the stale entry, and comes back after it.
+    let mut crashed = again.writer().restarted();
+    assert_ne!(crashed.config.flags() & CFG_F_SOCK_PICKS, 0);
+    crashed.picks.insert(fe, stale);
+    let after = start(crashed);
+    let log = after.writer().log.clone();
+    let config = position(&log, |w| *w == Write::Config);
+    let deleted = position(&log, |w| matches!(w, Write::Delete(EntryKey::SockPicks(_))));
+    assert!(
+        config.len() == 2 && deleted.len() == 1 && config[0] < deleted[0] && deleted[0] < config[1],
+        "off, delete, on: {log:?}"
+    );
+    assert_ne!(after.writer().config.flags() & CFG_F_SOCK_PICKS, 0);
 }
 
 /// Whether frontend `fe`'s slots and its unit's backends are one list.
@@ -1033,7 +1051,7 @@ fn a_failed_delete_of_slots_leaves_an_exact_record_and_the_next_reconcile_repair
             // unrecorded, none recorded gone); a frontend whose write
             // failed may be marked unknown (`svc_id` 0), rewritten next
             // time.
-            let (held, _) = r.writer().state().unwrap();
+            let held = adopted(r.writer());
             for (k, f) in r.programmed().frontends.iter() {
                 let h = held.frontends.get(&k).cloned().unwrap_or_default();
                 assert_eq!(f.slots, h.slots, "write {fail_at}: {k:?}");

@@ -276,7 +276,7 @@ proptest! {
             sync.reconciler.writer().canonical(),
             scratch.reconciler.writer().canonical()
         );
-        let (held, _) = crate::datapath::MapReads::state(sync.reconciler.writer()).unwrap();
+        let held = crate::reconcile::adopted_state(sync.reconciler.writer()).unwrap();
         prop_assert_eq!(sync.reconciler.programmed(), &held);
     }
 

@@ -13,13 +13,14 @@
 //! the backend of slot `i + 1`, so a socket gets the backend the general
 //! path would have given it.
 //!
-//! The agent writes a frontend's entry before its slots and master entry
-//! change and deletes it before the frontend stops qualifying, so an entry
-//! only ever names backends that exist and take new flows. The programs
-//! read these maps only while `CFG_F_SOCK_PICKS` is set, which the agent
-//! sets once the maps hold nothing stale; release 0.1.0 writes that word
-//! as zero when it starts, before it writes any service, so after a
-//! rollback the entries it does not keep are never read.
+//! The agent deletes a frontend's entry before its slots or master entry
+//! change in a way that changes it and writes the new one after them, so
+//! an entry always gives what they give and names only backends that
+//! exist. The programs read these maps only while `CFG_F_SOCK_PICKS` is
+//! set, which the agent sets once the maps hold nothing stale and clears
+//! as it stops, so that a release that does not keep them (0.1.0, which
+//! never reads or writes the bit) is never followed by reads of entries
+//! it left behind, unless the agent before it crashed.
 
 use crate::{
     assert_size,

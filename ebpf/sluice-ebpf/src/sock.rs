@@ -461,6 +461,12 @@ fn from_picks(at: &Target, h: u32) -> Option<Chosen> {
         let pick = nth(&picks.picks, picks.count, h)?;
         (picks.svc_id, pick.backend_id, pick.addr, pick.port)
     };
+    // An element the agent deleted while this ran may be reused and read
+    // half written: a zeroed pick names no backend (ids start at 1), and
+    // the general path answers.
+    if backend_id == 0 {
+        return None;
+    }
     Some(Chosen {
         backend_id,
         svc_id,
