@@ -477,7 +477,8 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     let table_held = maps.sock_table.occupied();
     // `sl_sockfe4`/`sl_sockfe6`: frontends a connect answers in one lookup.
     let picks_on = config.flags() & sluice_common::config::CFG_F_SOCK_PICKS != 0;
-    let picks = maps.sock_picks().map(|p| p.len()).unwrap_or(0);
+    let picks =
+        maps.sock_picks_v4.keys().flatten().count() + maps.sock_picks_v6.keys().flatten().count();
     let agent = http_get(&args.healthz_url);
 
     if args.json {

@@ -1485,26 +1485,15 @@ fn a_socket_whose_backend_is_gone_gives_its_count_back_at_its_close() -> Result<
 /// The backends of `vip:80/TCP`'s entry in `sl_sockfe4`/`sl_sockfe6`, in
 /// slot order (`None`: no entry).
 fn picks_of(maps: &Maps, vip: IpAddr) -> Result<Option<Vec<IpAddr>>> {
-    match vip {
-        IpAddr::V4(a) => {
-            let key = sluice_common::Svc4Key::new(a.octets(), 80, IPPROTO_TCP, 0);
-            Ok(maps.sock_picks_v4.get(&key, 0).ok().map(|v| {
-                v.picks[..usize::from(v.count)]
-                    .iter()
-                    .map(|p| IpAddr::from(p.addr))
-                    .collect()
-            }))
-        }
-        IpAddr::V6(a) => {
-            let key = sluice_common::Svc6Key::new(a.octets(), 80, IPPROTO_TCP, 0);
-            Ok(maps.sock_picks_v6.get(&key, 0).ok().map(|v| {
-                v.picks[..usize::from(v.count)]
-                    .iter()
-                    .map(|p| IpAddr::from(p.addr))
-                    .collect()
-            }))
-        }
-    }
+    let key = sluice::datapath::ServiceKey::of(
+        &sluice::model::FrontendKey::new(vip, 80, sluice::model::Proto::Tcp),
+        0,
+    );
+    Ok(maps
+        .sock_picks()?
+        .into_iter()
+        .find(|e| e.key() == key)
+        .map(|e| e.backends().into_iter().map(|(_, ep)| ep.addr).collect()))
 }
 
 /// A frontend a socket needs nothing more than a hash for (no affinity,

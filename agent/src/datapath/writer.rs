@@ -25,6 +25,7 @@ use sluice_common::{
 use super::{maps::ServiceKey, read_map_state, sys, DatapathError, Maps, WriteError};
 use crate::{
     conntrack::{self, SocketEntries},
+    model::Endpoint,
     reconcile::{BackendId, MapState, SourceRange, SvcId},
 };
 
@@ -69,6 +70,34 @@ impl PicksEntry {
         match self {
             Self::V4(k, _) => ServiceKey::V4(*k),
             Self::V6(k, _) => ServiceKey::V6(*k),
+        }
+    }
+
+    /// The service port it names (`SvcValue::svc_id`).
+    pub fn svc_id(&self) -> u32 {
+        match self {
+            Self::V4(_, v) => v.svc_id,
+            Self::V6(_, v) => v.svc_id,
+        }
+    }
+
+    /// The backends it names, in slot order: id and endpoint (at most
+    /// the entry's room, whatever its count says).
+    pub fn backends(&self) -> Vec<(u32, Endpoint)> {
+        let ep = |addr: IpAddr, port| Endpoint { addr, port };
+        match self {
+            Self::V4(_, v) => v
+                .picks
+                .iter()
+                .take(usize::from(v.count))
+                .map(|p| (p.backend_id, ep(IpAddr::from(p.addr), p.port)))
+                .collect(),
+            Self::V6(_, v) => v
+                .picks
+                .iter()
+                .take(usize::from(v.count))
+                .map(|p| (p.backend_id, ep(IpAddr::from(p.addr), p.port)))
+                .collect(),
         }
     }
 }

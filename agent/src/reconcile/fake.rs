@@ -629,30 +629,10 @@ impl MapWrites for FakeMaps {
 
 /// The backends a socket programs' entry names: id, the service port it
 /// says they serve, endpoint.
-pub fn picks_named(entry: &PicksEntry) -> impl Iterator<Item = (BackendId, u32, Endpoint)> + '_ {
-    let (svc, named): (u32, Vec<(u32, Endpoint)>) = match entry {
-        PicksEntry::V4(_, v) => (
-            v.svc_id,
-            v.picks[..usize::from(v.count).min(v.picks.len())]
-                .iter()
-                .map(|p| {
-                    let addr = IpAddr::V4(Ipv4Addr::from(p.addr));
-                    (p.backend_id, Endpoint { addr, port: p.port })
-                })
-                .collect(),
-        ),
-        PicksEntry::V6(_, v) => (
-            v.svc_id,
-            v.picks[..usize::from(v.count).min(v.picks.len())]
-                .iter()
-                .map(|p| {
-                    let addr = IpAddr::V6(std::net::Ipv6Addr::from(p.addr));
-                    (p.backend_id, Endpoint { addr, port: p.port })
-                })
-                .collect(),
-        ),
-    };
-    named
+fn picks_named(entry: &PicksEntry) -> impl Iterator<Item = (BackendId, u32, Endpoint)> {
+    let svc = entry.svc_id();
+    entry
+        .backends()
         .into_iter()
         .map(move |(id, ep)| (BackendId(id), svc, ep))
 }
