@@ -605,6 +605,8 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     );
     if picks_on {
         println!("sock picks: {picks} frontends give a connect its backend in one lookup (sl_sockfe4/sl_sockfe6)");
+    } else if socket_lb == "off" {
+        println!("sock picks: off, no socket-level balancing ({picks} entries in sl_sockfe4/sl_sockfe6: an agent with --socket-lb=off keeps none)");
     } else {
         println!("sock picks: off, every connect takes the general lookups ({picks} entries in sl_sockfe4/sl_sockfe6 unread: the agent stopped, or could not turn them on)");
     }

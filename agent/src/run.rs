@@ -332,8 +332,15 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     let (mut datapath, maps) = Datapath::load_logging(root, &sizes, args.datapath_log_level)
         .context("loading the datapath")?;
     let datapath_logger = datapath.take_logger();
-    let mut reconciler = Reconciler::new(MapWriter::new(maps), &sizes, args.drain_timeout.0)
-        .context("adopting the pinned maps")?;
+    // Without socket-level balancing no program reads the frontends'
+    // one-lookup entries (`sl_sockfe4`/`sl_sockfe6`): none is kept.
+    let mut reconciler = Reconciler::with_sock_picks(
+        MapWriter::new(maps),
+        &sizes,
+        args.drain_timeout.0,
+        args.socket_lb.mode != SocketLb::Off,
+    )
+    .context("adopting the pinned maps")?;
     reconciler.set_config_flags(
         sluice_common::config::CFG_F_EVENTS_MASK,
         args.monitor_events.flags(args.monitor_trace_sample),

@@ -186,6 +186,11 @@ impl<W: MapWrites> Sync<W> {
     ) {
         let mut due = self.timers();
         self.take_local_ifaces();
+        // Every link runs this build's programs now and a migration of the
+        // pins has finished: the socket programs may read their entries.
+        if let Err(e) = self.reconciler.start_picks() {
+            warn!(error = %e, "the socket programs' one-lookup entries stay off: every connect takes the general lookups");
+        }
         loop {
             let wait = if self.listed_waiting() {
                 Duration::ZERO

@@ -233,6 +233,12 @@ impl Agent {
         Ok(())
     }
 
+    /// Adds `extra` to the arguments of the agents `restart` and `replace`
+    /// start from now on.
+    pub fn add_args(&mut self, extra: &[&str]) {
+        self.args.extend(extra.iter().map(|a| (*a).to_owned()));
+    }
+
     /// Waits for the agent to exit on its own (a failpoint) and returns its
     /// exit code.
     pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<i32>> {

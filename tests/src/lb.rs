@@ -48,7 +48,9 @@ impl Lb {
             Ok(())
         })??;
         datapath.finish_migration()?;
-        let reconciler = Reconciler::new(MapWriter::new(maps), &sizes, drain_timeout)?;
+        let mut reconciler = Reconciler::new(MapWriter::new(maps), &sizes, drain_timeout)?;
+        // As the agent's sync task does once every link is swapped.
+        reconciler.start_picks()?;
         Ok(Self {
             datapath,
             reconciler,

@@ -695,6 +695,14 @@ fn host_mode_leaves_pods_to_the_tc_path() -> Result<()> {
         agent.stop()?;
     }
     // off: nothing attached, pods and node through TC.
+    ensure!(
+        Maps::open_pinned(topo.bpf.path())?
+            .sock_picks_v4
+            .keys()
+            .count()
+            == 1,
+        "host mode keeps the frontend's one-lookup entry"
+    );
     let mut agent = Agent::start(
         &topo,
         &format!("dir:{}", dir.path().display()),
@@ -703,6 +711,20 @@ fn host_mode_leaves_pods_to_the_tc_path() -> Result<()> {
     agent.wait_ready(Duration::from_secs(20))?;
     let status = agent.cli(&["status"])?;
     ensure!(status.contains("socket lb: off"), "{status}");
+    // No socket program reads the frontends' one-lookup entries: the ones
+    // the agents before wrote are gone, and none is written.
+    ensure!(
+        status.contains("sock picks: off, no socket-level balancing (0 entries"),
+        "{status}"
+    );
+    ensure!(
+        Maps::open_pinned(topo.bpf.path())?
+            .sock_picks_v4
+            .keys()
+            .count()
+            == 0,
+        "entries kept under --socket-lb=off"
+    );
     Ok(())
 }
 
@@ -1683,6 +1705,37 @@ fn plain_frontends_give_sockets_their_backend_in_one_lookup() -> Result<()> {
     let seen = run(false, 16)?;
     ensure!(!seen.contains("backend-0") && seen.len() == 2, "{seen:?}");
     ensure!(picks_taken()? >= before + 16);
+
+    // The same after a clean stop and a resize of the services' maps,
+    // which migrates `sl_sockfe4` too: the migration's late copy (of what
+    // the old maps gained meanwhile) must not bring the stale entries
+    // back, the changed one nor one of a port no service has (which no
+    // reconcile would rewrite).
+    agent.stop()?;
+    let orphan = sluice_common::Svc4Key::new([10, 96, 3, 1], 81, IPPROTO_TCP, 0);
+    let mut m = maps()?;
+    m.sock_picks_v4.insert(key, stale, 0)?;
+    m.sock_picks_v4.insert(orphan, stale, 0)?;
+    drop(m);
+    agent.add_args(&["--services-map-size=131072"]);
+    agent.restart(&topo.node)?;
+    agent.wait_ready(Duration::from_secs(20))?;
+    ensure!(
+        agent.migration_log().contains("sl_sockfe4"),
+        "no migration of sl_sockfe4: {}",
+        agent.migration_log()
+    );
+    ensure!(
+        picked(false)? == Some(ips(false, 1)) && maps()?.config()?.flags() & CFG_F_SOCK_PICKS != 0,
+        "after the resize: {:?}",
+        picked(false)?
+    );
+    ensure!(
+        maps()?.sock_picks_v4.get(&orphan, 0).is_err(),
+        "the entry of a port no service has came back"
+    );
+    let seen = run(false, 16)?;
+    ensure!(!seen.contains("backend-0") && seen.len() == 2, "{seen:?}");
     drop(servers);
     Ok(())
 }

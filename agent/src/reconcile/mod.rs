@@ -43,7 +43,7 @@ use crate::{
     conntrack,
     datapath::{
         DatapathError, Entry, EntryKey, MapReads, MapSizes, MapWriter, MapWrites, Occupancy,
-        ServiceKey, WriteError,
+        PicksEntry, ServiceKey, WriteError,
     },
     model::{DesiredState, FrontendKey, ServicePortName},
 };
@@ -189,6 +189,11 @@ pub struct Reconciler<W = MapWriter> {
     /// Whether this agent found `sl_sockmark`'s counts complete and wrote
     /// its validity word (the loader clears it at every start).
     marks_valid: bool,
+    /// Whether frontends get their `sl_sockfe4`/`sl_sockfe6` entries: not
+    /// under `--socket-lb=off`, where no socket program reads them.
+    sock_picks: bool,
+    /// Entries adoption found stale, for `start_picks` to delete.
+    stale_picks: Vec<ServiceKey>,
 }
 
 /// Service-map entries per address family (`sl_svc4`, `sl_svc6`).
@@ -317,11 +322,26 @@ pub(crate) fn adopted_state(reads: &impl MapReads) -> Result<MapState, DatapathE
 }
 
 impl<W: MapWrites> Reconciler<W> {
-    /// Adopts what the maps hold now and makes sure the config entry is set.
+    /// Adopts what the maps hold now and makes sure the config entry is set,
+    /// with the socket programs' one-lookup entries (`picks.rs`).
     pub fn new(
+        writer: W,
+        sizes: &MapSizes,
+        drain_timeout: Duration,
+    ) -> Result<Self, DatapathError> {
+        Self::with_sock_picks(writer, sizes, drain_timeout, true)
+    }
+
+    /// `new`, with the frontends' `sl_sockfe4`/`sl_sockfe6` entries kept
+    /// (`sock_picks`) or not: without socket-level balancing
+    /// (`--socket-lb=off`) no program reads them, so the entries an earlier
+    /// agent wrote go at start-up and none is written (the memory and the
+    /// writes of one per frontend).
+    pub fn with_sock_picks(
         mut writer: W,
         sizes: &MapSizes,
         drain_timeout: Duration,
+        sock_picks: bool,
     ) -> Result<Self, DatapathError> {
         let config = writer.config()?;
         if config.abi_version != ABI_VERSION {
@@ -350,7 +370,11 @@ impl<W: MapWrites> Reconciler<W> {
             })?;
         }
         let (mut programmed, foreign) = writer.state()?;
-        let stale_picks = adopt_picks(&writer, &mut programmed)?;
+        let stale_picks = if sock_picks {
+            adopt_picks(&writer, &mut programmed)?
+        } else {
+            writer.sock_picks()?.iter().map(PicksEntry::key).collect()
+        };
         let ids = Ids::adopt(&programmed);
         let mut r = Self {
             writer,
@@ -375,6 +399,8 @@ impl<W: MapWrites> Reconciler<W> {
             left_to_tc: 0,
             pods: PodFlows::new(),
             marks_valid: false,
+            sock_picks,
+            stale_picks: Vec::new(),
         };
         // Each unit's backends indexed at once (one slice per unit).
         r.units.index_backends(
@@ -400,31 +426,46 @@ impl<W: MapWrites> Reconciler<W> {
         if let Err(e) = r.filters.fill(&mut r.writer, &r.programmed) {
             warn!(error = %e, "datapath filters not written: every packet takes the service lookups");
         }
-        r.start_picks(stale_picks)?;
+        // The socket programs read no `sl_sockfe4`/`sl_sockfe6` entry until
+        // the sync task starts (`start_picks`): an agent that fails before
+        // then leaves the bit clear, as a clean stop does (the bit costs
+        // a write only after an agent that did not stop cleanly).
+        r.stale_picks = stale_picks;
+        r.set_config_flags(CFG_F_SOCK_PICKS, 0)?;
         Ok(r)
     }
 
-    /// Deletes the socket programs' entries adoption found stale, then lets
-    /// the programs read `sl_sockfe4`/`sl_sockfe6` (`CFG_F_SOCK_PICKS`;
-    /// written only when it was clear: after a clean stop, one config
-    /// write). The bit goes first while stale entries exist (an agent that
-    /// did not stop cleanly left it set), so the programs never read one;
-    /// without the bit they make the general lookups only, which are right
-    /// whatever these maps hold. A delete that fails leaves the bit clear
-    /// for this agent's life (with a warning); a bit that cannot be
-    /// cleared fails the start.
-    fn start_picks(&mut self, stale: Vec<ServiceKey>) -> Result<(), DatapathError> {
+    /// As the sync task starts, once every pinned link runs this build's
+    /// programs and a migration of the pins has finished (its late copy
+    /// would bring back what is deleted before): deletes the socket
+    /// programs' entries that adoption found stale (every entry with
+    /// `--socket-lb=off`), then lets the programs read
+    /// `sl_sockfe4`/`sl_sockfe6` (`CFG_F_SOCK_PICKS`), which `new` left
+    /// clear: without the bit they make the general lookups only, which
+    /// are right whatever these maps hold. A delete that fails leaves the
+    /// bit clear for this agent's life (with a warning).
+    pub fn start_picks(&mut self) -> Result<(), DatapathError> {
+        let stale = std::mem::take(&mut self.stale_picks);
         if !stale.is_empty() {
-            info!(entries = stale.len(), "deleting socket pick entries that disagree with the service maps (a release that does not keep them ran, or an agent stopped mid-write)");
-            self.set_config_flags(CFG_F_SOCK_PICKS, 0)?;
+            if self.sock_picks {
+                info!(entries = stale.len(), "deleting socket pick entries that disagree with the service maps (a release that does not keep them ran, or an agent stopped mid-write)");
+            } else {
+                info!(
+                    entries = stale.len(),
+                    "deleting the socket programs' one-lookup entries (--socket-lb=off)"
+                );
+            }
         }
         for key in stale {
             if let Err(e) = self.writer.delete(EntryKey::SockPicks(key)) {
-                warn!(error = %e, "a stale sl_sockfe4/sl_sockfe6 entry could not be deleted: sockets take the general lookups until the next start");
+                warn!(error = %e, "an sl_sockfe4/sl_sockfe6 entry could not be deleted: sockets take the general lookups until the next start");
                 return Ok(());
             }
         }
-        if let Err(e) = self.set_config_flags(CFG_F_SOCK_PICKS, CFG_F_SOCK_PICKS) {
+        if !self.sock_picks {
+            return Ok(());
+        }
+        if let Err(e) = self.write_flags_after_start(CFG_F_SOCK_PICKS, CFG_F_SOCK_PICKS) {
             warn!(error = %e, "the socket programs' one-lookup entries could not be turned on: sockets take the general lookups");
         }
         Ok(())
@@ -433,8 +474,39 @@ impl<W: MapWrites> Reconciler<W> {
     /// Stops the socket programs reading `sl_sockfe4`/`sl_sockfe6`, as the
     /// agent stops: the next agent may be one that does not keep them (a
     /// rollback to 0.1.0) while this build's programs are still attached.
+    /// The datapath stores the config word too (a pod's flow on the TC path
+    /// clears `CFG_F_PODS_ON_SOCKETS`, reading and writing the whole word):
+    /// a store that read the word before this write and lands after it
+    /// would set the bit again, so the word is read back until it holds.
     pub fn stop_picks(&mut self) -> Result<(), DatapathError> {
-        self.set_config_flags(CFG_F_SOCK_PICKS, 0)
+        for _ in 0..3 {
+            self.write_flags_after_start(CFG_F_SOCK_PICKS, 0)?;
+            std::thread::sleep(Duration::from_millis(1));
+            if self.writer.config()?.flags() & CFG_F_SOCK_PICKS == 0 {
+                return Ok(());
+            }
+        }
+        warn!("the socket programs' one-lookup bit kept coming back: the next agent clears it");
+        Ok(())
+    }
+
+    /// `set_config_flags` once the datapath runs with the pods' bit
+    /// settled (`allow_pods_on_sockets`): a pod's flow that began between
+    /// the read and the write had its clearing of `CFG_F_PODS_ON_SOCKETS`
+    /// overwritten, so with the bit kept set conntrack is read once more
+    /// and the bit goes if a pod's flow is there (also when the read
+    /// fails), as `set_pods_bit` does.
+    fn write_flags_after_start(&mut self, mask: u32, bits: u32) -> Result<(), DatapathError> {
+        let before = self.writer.config()?.flags();
+        self.set_config_flags(mask, bits)?;
+        let written = (before & !mask) | (bits & mask);
+        if written != before
+            && written & CFG_F_PODS_ON_SOCKETS != 0
+            && self.pod_flows_in_maps().unwrap_or(true)
+        {
+            self.write_pods_bit(pods::Action::Clear)?;
+        }
+        Ok(())
     }
 
     /// Sets what the socket-level programs serve: the node's network
@@ -629,6 +701,11 @@ impl<W: MapWrites> Reconciler<W> {
     }
 
     /// Read access to the maps (conntrack listing, counters).
+    /// Whether frontends get their socket programs' entries (`with_sock_picks`).
+    pub fn sock_picks(&self) -> bool {
+        self.sock_picks
+    }
+
     pub fn writer(&self) -> &W {
         &self.writer
     }
@@ -1311,7 +1388,12 @@ impl<W: MapWrites> Reconciler<W> {
     /// Writes one unit's difference: its backends first, then its frontends
     /// (slots, master, trims), then the frontends and backends it no longer
     /// has.
-    fn apply_unit(&mut self, id: SvcId, plan: UnitPlan, now: Instant, report: &mut Report) {
+    fn apply_unit(&mut self, id: SvcId, mut plan: UnitPlan, now: Instant, report: &mut Report) {
+        if !self.sock_picks {
+            for (_, fe) in &mut plan.frontends {
+                fe.sock_picks = false;
+            }
+        }
         // Source ranges a frontend is about to enforce exist before it does.
         for range in &plan.source_ranges {
             if self

@@ -78,8 +78,12 @@ fn sizes(services: u32, backends: u32, maglev: u32) -> MapSizes {
     }
 }
 
+/// A reconciler on `maps` as the agent starts one: adopted, then its
+/// socket entries turned on as the sync task starts.
 fn start(maps: FakeMaps) -> Reconciler<FakeMaps> {
-    Reconciler::new(maps, &MapSizes::default(), DRAIN).unwrap()
+    let mut r = Reconciler::new(maps, &MapSizes::default(), DRAIN).unwrap();
+    r.start_picks().unwrap();
+    r
 }
 
 /// Reconciles everything and asserts no write failed and the record of
@@ -88,7 +92,7 @@ fn sync_all(r: &mut Reconciler<FakeMaps>, d: &DesiredState, now: Instant) -> sup
     let report = r.reconcile(d, Scope::All, now);
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert_programmed_is_exact(r);
-    if let Err(e) = r.writer().picks_match_services() {
+    if let Err(e) = r.writer().picks_match_services(r.sock_picks()) {
         panic!("{e}");
     }
     report
@@ -278,13 +282,19 @@ fn a_restarted_agent_adopts_the_maps_without_writing() {
     sync_all(&mut r, &d, now);
     assert!(!r.writer().maglev.is_empty());
     assert!(!r.writer().source_ranges.is_empty());
+    // A clean stop: the socket programs' bit goes, the one thing written.
+    r.stop_picks().unwrap();
     let held = r.writer().restarted();
 
     let mut again = start(held.clone());
     assert_eq!(again.programmed(), r.programmed());
     let report = sync_all(&mut again, &d, now);
     assert_eq!(report.writes, 0);
-    assert!(again.writer().log.is_empty(), "{:?}", again.writer().log);
+    assert_eq!(
+        again.writer().log,
+        vec![Write::Config],
+        "only the socket programs' bit, set again"
+    );
     assert_eq!(again.writer().services, held.services);
     assert_eq!(again.writer().backends, held.backends);
 }
@@ -361,6 +371,113 @@ fn socket_picks_that_disagree_with_the_adopted_maps_go_before_the_programs_read_
         "off, delete, on: {log:?}"
     );
     assert_ne!(after.writer().config.flags() & CFG_F_SOCK_PICKS, 0);
+}
+
+#[test]
+fn the_socket_programs_bit_waits_for_the_sync_task_and_its_writes_lose_no_pod_flow() {
+    use sluice_common::config::{CFG_F_PODS_ON_SOCKETS, CFG_F_SOCK_PICKS};
+    let now = Instant::now();
+    let web = desired(vec![(
+        "web",
+        service(key("10.96.0.10", 80), active(&["10.1.0.1"])),
+    )]);
+    let mut r = start(FakeMaps::new());
+    sync_all(&mut r, &web, now);
+    assert_ne!(r.writer().config.flags() & CFG_F_SOCK_PICKS, 0);
+
+    // An agent that did not stop cleanly left the bit set; the next one
+    // clears it as it adopts the maps, and sets it only as its sync task
+    // starts: one that fails before leaves it clear.
+    let crashed = r.writer().restarted();
+    let mut next = Reconciler::new(crashed, &MapSizes::default(), DRAIN).unwrap();
+    assert_eq!(next.writer().config.flags() & CFG_F_SOCK_PICKS, 0);
+    next.start_picks().unwrap();
+    assert_ne!(next.writer().config.flags() & CFG_F_SOCK_PICKS, 0);
+
+    // The pods' bit is set, and a pod's flow begins on the TC path while the
+    // stopping agent writes the word: the datapath's clearing is lost under
+    // that write. The stop finds the pod's flow and takes the bit away.
+    next.allow_pods_on_sockets(true, true).unwrap();
+    next.scan_conntrack(now).unwrap();
+    next.scan_conntrack(now).unwrap();
+    assert_ne!(next.writer().config.flags() & CFG_F_PODS_ON_SOCKETS, 0);
+    let backend_id = next.programmed().backends.iter().next().unwrap().0.get();
+    let pod_flow = CtEntry {
+        last_seen_ns: crate::conntrack::monotonic_ns(),
+        backend_id,
+        svc_id: next.programmed().frontends[&key("10.96.0.10", 80)]
+            .svc_id
+            .get(),
+        kind: CtKind::Forward as u8,
+        flags: sluice_common::conntrack::CT_F_POD,
+        ..CtEntry::default()
+    };
+    let ct_key = sluice_common::Ct4Key {
+        proto: IPPROTO_TCP,
+        sport: 40000,
+        ..Default::default()
+    };
+    next.writer_mut().conntrack4.push((ct_key, pod_flow));
+    next.stop_picks().unwrap();
+    let flags = next.writer().config.flags();
+    assert_eq!(
+        flags & CFG_F_SOCK_PICKS,
+        0,
+        "the stop clears the socket bit"
+    );
+    assert_eq!(
+        flags & CFG_F_PODS_ON_SOCKETS,
+        0,
+        "the pod's flow on the TC path takes the pods' bit away"
+    );
+}
+
+#[test]
+fn without_socket_balancing_no_frontend_has_a_socket_entry_and_earlier_ones_go() {
+    use sluice_common::config::CFG_F_SOCK_PICKS;
+    let d = rich_desired();
+    let now = Instant::now();
+    let mut on = start(FakeMaps::new());
+    sync_all(&mut on, &d, now);
+    let written = on.writer().picks.len();
+    assert!(written > 0, "the plain frontends have entries while on");
+
+    // An agent restarted with --socket-lb=off (after a crash: the bit is
+    // still set): the bit goes before the entries, and none comes back.
+    let held = on.writer().restarted();
+    assert_ne!(held.config.flags() & CFG_F_SOCK_PICKS, 0);
+    let mut off = Reconciler::with_sock_picks(held, &MapSizes::default(), DRAIN, false).unwrap();
+    off.start_picks().unwrap();
+    let log = off.writer().log.clone();
+    let config = position(&log, |w| *w == Write::Config);
+    let deleted = position(&log, |w| matches!(w, Write::Delete(EntryKey::SockPicks(_))));
+    assert_eq!(deleted.len(), written, "{log:?}");
+    assert!(
+        config.len() == 1 && deleted.iter().all(|d| config[0] < *d),
+        "the bit is cleared before the entries go: {log:?}"
+    );
+    assert_eq!(off.writer().config.flags() & CFG_F_SOCK_PICKS, 0);
+    assert!(off.writer().picks.is_empty());
+    // Nothing else changes, and later changes write no entry either.
+    let report = sync_all(&mut off, &d, now);
+    assert_eq!(report.writes, 0, "{:?}", off.writer().log);
+    let mut fewer = d.clone();
+    let name = fewer.services.keys().next().cloned().unwrap();
+    fewer.services.remove(&name);
+    sync_all(&mut off, &fewer, now);
+    sync_all(&mut off, &d, now);
+    assert!(off.writer().picks.is_empty());
+    assert!(off
+        .programmed()
+        .frontends
+        .iter()
+        .all(|(_, f)| !f.sock_picks));
+
+    // Back on: the entries are written again and the programs may read them.
+    let mut again = start(off.writer().restarted());
+    assert_ne!(again.writer().config.flags() & CFG_F_SOCK_PICKS, 0);
+    sync_all(&mut again, &d, now);
+    assert_eq!(again.writer().picks.len(), written);
 }
 
 /// Whether frontend `fe`'s slots and its unit's backends are one list.
@@ -780,11 +897,16 @@ fn the_filters_pass_what_is_programmed_and_a_full_reconcile_clears_what_went() {
 fn a_restarted_agent_fills_its_programs_filters_from_the_maps_it_adopts() {
     let mut r = start(FakeMaps::new());
     sync_all(&mut r, &rich_desired(), Instant::now());
+    r.stop_picks().unwrap();
     let maps = r.writer().restarted();
     assert!(maps.fe_filter.is_empty());
     let r = start(maps);
     let maps = r.writer();
-    assert!(maps.log.is_empty(), "{:?}", maps.log);
+    assert_eq!(
+        maps.log,
+        vec![Write::Config],
+        "the socket programs' bit only"
+    );
     for (fe, _) in maps.services.keys() {
         assert!(maps.filter_passes_addr(fe.addr), "{fe}");
     }
