@@ -1712,6 +1712,7 @@ fn plain_frontends_give_sockets_their_backend_in_one_lookup() -> Result<()> {
     // back, the changed one nor one of a port no service has (which no
     // reconcile would rewrite).
     agent.stop()?;
+    let migrations = agent.migration_log().matches("sl_sockfe4").count();
     let orphan = sluice_common::Svc4Key::new([10, 96, 3, 1], 81, IPPROTO_TCP, 0);
     let mut m = maps()?;
     m.sock_picks_v4.insert(key, stale, 0)?;
@@ -1721,7 +1722,7 @@ fn plain_frontends_give_sockets_their_backend_in_one_lookup() -> Result<()> {
     agent.restart(&topo.node)?;
     agent.wait_ready(Duration::from_secs(20))?;
     ensure!(
-        agent.migration_log().contains("sl_sockfe4"),
+        agent.migration_log().matches("sl_sockfe4").count() > migrations,
         "no migration of sl_sockfe4: {}",
         agent.migration_log()
     );

@@ -53,6 +53,10 @@ pub enum DatapathError {
         #[source]
         source: io::Error,
     },
+    /// A bit of `sl_config` the agent cleared read back set every time
+    /// (the datapath's own stores of the word kept bringing it back).
+    #[error("sl_config: {0} came back each time it was cleared")]
+    BitReturns(&'static str),
     /// A write of the agent's own (`sl_config`) while adopting or
     /// configuring the datapath.
     #[error(transparent)]

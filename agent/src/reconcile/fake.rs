@@ -102,6 +102,10 @@ pub struct FakeMaps {
     pub fail_filters: bool,
     /// Every Maglev table write fails.
     pub fail_tables: bool,
+    /// The datapath's stores of the config word that land after the next
+    /// writes of it, one each (a pod's flow on the TC path that read the
+    /// word before the agent's write): the flags it stores.
+    pub racing_stores: Vec<u32>,
 }
 
 fn frontend_of(key: ServiceKey) -> (FrontendKey, u16) {
@@ -543,7 +547,13 @@ impl MapWrites for FakeMaps {
             _ => None,
         };
         match entry {
-            Entry::Config(c) => self.config = *c,
+            Entry::Config(c) => {
+                self.config = *c;
+                if !self.racing_stores.is_empty() {
+                    let flags = self.racing_stores.remove(0);
+                    self.config.set_flags(flags);
+                }
+            }
             Entry::Backend(id, b) => {
                 self.backends.insert(id, *b);
             }

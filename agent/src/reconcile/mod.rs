@@ -431,7 +431,7 @@ impl<W: MapWrites> Reconciler<W> {
         // then leaves the bit clear, as a clean stop does (the bit costs
         // a write only after an agent that did not stop cleanly).
         r.stale_picks = stale_picks;
-        r.set_config_flags(CFG_F_SOCK_PICKS, 0)?;
+        r.clear_picks_bit(false)?;
         Ok(r)
     }
 
@@ -474,20 +474,32 @@ impl<W: MapWrites> Reconciler<W> {
     /// Stops the socket programs reading `sl_sockfe4`/`sl_sockfe6`, as the
     /// agent stops: the next agent may be one that does not keep them (a
     /// rollback to 0.1.0) while this build's programs are still attached.
-    /// The datapath stores the config word too (a pod's flow on the TC path
-    /// clears `CFG_F_PODS_ON_SOCKETS`, reading and writing the whole word):
-    /// a store that read the word before this write and lands after it
-    /// would set the bit again, so the word is read back until it holds.
     pub fn stop_picks(&mut self) -> Result<(), DatapathError> {
+        self.clear_picks_bit(true)
+    }
+
+    /// Clears `CFG_F_SOCK_PICKS`. The datapath stores the config word too
+    /// (a pod's flow on the TC path clears `CFG_F_PODS_ON_SOCKETS`, reading
+    /// and writing the whole word): a store that read the word before this
+    /// write and lands after it would set the bit again, so the word is
+    /// read back until it holds. `pods_settled`: the pods' bit is this
+    /// agent's to keep right (`write_flags_after_start`); before that,
+    /// `allow_pods_on_sockets` reads conntrack after every earlier write.
+    fn clear_picks_bit(&mut self, pods_settled: bool) -> Result<(), DatapathError> {
         for _ in 0..3 {
-            self.write_flags_after_start(CFG_F_SOCK_PICKS, 0)?;
-            std::thread::sleep(Duration::from_millis(1));
+            if pods_settled {
+                self.write_flags_after_start(CFG_F_SOCK_PICKS, 0)?;
+            } else {
+                self.set_config_flags(CFG_F_SOCK_PICKS, 0)?;
+            }
             if self.writer.config()?.flags() & CFG_F_SOCK_PICKS == 0 {
-                return Ok(());
+                std::thread::sleep(Duration::from_millis(1));
+                if self.writer.config()?.flags() & CFG_F_SOCK_PICKS == 0 {
+                    return Ok(());
+                }
             }
         }
-        warn!("the socket programs' one-lookup bit kept coming back: the next agent clears it");
-        Ok(())
+        Err(DatapathError::BitReturns("CFG_F_SOCK_PICKS"))
     }
 
     /// `set_config_flags` once the datapath runs with the pods' bit
@@ -700,12 +712,12 @@ impl<W: MapWrites> Reconciler<W> {
         self.drain.flows()
     }
 
-    /// Read access to the maps (conntrack listing, counters).
     /// Whether frontends get their socket programs' entries (`with_sock_picks`).
     pub fn sock_picks(&self) -> bool {
         self.sock_picks
     }
 
+    /// Read access to the maps (conntrack listing, counters).
     pub fn writer(&self) -> &W {
         &self.writer
     }

@@ -418,6 +418,10 @@ fn the_socket_programs_bit_waits_for_the_sync_task_and_its_writes_lose_no_pod_fl
         ..Default::default()
     };
     next.writer_mut().conntrack4.push((ct_key, pod_flow));
+    // And that flow's store, which read the word before the stop's write,
+    // lands after it with the socket bit still set: the stop writes again.
+    let stale_word = next.writer().config.flags() & !CFG_F_PODS_ON_SOCKETS;
+    next.writer_mut().racing_stores = vec![stale_word];
     next.stop_picks().unwrap();
     let flags = next.writer().config.flags();
     assert_eq!(
