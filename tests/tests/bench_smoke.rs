@@ -211,6 +211,16 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
         report.contains("| the A/A control: direct-again"),
         "the A/A control's row"
     );
+    // The programs' time per connection, against their floors, for every
+    // path the run measured.
+    for path in [
+        "| pod to ClusterIP, socket path |",
+        "| pod to ClusterIP, TC path |",
+        "| pod to ClusterIP, TC path, host routing |",
+        "| pod to pod, TC path (sluice-passthrough) |",
+    ] {
+        assert!(report.contains(path), "no row {path}");
+    }
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }

@@ -42,7 +42,7 @@ pub struct ProgCost {
 }
 
 /// Connections per measurement (each a few packets on every hook).
-const CONNECTS: usize = 2000;
+pub const CONNECTS: usize = 2000;
 
 /// The process, moved into `cgroup` (v2) for as long as this lives, then
 /// back where it was: sockets it creates meanwhile belong to `cgroup`.

@@ -809,6 +809,103 @@ pub fn prog_cost_table(costs: &[super::progcost::ProgCost]) -> String {
     t
 }
 
+/// The paths whose programs the per-connection table adds up: (what,
+/// variant, its traffic, the floor variant with empty programs on the same
+/// hooks). A floor ran pod traffic only: the same packets on the same
+/// hooks as a service connection.
+const PATHS: [(&str, &str, &str, &str); 5] = [
+    (
+        "pod to ClusterIP, socket path",
+        "sluice-sock",
+        "service",
+        "sock-floor",
+    ),
+    ("pod to ClusterIP, TC path", "sluice", "service", "tc-floor"),
+    (
+        "pod to ClusterIP, TC path, host routing",
+        "sluice-host-routing",
+        "service",
+        "tc-floor",
+    ),
+    (
+        "pod to pod, socket path (sluice-sock-passthrough)",
+        "sluice-sock",
+        "non-service",
+        "sock-floor",
+    ),
+    (
+        "pod to pod, TC path (sluice-passthrough)",
+        "sluice",
+        "non-service",
+        "tc-floor",
+    ),
+];
+
+/// Nanoseconds the programs of `variant` ran per connection of `traffic`
+/// (every program, every packet of `progcost::CONNECTS` connections).
+fn per_connection_ns(
+    costs: &[super::progcost::ProgCost],
+    variant: &str,
+    traffic: &str,
+) -> Option<f64> {
+    let runs: Vec<_> = costs
+        .iter()
+        .filter(|c| c.variant == variant && c.traffic == traffic && c.runs > 0)
+        .collect();
+    if runs.is_empty() {
+        return None;
+    }
+    let total: f64 = runs.iter().map(|c| c.ns_per_run * c.runs as f64).sum();
+    Some(total / super::progcost::CONNECTS as f64)
+}
+
+/// What the programs of each path cost per connection, from the run-time
+/// statistics (which time the programs, not the machine's noise), against
+/// the empty programs on the same hooks and against a direct connection
+/// (the median time per connection of `direct` to the last target in this
+/// run): `bound` is the rate the path would read against its floor if the
+/// programs' extra time were all it added.
+pub fn per_connection_table(size: &SizeResult) -> String {
+    let mut t = String::new();
+    let direct_ns = find(size, "direct")
+        .map(|d| d.connect_last.rate.median)
+        .filter(|r| *r > 0.0)
+        .map(|r| 1e9 / r);
+    let mut rows = Vec::new();
+    for (what, variant, traffic, floor) in PATHS {
+        let (Some(programs), Some(empty)) = (
+            per_connection_ns(&size.prog_costs, variant, traffic),
+            per_connection_ns(&size.prog_costs, floor, "non-service"),
+        ) else {
+            continue;
+        };
+        let above = programs - empty;
+        let (share, bound) = match direct_ns {
+            Some(d) => (
+                format!("{:.1}%", 100.0 * above / d),
+                format!("{:.3}x", d / (d + above.max(0.0))),
+            ),
+            None => ("-".to_owned(), "-".to_owned()),
+        };
+        rows.push(format!(
+            "| {what} | {programs:.0} | {empty:.0} ({floor}) | {above:.0} | {share} | {bound} |"
+        ));
+    }
+    if rows.is_empty() {
+        return t;
+    }
+    let _ = writeln!(
+        t,
+        "| path | programs, ns per connection | empty programs, same hooks | above them | share of a direct connection ({}) | bound vs its floor |",
+        direct_ns.map_or("-".to_owned(), |d| format!("{:.1} µs", d / 1000.0))
+    );
+    let _ = writeln!(t, "|---|--:|--:|--:|--:|--:|");
+    for row in rows {
+        let _ = writeln!(t, "{row}");
+    }
+    t
+}
+
 pub fn markdown(r: &Results) -> String {
     let mut t = String::new();
     let m = &r.machine;
@@ -854,6 +951,16 @@ pub fn markdown(r: &Results) -> String {
             let _ = writeln!(t, "Per-program cost (kernel BPF run-time statistics):\n");
             t.push_str(&prog_cost_table(&s.prog_costs));
             t.push('\n');
+            let per_connection = per_connection_table(s);
+            if !per_connection.is_empty() {
+                let _ = writeln!(
+                    t,
+                    "Programs per connection (every program's run time on every packet of {} connections, over the connections):\n",
+                    super::progcost::CONNECTS
+                );
+                t.push_str(&per_connection);
+                t.push('\n');
+            }
         }
     }
     let _ = writeln!(
@@ -1244,4 +1351,55 @@ pub fn write_all(r: &Results, dir: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{progcost::ProgCost, stats::Rate, SizeResult, VariantResult};
+    use super::*;
+
+    fn cost(variant: &str, program: &str, traffic: &str, ns: f64, per_connection: u64) -> ProgCost {
+        ProgCost {
+            variant: variant.into(),
+            program: program.into(),
+            traffic: traffic.into(),
+            runs: per_connection * super::super::progcost::CONNECTS as u64,
+            ns_per_run: ns,
+        }
+    }
+
+    #[test]
+    fn per_connection_adds_every_program_and_weighs_the_rest_against_direct() {
+        let mut size = SizeResult::default();
+        let mut direct = VariantResult {
+            variant: "direct".into(),
+            ..VariantResult::default()
+        };
+        // 40,000 connections per second: 25 µs each.
+        direct.connect_last.rate = Rate {
+            median: 40_000.0,
+            ..Rate::default()
+        };
+        size.variants.push(direct);
+        size.prog_costs = vec![
+            cost("sluice-sock", "sl_connect4", "service", 400.0, 1),
+            cost("sluice-sock", "sl_ingress", "service", 100.0, 4),
+            cost("sluice-sock", "sl_ingress", "service (test run)", 1.0e6, 4),
+            cost("sock-floor", "floor_connect4", "non-service", 50.0, 1),
+            cost("sock-floor", "tc_floor", "non-service", 50.0, 4),
+        ];
+        let t = per_connection_table(&size);
+        // 400 + 4 x 100 = 800 ns against 250: 550 ns above, 2.2% of 25 µs.
+        assert!(
+            t.contains(
+                "| pod to ClusterIP, socket path | 800 | 250 (sock-floor) | 550 | 2.2% | 0.978x |"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("(25.0 µs)"), "{t}");
+        // No row for a path whose variant did not run.
+        assert!(!t.contains("TC path"), "{t}");
+        size.prog_costs.clear();
+        assert!(per_connection_table(&size).is_empty());
+    }
 }
