@@ -37,7 +37,7 @@ use sluice_common::{
         SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_AFFINITY, SVC_F_INTERNAL, SVC_F_MASQ_OUTSIDE,
         SVC_F_SNAT, SVC_F_SOURCE_RANGES,
     },
-    Config, CtKind, Stat, Svc4Key, SvcValue, IPPROTO_TCP, IPPROTO_UDP,
+    Config, CtKind, Stat, Svc4Key, SvcValue, IPPROTO_TCP,
 };
 
 use crate::events;
@@ -45,9 +45,7 @@ use crate::{
     conntrack::tcp_bits,
     error::{Error, Verdict},
     flow::{Flow4, Parsed},
-    hash,
-    headers::{ETH_LEN, ETH_P_IP, IPV4_LEN, IP_MF_OFFSET, TCP_LEN, UDP_LEN},
-    icmp,
+    hash, icmp,
     maps::{self, count, CONNTRACK_V4},
     nat::{self, Side},
     reject, route,
@@ -58,63 +56,11 @@ use crate::{
 };
 use sluice_common::Hook;
 
-/// `handle`'s first look at a frame: an IPv4 TCP or UDP packet without
-/// options, not a fragment, its L4 header whole, to an address no
-/// frontend has and outside the service address space, to a port outside
-/// the SNAT range, with host routing off, passes at once. That is what
-/// the rest of `handle` answers such a packet (`outside(false)`: no
-/// lookup, no count), without the parse and the config copy: most
-/// pod-to-pod packets, and every packet of a flow the socket programs
-/// balanced, take only this. A separate BPF function: its frame stays off
-/// the program's, which the deepest call chain (SNAT) fills.
-#[inline(never)]
-pub fn passes_at_once(skb: *mut __sk_buff) -> bool {
-    let ctx = &TcContext::new(skb);
-    let start = ctx.data();
-    // Ethernet, a 20-byte IPv4 header and the L4 ports.
-    if start + ETH_LEN + IPV4_LEN + 4 > ctx.data_end() {
-        return false;
-    }
-    // SAFETY: bounds checked just above; byte-aligned reads.
-    let (ether_type, vihl, frag, proto, dst, dport) = unsafe {
-        let ip = (start + ETH_LEN) as *const u8;
-        (
-            *((start + 12) as *const [u8; 2]),
-            *ip,
-            u16::from_be_bytes([*ip.add(6), *ip.add(7)]),
-            *ip.add(9),
-            *(ip.add(16) as *const [u8; 4]),
-            u16::from_be_bytes([*ip.add(IPV4_LEN + 2), *ip.add(IPV4_LEN + 3)]),
-        )
-    };
-    if ether_type != ETH_P_IP
-        || vihl != 0x45
-        || frag & IP_MF_OFFSET != 0
-        || (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
-        || maps::may_be_served_v4(dst)
-    {
-        return false;
-    }
-    // A cut-short header is `handle`'s to count (`truncated`).
-    let l4_len = if proto == IPPROTO_TCP { TCP_LEN } else { UDP_LEN };
-    if start + ETH_LEN + IPV4_LEN + l4_len > ctx.data_end() {
-        return false;
-    }
-    let config = maps::config();
-    let snat_port = config.snat_port_min != 0
-        && dport >= config.snat_port_min
-        && dport <= config.snat_port_max;
-    !snat_port && config.flags() & CFG_F_HOST_ROUTING == 0
-}
-
 /// The IPv4 path, inlined into the program's own frame: its deepest call
 /// chain (SNAT) already fills the 512-byte stack with that frame, so it
 /// cannot afford another call level (and its frame must not grow).
 #[inline(always)]
 pub fn handle(ctx: &TcContext) -> Result<Verdict, Error> {
-    if passes_at_once(ctx.skb.skb) {
-        return Ok(Verdict::Next);
-    }
     let flow = match Flow4::parse(ctx)? {
         Parsed::Flow(flow) => flow,
         Parsed::UnknownFragment => {
