@@ -644,6 +644,7 @@ fn host_mode_leaves_pods_to_the_tc_path() -> Result<()> {
         "web.yaml",
         &service("web", &["10.96.3.1"], "", "", "TCP", (80, 8080, None), &eps),
     )?;
+    let maps = || Maps::open_pinned(topo.bpf.path());
     for (flag, legacy) in [("host", false), ("true", true)] {
         let mut agent = Agent::start(
             &topo,
@@ -657,7 +658,6 @@ fn host_mode_leaves_pods_to_the_tc_path() -> Result<()> {
             agent.log().contains("deprecated") == legacy,
             "{flag}: deprecation line"
         );
-        let maps = || Maps::open_pinned(topo.bpf.path());
         let (new_flows, pod_picks, node_picks) = {
             let m = maps()?;
             (
@@ -696,11 +696,7 @@ fn host_mode_leaves_pods_to_the_tc_path() -> Result<()> {
     }
     // off: nothing attached, pods and node through TC.
     ensure!(
-        Maps::open_pinned(topo.bpf.path())?
-            .sock_picks_v4
-            .keys()
-            .count()
-            == 1,
+        maps()?.sock_picks_v4.keys().count() == 1,
         "host mode keeps the frontend's one-lookup entry"
     );
     let mut agent = Agent::start(
@@ -718,11 +714,7 @@ fn host_mode_leaves_pods_to_the_tc_path() -> Result<()> {
         "{status}"
     );
     ensure!(
-        Maps::open_pinned(topo.bpf.path())?
-            .sock_picks_v4
-            .keys()
-            .count()
-            == 0,
+        maps()?.sock_picks_v4.keys().count() == 0,
         "entries kept under --socket-lb=off"
     );
     Ok(())

@@ -509,11 +509,8 @@ impl<W: MapWrites> Reconciler<W> {
     /// and the bit goes if a pod's flow is there (also when the read
     /// fails), as `set_pods_bit` does.
     fn write_flags_after_start(&mut self, mask: u32, bits: u32) -> Result<(), DatapathError> {
-        let before = self.writer.config()?.flags();
-        self.set_config_flags(mask, bits)?;
-        let written = (before & !mask) | (bits & mask);
-        if written != before
-            && written & CFG_F_PODS_ON_SOCKETS != 0
+        let written = self.write_config_flags(mask, bits)?;
+        if written.is_some_and(|f| f & CFG_F_PODS_ON_SOCKETS != 0)
             && self.pod_flows_in_maps().unwrap_or(true)
         {
             self.write_pods_bit(pods::Action::Clear)?;
@@ -681,15 +678,20 @@ impl<W: MapWrites> Reconciler<W> {
     /// Sets the bits of `Config::flags` under `mask` to `bits` (written only
     /// when they change, so a restart with the same flags writes nothing).
     pub fn set_config_flags(&mut self, mask: u32, bits: u32) -> Result<(), DatapathError> {
+        self.write_config_flags(mask, bits).map(|_| ())
+    }
+
+    /// `set_config_flags`, returning the flags it wrote (`None`: they were
+    /// already so, nothing written).
+    fn write_config_flags(&mut self, mask: u32, bits: u32) -> Result<Option<u32>, DatapathError> {
         let mut config = self.writer.config()?;
         let flags = (config.flags() & !mask) | (bits & mask);
         if config.flags() == flags {
-            return Ok(());
+            return Ok(None);
         }
         config.set_flags(flags);
-        self.writer
-            .write_config(&config)
-            .map_err(DatapathError::from)
+        self.writer.write_config(&config)?;
+        Ok(Some(flags))
     }
 
     /// What the maps hold.

@@ -373,6 +373,27 @@ fn socket_picks_that_disagree_with_the_adopted_maps_go_before_the_programs_read_
     assert_ne!(after.writer().config.flags() & CFG_F_SOCK_PICKS, 0);
 }
 
+/// A live forward conntrack entry of the TC path to the one backend of
+/// frontend 10.96.0.10:80 (`web`), and its key.
+fn web_tc_flow(r: &Reconciler<FakeMaps>) -> (sluice_common::Ct4Key, CtEntry) {
+    let backend_id = r.programmed().backends.iter().next().unwrap().0.get();
+    let flow = CtEntry {
+        last_seen_ns: crate::conntrack::monotonic_ns(),
+        backend_id,
+        svc_id: r.programmed().frontends[&key("10.96.0.10", 80)]
+            .svc_id
+            .get(),
+        kind: CtKind::Forward as u8,
+        ..CtEntry::default()
+    };
+    let ct_key = sluice_common::Ct4Key {
+        proto: IPPROTO_TCP,
+        sport: 40000,
+        ..Default::default()
+    };
+    (ct_key, flow)
+}
+
 #[test]
 fn the_socket_programs_bit_waits_for_the_sync_task_and_its_writes_lose_no_pod_flow() {
     use sluice_common::config::{CFG_F_PODS_ON_SOCKETS, CFG_F_SOCK_PICKS};
@@ -401,21 +422,10 @@ fn the_socket_programs_bit_waits_for_the_sync_task_and_its_writes_lose_no_pod_fl
     next.scan_conntrack(now).unwrap();
     next.scan_conntrack(now).unwrap();
     assert_ne!(next.writer().config.flags() & CFG_F_PODS_ON_SOCKETS, 0);
-    let backend_id = next.programmed().backends.iter().next().unwrap().0.get();
+    let (ct_key, flow) = web_tc_flow(&next);
     let pod_flow = CtEntry {
-        last_seen_ns: crate::conntrack::monotonic_ns(),
-        backend_id,
-        svc_id: next.programmed().frontends[&key("10.96.0.10", 80)]
-            .svc_id
-            .get(),
-        kind: CtKind::Forward as u8,
         flags: sluice_common::conntrack::CT_F_POD,
-        ..CtEntry::default()
-    };
-    let ct_key = sluice_common::Ct4Key {
-        proto: IPPROTO_TCP,
-        sport: 40000,
-        ..Default::default()
+        ..flow
     };
     next.writer_mut().conntrack4.push((ct_key, pod_flow));
     // And that flow's store, which read the word before the stop's write,
@@ -1261,21 +1271,7 @@ fn the_pods_bit_waits_for_tc_flows_and_clears_before_a_frontend_left_to_tc() {
     sync_all(&mut r, &web, now);
     r.allow_pods_on_sockets(true, true).unwrap();
     // A flow of the TC path, begun before: the bit waits for it.
-    let backend_id = r.programmed().backends.iter().next().unwrap().0.get();
-    let flow = CtEntry {
-        last_seen_ns: crate::conntrack::monotonic_ns(),
-        backend_id,
-        svc_id: r.programmed().frontends[&key("10.96.0.10", 80)]
-            .svc_id
-            .get(),
-        kind: CtKind::Forward as u8,
-        ..CtEntry::default()
-    };
-    let ct_key = sluice_common::Ct4Key {
-        proto: IPPROTO_TCP,
-        sport: 40000,
-        ..Default::default()
-    };
+    let (ct_key, flow) = web_tc_flow(&r);
     r.writer_mut().conntrack4.push((ct_key, flow));
     r.scan_conntrack(now).unwrap();
     assert!(!pods_bit(&r), "set while a flow of the TC path lives");
