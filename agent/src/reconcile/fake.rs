@@ -14,8 +14,9 @@ use std::{
 };
 
 use sluice_common::{
-    filter, service::SVC_F_MAGLEV, Affinity4Key, Affinity6Key, AffinityValue, Backend, Config,
-    Ct4Key, Ct6Key, CtEntry, MaglevTable, SockEntry, SockRevKey, Stat, SvcValue, SvcnetSummary4,
+    filter, picks::takes_picks, service::SVC_F_MAGLEV, Affinity4Key, Affinity6Key, AffinityValue,
+    Backend, Config, Ct4Key, Ct6Key, CtEntry, MaglevTable, SockEntry, SockRevKey, Stat, SvcValue,
+    SvcnetSummary4,
 };
 
 use super::{endpoint_of, BackendId, MapState, SourceRange, SvcId};
@@ -369,6 +370,15 @@ impl FakeMaps {
             .services
             .get(&(*fe, 0))
             .unwrap_or_else(|| panic!("socket picks of {fe} without its master entry"));
+        // The datapath takes an entry before the master's flags: one left
+        // in place while the master gains affinity, Maglev, source ranges
+        // or an internal scope would answer sockets without them.
+        assert!(
+            takes_picks(master.flags, master.active),
+            "socket picks of {fe} beside a master (flags {:#x}, {} active) that takes none",
+            master.flags,
+            master.active
+        );
         let named: Vec<(BackendId, u32)> =
             picks_named(entry).map(|(id, svc, _)| (id, svc)).collect();
         let slots: Vec<(BackendId, u32)> = (1..=master.active)

@@ -494,6 +494,46 @@ fn without_socket_balancing_no_frontend_has_a_socket_entry_and_earlier_ones_go()
     assert_eq!(again.writer().picks.len(), written);
 }
 
+#[test]
+fn a_frontend_that_gains_affinity_loses_its_socket_entry_before_its_master_says_so() {
+    let fe = key("10.96.0.10", 80);
+    let plain = desired(vec![(
+        "web",
+        service(fe, active(&["10.1.0.1", "10.1.0.2"])),
+    )]);
+    let mut sticky = plain.clone();
+    for svc in sticky.services.values_mut() {
+        svc.frontends[0].affinity_timeout = Some(30);
+    }
+    let now = Instant::now();
+    let mut r = start(FakeMaps::new());
+    sync_all(&mut r, &plain, now);
+    assert!(
+        r.writer().picks.contains_key(&fe),
+        "a plain frontend has one"
+    );
+    let before = r.writer().log.len();
+
+    // The fake checks at every write that an entry sits only beside a
+    // master that takes one: the entry goes first, the flag comes after.
+    sync_all(&mut r, &sticky, now);
+    let log = r.writer().log[before..].to_vec();
+    let gone = position(&log, |w| matches!(w, Write::Delete(EntryKey::SockPicks(_))));
+    let master = position(&log, is_master);
+    assert!(
+        gone.len() == 1 && !master.is_empty() && gone[0] < master[0],
+        "{log:?}"
+    );
+    assert!(!r.writer().picks.contains_key(&fe));
+    r.writer().picks_match_services(true).unwrap();
+
+    // Without affinity again, the entry comes back after the master.
+    sync_all(&mut r, &plain, now);
+    assert!(r.writer().picks.contains_key(&fe));
+    r.writer().picks_match_services(true).unwrap();
+    assert_programmed_is_exact(&r);
+}
+
 /// Whether frontend `fe`'s slots and its unit's backends are one list.
 fn slots_shared(r: &Reconciler<FakeMaps>, fe: &FrontendKey) -> bool {
     let f = &r.programmed().frontends.get(fe).unwrap();
