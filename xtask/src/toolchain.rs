@@ -234,6 +234,8 @@ const RUNTIME_PACKAGES: &[(&str, &str)] = &[
     // Tests turn off TX checksum offload on veths (strict checksums); the
     // bench's north-south scenario reads veth XDP counters.
     ("ethtool", "ethtool"),
+    // The bench's source-line profile of the programs (`perf record`).
+    ("perf", "linux-perf"),
 ];
 
 fn ensure_runtime_tools() -> Result<()> {

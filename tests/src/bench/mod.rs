@@ -21,6 +21,7 @@ pub mod events;
 pub mod kubeproxy;
 pub mod mapwrites;
 pub mod north_south;
+pub mod profile;
 pub mod progcost;
 pub mod report;
 pub mod services;
@@ -127,6 +128,8 @@ pub struct Config {
     pub out: PathBuf,
     /// Rounds of the datapath events scenario (`events`; 0: skipped).
     pub events_rounds: usize,
+    /// Profile the sluice variants' programs by source line (`profile`).
+    pub profile: bool,
     /// The north-south scenario (`north_south`), if asked for.
     pub north_south: Option<north_south::NsConfig>,
     /// Only the north-south scenario (no service-count sizes).
@@ -170,6 +173,7 @@ impl Config {
             seed: 0x5eed,
             out,
             events_rounds: 5,
+            profile: true,
             north_south: Some(north_south::NsConfig {
                 seconds: 3.0,
                 rounds: 3,
@@ -197,6 +201,7 @@ impl Config {
             churn_min: 3,
             churn_budget: Duration::from_secs(3),
             events_rounds: 2,
+            profile: true,
             churn_rates: vec![500],
             churn_rate_window: Duration::from_secs(1),
             north_south: Some(north_south::NsConfig {
@@ -303,6 +308,9 @@ pub struct SizeResult {
     /// service and non-service traffic (`progcost`).
     #[serde(default)]
     pub prog_costs: Vec<progcost::ProgCost>,
+    /// Where each program's time goes, by source line (`profile`).
+    #[serde(default)]
+    pub profiles: Vec<profile::ProgProfile>,
     pub seconds: f64,
 }
 
@@ -1036,6 +1044,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
     if !prog_costs.is_empty() {
         eprint!("{}", report::prog_cost_table(&prog_costs));
     }
+    let profiles = profile_programs(&envs, &accs, &set, cfg)?;
     let variants = envs
         .iter()
         .zip(accs)
@@ -1054,8 +1063,48 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
         control,
         variants,
         prog_costs,
+        profiles,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The source-line profile of each sluice variant's programs under
+/// service traffic (`profile`), after the rounds: empty without `perf`
+/// (the run says so) or with `--no-profile`.
+fn profile_programs(
+    envs: &[Env],
+    accs: &[Acc],
+    set: &ServiceSet,
+    cfg: &Config,
+) -> Result<Vec<profile::ProgProfile>> {
+    let mut out = Vec::new();
+    if !cfg.profile || cfg.control_only {
+        return Ok(out);
+    }
+    if !profile::available() {
+        eprintln!("  no source-line profile: perf is not installed (Debian's linux-perf)");
+        return Ok(out);
+    }
+    for (env, acc) in envs.iter().zip(accs) {
+        if acc.error.is_some()
+            || !matches!(
+                env.variant,
+                Variant::Sluice | Variant::SluiceHostRouting | Variant::SluiceSock
+            )
+        {
+            continue;
+        }
+        check_interrupted()?;
+        let measured = env.enter().and_then(|_in| {
+            let ids = progcost::programs(env)?;
+            profile::measure(env, set, &ids, &cfg.out)
+        });
+        match measured {
+            Ok(p) => out.extend(p),
+            Err(e) => eprintln!("  {} profile: {e:#}", env.variant.name()),
+        }
+    }
+    Ok(out)
 }
 
 /// Runs the benchmark, writing results.json, connect.svg and report.md

@@ -145,7 +145,7 @@ pub(super) const FLOOR: &str = "tc_floor";
 
 /// The programs of `env` by id: sluice's, or the empty ones of
 /// `tc-floor` and `sock-floor`.
-fn programs(env: &Env) -> Result<BTreeMap<u64, String>> {
+pub(super) fn programs(env: &Env) -> Result<BTreeMap<u64, String>> {
     let Some(floor) = &env.floor else {
         return programs_of(env.topo.bpf.path());
     };

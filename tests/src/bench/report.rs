@@ -757,6 +757,38 @@ fn issue17_goals(s: &SizeResult) -> Vec<Goal> {
     out
 }
 
+/// The source-line profile: per variant and program, its samples and its
+/// hottest lines, each as a share of the program's samples.
+pub fn profile_table(profiles: &[super::profile::ProgProfile]) -> String {
+    let mut t = String::from(
+        "| variant | program | samples (share of all) | source line | share of the program |\n|---|---|--:|---|--:|\n",
+    );
+    for p in profiles.iter().filter(|p| p.samples > 0) {
+        for (i, (line, n)) in p.lines.iter().enumerate() {
+            let (variant, program, samples) = if i == 0 {
+                (
+                    p.variant.as_str(),
+                    p.program.as_str(),
+                    format!(
+                        "{} ({:.2}%)",
+                        p.samples,
+                        100.0 * p.samples as f64 / p.total.max(1) as f64
+                    ),
+                )
+            } else {
+                ("", "", String::new())
+            };
+            let _ = writeln!(
+                t,
+                "| {variant} | {program} | {samples} | `{}` | {:.1}% |",
+                line.replace('|', "\\|").replace('`', "'"),
+                100.0 * *n as f64 / p.samples as f64
+            );
+        }
+    }
+    t
+}
+
 /// The full Markdown report.
 /// What each program costs per run, service and non-service traffic side
 /// by side, one row per variant and program.
@@ -961,6 +993,15 @@ pub fn markdown(r: &Results) -> String {
                 t.push_str(&per_connection);
                 t.push('\n');
             }
+        }
+        if !s.profiles.is_empty() {
+            let _ = writeln!(
+                t,
+                "Where the programs' time goes ({} connections to the service under `perf record -e cpu-clock -a`, samples in each program's JITed code by source line; a cache miss shows on the line of its load or the next; helpers and kernel functions the programs call are not counted):\n",
+                super::profile::CONNECTS
+            );
+            t.push_str(&profile_table(&s.profiles));
+            t.push('\n');
         }
     }
     let _ = writeln!(
@@ -1401,5 +1442,27 @@ mod tests {
         assert!(!t.contains("TC path"), "{t}");
         size.prog_costs.clear();
         assert!(per_connection_table(&size).is_empty());
+    }
+
+    #[test]
+    fn the_profile_names_each_program_once_and_shares_its_own_samples() {
+        let p = super::super::profile::ProgProfile {
+            variant: "sluice-sock".into(),
+            program: "sl_connect4".into(),
+            samples: 200,
+            total: 10_000,
+            lines: vec![
+                ("maps.rs:485  a | b".into(), 50),
+                ("sock.rs:1  `x`".into(), 20),
+            ],
+        };
+        let t = profile_table(&[p]);
+        let rows: Vec<&str> = t.lines().skip(2).collect();
+        assert_eq!(rows.len(), 2, "{t}");
+        assert_eq!(
+            rows[0],
+            "| sluice-sock | sl_connect4 | 200 (2.00%) | `maps.rs:485  a \\| b` | 25.0% |"
+        );
+        assert_eq!(rows[1], "|  |  |  | `sock.rs:1  'x'` | 10.0% |");
     }
 }

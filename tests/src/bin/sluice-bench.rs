@@ -74,6 +74,9 @@ struct Args {
     /// forwarding a NodePort to another node, fed by the kernel's XDP generator).
     #[arg(long)]
     no_north_south: bool,
+    /// Skip the source-line profile of the programs (`perf record`).
+    #[arg(long)]
+    no_profile: bool,
     /// Run only the north-south scenario.
     #[arg(long)]
     north_south_only: bool,
@@ -108,6 +111,9 @@ fn main() -> Result<()> {
             .collect::<Result<_>>()?;
         cfg.variants.sort();
         cfg.variants.dedup();
+    }
+    if args.no_profile {
+        cfg.profile = false;
     }
     if let Some(r) = args.rounds {
         cfg.rounds = r;

@@ -1,0 +1,463 @@
+//! Where each BPF program's time goes, source line by source line: a
+//! software-clock profile (`perf record -e cpu-clock -a`; these VMs have
+//! no hardware counters) of a connect loop through a variant, its samples
+//! inside the JITed programs attributed to source lines.
+//!
+//! A sample's address falls in one of a program's JITed functions
+//! (`jited_ksyms`, `jited_func_lens` of `BPF_OBJ_GET_INFO_BY_FD`); the
+//! program's JIT line info pairs each BTF line-info record (an instruction
+//! of the verified program) with its JITed address, and bpftool's
+//! `prog dump xlated linum` names the source line of each instruction.
+//! The sample counts the last line-info record at or before its address.
+//! A timer sample lands on the instruction the interrupt found, so a load
+//! that missed the caches shows on itself or the instruction after it; a
+//! helper or kernel function the program calls (a hash lookup's body, a
+//! checksum) is not in the program's range and is not counted here.
+//!
+//! `perf` comes from Debian's `linux-perf` (`cargo xtask setup`); without
+//! it the profile is left out and the run says why.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    os::fd::{FromRawFd, OwnedFd},
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::{env::Env, services::ServiceSet, traffic};
+
+/// Connections of the profiled loop (a few seconds of samples).
+pub const CONNECTS: usize = 40_000;
+/// Samples per second and CPU.
+const FREQUENCY: u32 = 20_000;
+/// A program with fewer samples is left out (it barely ran).
+const MIN_SAMPLES: u64 = 20;
+/// Source lines kept per program.
+const LINES: usize = 8;
+
+/// One program's samples, by source line.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ProgProfile {
+    pub variant: String,
+    pub program: String,
+    /// Samples inside the program's JITed code (its BPF subprograms
+    /// included).
+    pub samples: u64,
+    /// Every sample of the recording (all CPUs, idle included).
+    pub total: u64,
+    /// Its hottest source lines (`file:line  source`), with their samples.
+    pub lines: Vec<(String, u64)>,
+}
+
+/// Whether `perf` can record here.
+pub fn available() -> bool {
+    Command::new("perf")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Profiles `CONNECTS` connections to the service `set` targets last,
+/// through `env`, and attributes the samples of the programs `ids`.
+pub fn measure(
+    env: &Env,
+    set: &ServiceSet,
+    ids: &BTreeMap<u64, String>,
+    scratch: &Path,
+) -> Result<Vec<ProgProfile>> {
+    let data = scratch.join(format!("perf-{}.data", env.variant.name()));
+    let target = vec![traffic::addr(
+        set.vip(set.last),
+        super::services::SERVICE_PORT,
+    )];
+    let recorder = Recorder::start(&data)?;
+    let run = traffic::connects(env.client(), &target, 0, CONNECTS, Duration::MAX);
+    recorder.stop()?;
+    let run = run?;
+    if run.errors > CONNECTS / 10 {
+        bail!(
+            "{} errors ({})",
+            run.errors,
+            run.first_error.unwrap_or_default()
+        );
+    }
+    let ips = sample_addresses(&data)?;
+    let _ = fs::remove_file(&data);
+    let mut out = Vec::new();
+    for (&id, name) in ids {
+        let layout = JitLayout::of(id).with_context(|| format!("JIT layout of {name}"))?;
+        let sources = xlated_sources(id)?;
+        let (samples, lines) = layout.attribute(&ips, &sources);
+        if samples < MIN_SAMPLES {
+            continue;
+        }
+        let mut lines: Vec<_> = lines.into_iter().collect();
+        lines.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        lines.truncate(LINES);
+        out.push(ProgProfile {
+            variant: env.variant.name().to_owned(),
+            program: name.clone(),
+            samples,
+            total: ips.len() as u64,
+            lines,
+        });
+    }
+    Ok(out)
+}
+
+/// `perf record` over every CPU for as long as this lives.
+struct Recorder {
+    child: Child,
+}
+
+impl Recorder {
+    fn start(data: &Path) -> Result<Self> {
+        let child = Command::new("perf")
+            .args(["record", "-e", "cpu-clock", "-a", "-q", "-F"])
+            .arg(FREQUENCY.to_string())
+            .arg("-o")
+            .arg(data)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting perf record")?;
+        // perf maps its buffers on every CPU before it records.
+        std::thread::sleep(Duration::from_millis(800));
+        Ok(Self { child })
+    }
+
+    fn stop(mut self) -> Result<()> {
+        // SAFETY: a signal to the child this value owns.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait()?;
+        // perf exits with the signal's status once it wrote the file.
+        if !status.success() && status.code().is_some_and(|c| c != 130) {
+            bail!("perf record: {status}");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The instruction address of every sample in `data`.
+fn sample_addresses(data: &Path) -> Result<Vec<u64>> {
+    let out = Command::new("perf")
+        .args(["script", "-F", "ip", "-i"])
+        .arg(data)
+        .output()
+        .context("perf script")?;
+    if !out.status.success() {
+        bail!(
+            "perf script: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| u64::from_str_radix(l.trim(), 16).ok())
+        .collect())
+}
+
+/// Where a loaded program's JITed code lies, and which verified
+/// instruction each line-info address begins.
+#[derive(Debug, Default, PartialEq)]
+struct JitLayout {
+    /// (start, length) of each JITed function.
+    funcs: Vec<(u64, u64)>,
+    /// (JITed address, instruction index), sorted by address.
+    lines: Vec<(u64, u32)>,
+}
+
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+/// `struct bpf_prog_info` up to `jited_line_info_rec_size` (uapi
+/// `linux/bpf.h`); the kernel fills what the caller's length covers.
+const INFO_LEN: usize = 184;
+const OFF_NR_JITED_KSYMS: usize = 104;
+const OFF_NR_JITED_FUNC_LENS: usize = 108;
+const OFF_JITED_KSYMS: usize = 112;
+const OFF_JITED_FUNC_LENS: usize = 120;
+const OFF_NR_LINE_INFO: usize = 148;
+const OFF_LINE_INFO: usize = 152;
+const OFF_JITED_LINE_INFO: usize = 160;
+const OFF_NR_JITED_LINE_INFO: usize = 168;
+const OFF_LINE_INFO_REC_SIZE: usize = 172;
+const OFF_JITED_LINE_INFO_REC_SIZE: usize = 176;
+
+fn bpf(cmd: libc::c_long, attr: &mut [u8; 16]) -> std::io::Result<libc::c_long> {
+    // SAFETY: `attr` is a `union bpf_attr` prefix of the length passed.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r)
+}
+
+fn get_u32(b: &[u8], off: usize) -> u32 {
+    u32::from_ne_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+fn put(b: &mut [u8], off: usize, bytes: &[u8]) {
+    b[off..off + bytes.len()].copy_from_slice(bytes);
+}
+
+impl JitLayout {
+    fn of(id: u64) -> Result<Self> {
+        let mut attr = [0u8; 16];
+        put(&mut attr, 0, &(id as u32).to_ne_bytes());
+        let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr).context("BPF_PROG_GET_FD_BY_ID")?;
+        // SAFETY: a new descriptor the kernel just returned, owned here.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let mut info = [0u8; INFO_LEN];
+        info_by_fd(&fd, &mut info)?;
+        let nksyms = get_u32(&info, OFF_NR_JITED_KSYMS) as usize;
+        let nlens = get_u32(&info, OFF_NR_JITED_FUNC_LENS) as usize;
+        let nline = get_u32(&info, OFF_NR_LINE_INFO) as usize;
+        let njline = get_u32(&info, OFF_NR_JITED_LINE_INFO) as usize;
+        let line_rec = get_u32(&info, OFF_LINE_INFO_REC_SIZE) as usize;
+        let jline_rec = get_u32(&info, OFF_JITED_LINE_INFO_REC_SIZE) as usize;
+        if nksyms == 0 || nline != njline || line_rec < 4 || jline_rec < 8 {
+            bail!("no JIT line info (ksyms {nksyms}, line info {nline}/{njline})");
+        }
+        let mut ksyms = vec![0u8; 8 * nksyms];
+        let mut lens = vec![0u8; 4 * nlens];
+        let mut line_info = vec![0u8; line_rec * nline];
+        let mut jited_lines = vec![0u8; jline_rec * njline];
+        let mut info = [0u8; INFO_LEN];
+        put(
+            &mut info,
+            OFF_NR_JITED_KSYMS,
+            &(nksyms as u32).to_ne_bytes(),
+        );
+        put(
+            &mut info,
+            OFF_NR_JITED_FUNC_LENS,
+            &(nlens as u32).to_ne_bytes(),
+        );
+        put(
+            &mut info,
+            OFF_JITED_KSYMS,
+            &(ksyms.as_mut_ptr() as u64).to_ne_bytes(),
+        );
+        put(
+            &mut info,
+            OFF_JITED_FUNC_LENS,
+            &(lens.as_mut_ptr() as u64).to_ne_bytes(),
+        );
+        put(&mut info, OFF_NR_LINE_INFO, &(nline as u32).to_ne_bytes());
+        put(
+            &mut info,
+            OFF_LINE_INFO,
+            &(line_info.as_mut_ptr() as u64).to_ne_bytes(),
+        );
+        put(
+            &mut info,
+            OFF_JITED_LINE_INFO,
+            &(jited_lines.as_mut_ptr() as u64).to_ne_bytes(),
+        );
+        put(
+            &mut info,
+            OFF_NR_JITED_LINE_INFO,
+            &(njline as u32).to_ne_bytes(),
+        );
+        put(
+            &mut info,
+            OFF_LINE_INFO_REC_SIZE,
+            &(line_rec as u32).to_ne_bytes(),
+        );
+        put(
+            &mut info,
+            OFF_JITED_LINE_INFO_REC_SIZE,
+            &(jline_rec as u32).to_ne_bytes(),
+        );
+        info_by_fd(&fd, &mut info)?;
+        let u64_at = |b: &[u8], off: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[off..off + 8]);
+            u64::from_ne_bytes(w)
+        };
+        let funcs = (0..nksyms.min(nlens))
+            .map(|i| (u64_at(&ksyms, 8 * i), u64::from(get_u32(&lens, 4 * i))))
+            .collect();
+        let mut lines: Vec<(u64, u32)> = (0..nline)
+            .map(|i| {
+                (
+                    u64_at(&jited_lines, jline_rec * i),
+                    get_u32(&line_info, line_rec * i),
+                )
+            })
+            .collect();
+        lines.sort_unstable();
+        Ok(Self { funcs, lines })
+    }
+
+    /// The samples of `ips` inside this program, and how many each source
+    /// line took (`sources`: instruction index -> source line).
+    fn attribute(
+        &self,
+        ips: &[u64],
+        sources: &BTreeMap<u32, String>,
+    ) -> (u64, BTreeMap<String, u64>) {
+        let mut total = 0;
+        let mut by_line = BTreeMap::new();
+        for &ip in ips {
+            let Some(&(start, _)) = self.funcs.iter().find(|(s, l)| ip >= *s && ip < s + l) else {
+                continue;
+            };
+            total += 1;
+            let i = self.lines.partition_point(|&(a, _)| a <= ip);
+            let line = match i.checked_sub(1).map(|i| self.lines[i]) {
+                Some((addr, insn)) if addr >= start => sources
+                    .range(..=insn)
+                    .next_back()
+                    .map_or_else(|| format!("instruction {insn}"), |(_, s)| s.clone()),
+                _ => "(before the first line record)".to_owned(),
+            };
+            *by_line.entry(line).or_insert(0) += 1;
+        }
+        (total, by_line)
+    }
+}
+
+fn info_by_fd(fd: &OwnedFd, info: &mut [u8; INFO_LEN]) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut attr = [0u8; 16];
+    put(&mut attr, 0, &(fd.as_raw_fd() as u32).to_ne_bytes());
+    put(&mut attr, 4, &(INFO_LEN as u32).to_ne_bytes());
+    put(&mut attr, 8, &(info.as_mut_ptr() as u64).to_ne_bytes());
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).context("BPF_OBJ_GET_INFO_BY_FD")?;
+    Ok(())
+}
+
+/// Instruction index -> `file:line  source` of program `id`, from
+/// bpftool's `prog dump xlated linum`.
+fn xlated_sources(id: u64) -> Result<BTreeMap<u32, String>> {
+    let out = Command::new("bpftool")
+        .args(["prog", "dump", "xlated", "id", &id.to_string(), "linum"])
+        .output()
+        .context("bpftool prog dump xlated")?;
+    if !out.status.success() {
+        bail!(
+            "bpftool prog dump xlated: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(parse_xlated(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Parses `prog dump xlated linum` text: a `; source [file:PATH
+/// line_num:N line_col:C]` line names the source of the instructions
+/// (`  IDX: ...`) after it.
+fn parse_xlated(text: &str) -> BTreeMap<u32, String> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<String> = None;
+    // The last line of sluice's own code: a line of a library (aya's
+    // helper wrappers, `core`) is named with it, as where it was called
+    // from, most often.
+    let mut own: Option<String> = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("; ") {
+            let src = source_line(rest);
+            if is_own(rest) {
+                own = Some(src.split("  ").next().unwrap_or_default().to_owned());
+                current = Some(src);
+            } else {
+                current = Some(match &own {
+                    Some(own) => format!("{src}  (after {own})"),
+                    None => src,
+                });
+            }
+            continue;
+        }
+        let trimmed = line.trim_start();
+        let Some((idx, _)) = trimmed.split_once(':') else {
+            continue;
+        };
+        if let (Ok(idx), Some(src)) = (idx.parse::<u32>(), &current) {
+            out.entry(idx).or_insert_with(|| src.clone());
+        }
+    }
+    out
+}
+
+/// Whether a `prog dump xlated linum` source line is sluice's own code.
+fn is_own(rest: &str) -> bool {
+    rest.contains("/sluice-ebpf/src/") || rest.contains("/sluice-common/src/")
+}
+
+/// `source [file:PATH line_num:N line_col:C]` -> `FILE:N  source`, the
+/// file named from its last `src/` on (`maps.rs`, `iter/range.rs`).
+fn source_line(rest: &str) -> String {
+    let Some((code, meta)) = rest.rsplit_once(" [file:") else {
+        return rest.trim().to_owned();
+    };
+    let mut parts = meta.trim_end_matches(']').split_whitespace();
+    let path = parts.next().unwrap_or("");
+    let file = path.rsplit_once("/src/").map_or(path, |(_, f)| f);
+    let line = parts
+        .find_map(|p| p.strip_prefix("line_num:"))
+        .unwrap_or("?");
+    let code: String = code.trim().chars().take(80).collect();
+    format!("{file}:{line}  {code}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DUMP: &str = "\
+i32 sl_connect4(struct bpf_sock_addr * ctx):
+; #[cgroup_sock_addr(connect4)] [file:/work/main/ebpf/sluice-ebpf/src/main.rs line_num:197 line_col:0]
+   0: (bf) r9 = r1
+; proto == IPPROTO_TCP [file:/work/main/ebpf/sluice-ebpf/src/sock.rs line_num:498 line_col:9]
+   1: (79) r8 = *(u64 *)(r9 +0)
+   2: (18) r1 = map[id:4]
+   4: (69) r8 = *(u16 *)(r8 +532)
+; if self.start < self.end { [file:/usr/lib/rustlib/src/rust/library/core/src/iter/range.rs line_num:900 line_col:12]
+   5: (95) exit
+";
+
+    #[test]
+    fn xlated_lines_name_the_instructions_after_them() {
+        let s = parse_xlated(DUMP);
+        assert_eq!(s[&0], "main.rs:197  #[cgroup_sock_addr(connect4)]");
+        assert_eq!(s[&1], "sock.rs:498  proto == IPPROTO_TCP");
+        assert_eq!(s[&4], "sock.rs:498  proto == IPPROTO_TCP");
+        assert_eq!(
+            s[&5],
+            "iter/range.rs:900  if self.start < self.end {  (after sock.rs:498)"
+        );
+        assert!(!s.contains_key(&3));
+    }
+
+    #[test]
+    fn a_sample_counts_the_last_line_record_before_it_in_its_function() {
+        let sources = parse_xlated(DUMP);
+        let layout = JitLayout {
+            funcs: vec![(1000, 100), (5000, 20)],
+            lines: vec![(1000, 0), (1010, 1), (1050, 5), (5000, 4)],
+        };
+        let ips = [999, 1000, 1009, 1010, 1049, 1050, 1099, 1100, 5010, 7000];
+        let (n, by) = layout.attribute(&ips, &sources);
+        assert_eq!(n, 7, "999, 1100 and 7000 are outside the program");
+        assert_eq!(by["main.rs:197  #[cgroup_sock_addr(connect4)]"], 2);
+        assert_eq!(by["sock.rs:498  proto == IPPROTO_TCP"], 3);
+        assert_eq!(
+            by["iter/range.rs:900  if self.start < self.end {  (after sock.rs:498)"],
+            2
+        );
+    }
+}
