@@ -177,6 +177,29 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
             "at {n} services: {costs:?}"
         );
     }
+    // The source-line profile (perf, which setup installs): the TC path's
+    // sl_ingress and the socket path's sl_connect4 took samples, each
+    // named by source lines that hold no more than the program's samples.
+    for size in sizes {
+        let profiles = size["profiles"].as_array().context("profiles")?;
+        for (variant, program) in [("sluice", "sl_ingress"), ("sluice-sock", "sl_connect4")] {
+            let p = profiles
+                .iter()
+                .find(|p| p["variant"] == variant && p["program"] == program)
+                .with_context(|| format!("no profile of {variant} {program}: {profiles:?}"))?;
+            let samples = p["samples"].as_u64().context("samples")?;
+            let lines = p["lines"].as_array().context("lines")?;
+            let in_lines: u64 = lines.iter().filter_map(|l| l[1].as_u64()).sum();
+            assert!(samples > 0 && !lines.is_empty(), "{p}");
+            assert!(in_lines <= samples, "{p}");
+            assert!(
+                lines
+                    .iter()
+                    .all(|l| l[0].as_str().is_some_and(|s| s.contains(".rs:"))),
+                "{p}"
+            );
+        }
+    }
     // North-south: every variant forwarded through the NIC-like wire to
     // the sink, and sl_xdp dropped every denied source at the driver.
     let ns = &results["north_south"];
@@ -205,6 +228,7 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
     let report = std::fs::read_to_string(out.join("report.md"))?;
     assert!(report.contains("| sluice |"));
     assert!(report.contains("| sluice-sock | sl_connect4 |"));
+    assert!(report.contains("Where the programs' time goes"));
     assert!(report.contains("non-service traffic within 1% of no sluice"));
     assert!(report.contains("(sluice-sock-passthrough: the default --socket-lb=all"));
     assert!(

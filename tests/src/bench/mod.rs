@@ -128,8 +128,9 @@ pub struct Config {
     pub out: PathBuf,
     /// Rounds of the datapath events scenario (`events`; 0: skipped).
     pub events_rounds: usize,
-    /// Profile the sluice variants' programs by source line (`profile`).
-    pub profile: bool,
+    /// Profile the sluice variants' programs by source line (`profile`),
+    /// over this many connections each (0: no profile).
+    pub profile_connects: usize,
     /// The north-south scenario (`north_south`), if asked for.
     pub north_south: Option<north_south::NsConfig>,
     /// Only the north-south scenario (no service-count sizes).
@@ -173,7 +174,7 @@ impl Config {
             seed: 0x5eed,
             out,
             events_rounds: 5,
-            profile: true,
+            profile_connects: 40_000,
             north_south: Some(north_south::NsConfig {
                 seconds: 3.0,
                 rounds: 3,
@@ -201,7 +202,7 @@ impl Config {
             churn_min: 3,
             churn_budget: Duration::from_secs(3),
             events_rounds: 2,
-            profile: true,
+            profile_connects: 10_000,
             churn_rates: vec![500],
             churn_rate_window: Duration::from_secs(1),
             north_south: Some(north_south::NsConfig {
@@ -1078,7 +1079,7 @@ fn profile_programs(
     cfg: &Config,
 ) -> Result<Vec<profile::ProgProfile>> {
     let mut out = Vec::new();
-    if !cfg.profile || cfg.control_only {
+    if cfg.profile_connects == 0 || cfg.control_only {
         return Ok(out);
     }
     if !profile::available() {
@@ -1097,7 +1098,7 @@ fn profile_programs(
         check_interrupted()?;
         let measured = env.enter().and_then(|_in| {
             let ids = progcost::programs(env)?;
-            profile::measure(env, set, &ids, &cfg.out)
+            profile::measure(env, set, &ids, cfg.profile_connects, &cfg.out)
         });
         match measured {
             Ok(p) => out.extend(p),

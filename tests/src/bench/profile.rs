@@ -31,8 +31,6 @@ use serde::{Deserialize, Serialize};
 
 use super::{env::Env, services::ServiceSet, traffic};
 
-/// Connections of the profiled loop (a few seconds of samples).
-pub const CONNECTS: usize = 40_000;
 /// Samples per second and CPU.
 const FREQUENCY: u32 = 20_000;
 /// A program with fewer samples is left out (it barely ran).
@@ -50,6 +48,9 @@ pub struct ProgProfile {
     pub samples: u64,
     /// Every sample of the recording (all CPUs, idle included).
     pub total: u64,
+    /// Connections of the profiled loop.
+    #[serde(default)]
+    pub connects: usize,
     /// Its hottest source lines (`file:line  source`), with their samples.
     pub lines: Vec<(String, u64)>,
 }
@@ -64,12 +65,13 @@ pub fn available() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Profiles `CONNECTS` connections to the service `set` targets last,
+/// Profiles `connects` connections to the service `set` targets last,
 /// through `env`, and attributes the samples of the programs `ids`.
 pub fn measure(
     env: &Env,
     set: &ServiceSet,
     ids: &BTreeMap<u64, String>,
+    connects: usize,
     scratch: &Path,
 ) -> Result<Vec<ProgProfile>> {
     let data = scratch.join(format!("perf-{}.data", env.variant.name()));
@@ -78,10 +80,10 @@ pub fn measure(
         super::services::SERVICE_PORT,
     )];
     let recorder = Recorder::start(&data)?;
-    let run = traffic::connects(env.client(), &target, 0, CONNECTS, Duration::MAX);
+    let run = traffic::connects(env.client(), &target, 0, connects, Duration::MAX);
     recorder.stop()?;
     let run = run?;
-    if run.errors > CONNECTS / 10 {
+    if run.errors > connects / 10 {
         bail!(
             "{} errors ({})",
             run.errors,
@@ -106,6 +108,7 @@ pub fn measure(
             program: name.clone(),
             samples,
             total: ips.len() as u64,
+            connects,
             lines,
         });
     }

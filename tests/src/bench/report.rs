@@ -998,7 +998,7 @@ pub fn markdown(r: &Results) -> String {
             let _ = writeln!(
                 t,
                 "Where the programs' time goes ({} connections to the service under `perf record -e cpu-clock -a`, samples in each program's JITed code by source line; a cache miss shows on the line of its load or the next; helpers and kernel functions the programs call are not counted):\n",
-                super::profile::CONNECTS
+                s.profiles[0].connects
             );
             t.push_str(&profile_table(&s.profiles));
             t.push('\n');
@@ -1451,6 +1451,7 @@ mod tests {
             program: "sl_connect4".into(),
             samples: 200,
             total: 10_000,
+            connects: 40_000,
             lines: vec![
                 ("maps.rs:485  a | b".into(), 50),
                 ("sock.rs:1  `x`".into(), 20),

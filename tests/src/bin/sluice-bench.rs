@@ -113,7 +113,7 @@ fn main() -> Result<()> {
         cfg.variants.dedup();
     }
     if args.no_profile {
-        cfg.profile = false;
+        cfg.profile_connects = 0;
     }
     if let Some(r) = args.rounds {
         cfg.rounds = r;
