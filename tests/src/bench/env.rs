@@ -222,10 +222,15 @@ impl Env {
     pub fn new(variant: Variant) -> Result<Self> {
         let topo = Topology::new(1, BACKENDS)?;
         // Sequential connects reuse the client's ports quickly; a wide
-        // range keeps reuse rare.
-        topo.clients[0]
-            .ns
-            .sysctl("net.ipv4.ip_local_port_range", "1024 65000")?;
+        // range keeps reuse rare. It ends below sluice's SNAT ports
+        // (`SNAT_PORT_MIN`), as the kernel's default range (32768-60999)
+        // does: a reply to a client port in the SNAT range is looked up
+        // as a possible SNAT reply on every hook, which a pod with the
+        // default range never pays.
+        topo.clients[0].ns.sysctl(
+            "net.ipv4.ip_local_port_range",
+            &format!("1024 {}", sluice_common::config::SNAT_PORT_MIN - 1),
+        )?;
         let servers = topo
             .backends
             .iter()

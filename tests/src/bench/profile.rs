@@ -9,10 +9,12 @@
 //! of the verified program) with its JITed address, and bpftool's
 //! `prog dump xlated linum` names the source line of each instruction.
 //! The sample counts the last line-info record at or before its address.
-//! A timer sample lands on the instruction the interrupt found, so a load
-//! that missed the caches shows on itself or the instruction after it; a
-//! helper or kernel function the program calls (a hash lookup's body, a
-//! checksum) is not in the program's range and is not counted here.
+//! Samples carry their call chains (`-g`; the JITed programs keep frame
+//! pointers), so a sample inside a helper or kernel function a program
+//! called (a hash lookup's body, a checksum, an LRU insert) counts for the
+//! line of the call, named with the function (`line  -> function`). A
+//! timer sample lands on the instruction the interrupt found, so a load
+//! that missed the caches shows on itself or the instruction after it.
 //!
 //! `perf` comes from Debian's `linux-perf` (`cargo xtask setup`); without
 //! it the profile is left out and the run says why.
@@ -31,8 +33,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{env::Env, services::ServiceSet, traffic};
 
-/// Samples per second and CPU.
-const FREQUENCY: u32 = 20_000;
+/// Samples per second and CPU (each with its call chain).
+const FREQUENCY: u32 = 10_000;
 /// A program with fewer samples is left out (it barely ran).
 const MIN_SAMPLES: u64 = 20;
 /// Source lines kept per program.
@@ -90,13 +92,13 @@ pub fn measure(
             run.first_error.unwrap_or_default()
         );
     }
-    let ips = sample_addresses(&data)?;
+    let chains = sample_chains(&data)?;
     let _ = fs::remove_file(&data);
     let mut out = Vec::new();
     for (&id, name) in ids {
         let layout = JitLayout::of(id).with_context(|| format!("JIT layout of {name}"))?;
         let sources = xlated_sources(id)?;
-        let (samples, lines) = layout.attribute(&ips, &sources);
+        let (samples, lines) = layout.attribute(&chains, &sources);
         if samples < MIN_SAMPLES {
             continue;
         }
@@ -107,7 +109,7 @@ pub fn measure(
             variant: env.variant.name().to_owned(),
             program: name.clone(),
             samples,
-            total: ips.len() as u64,
+            total: chains.len() as u64,
             connects,
             lines,
         });
@@ -123,7 +125,7 @@ struct Recorder {
 impl Recorder {
     fn start(data: &Path) -> Result<Self> {
         let child = Command::new("perf")
-            .args(["record", "-e", "cpu-clock", "-a", "-q", "-F"])
+            .args(["record", "-e", "cpu-clock", "-a", "-g", "-q", "-F"])
             .arg(FREQUENCY.to_string())
             .arg("-o")
             .arg(data)
@@ -155,10 +157,13 @@ impl Drop for Recorder {
     }
 }
 
-/// The instruction address of every sample in `data`.
-fn sample_addresses(data: &Path) -> Result<Vec<u64>> {
+/// One sample's call chain, innermost first: (address, symbol).
+type Chain = Vec<(u64, String)>;
+
+/// The call chain of every sample in `data`.
+fn sample_chains(data: &Path) -> Result<Vec<Chain>> {
     let out = Command::new("perf")
-        .args(["script", "-F", "ip", "-i"])
+        .args(["script", "-F", "ip,sym", "-i"])
         .arg(data)
         .output()
         .context("perf script")?;
@@ -168,10 +173,31 @@ fn sample_addresses(data: &Path) -> Result<Vec<u64>> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| u64::from_str_radix(l.trim(), 16).ok())
-        .collect())
+    Ok(parse_chains(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// `perf script -F ip,sym` of call-chain samples: one `ADDRESS SYMBOL`
+/// line per frame, innermost first, a blank line after each sample.
+fn parse_chains(text: &str) -> Vec<Chain> {
+    let mut out = Vec::new();
+    let mut chain = Chain::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() {
+            if !chain.is_empty() {
+                out.push(std::mem::take(&mut chain));
+            }
+            continue;
+        }
+        let (addr, sym) = line.split_once(' ').unwrap_or((line, ""));
+        if let Ok(addr) = u64::from_str_radix(addr, 16) {
+            chain.push((addr, sym.trim().to_owned()));
+        }
+    }
+    if !chain.is_empty() {
+        out.push(chain);
+    }
+    out
 }
 
 /// Where a loaded program's JITed code lies, and which verified
@@ -307,31 +333,59 @@ impl JitLayout {
         Ok(Self { funcs, lines })
     }
 
-    /// The samples of `ips` inside this program, and how many each source
-    /// line took (`sources`: instruction index -> source line).
+    /// The samples of `chains` inside this program (its own code, or a
+    /// function it called), and how many each source line took
+    /// (`sources`: instruction index -> source line). A sample is the
+    /// innermost program frame's: its own line, or the line of the call
+    /// and the function called (`line  -> function`).
     fn attribute(
         &self,
-        ips: &[u64],
+        chains: &[Chain],
         sources: &BTreeMap<u32, String>,
     ) -> (u64, BTreeMap<String, u64>) {
         let mut total = 0;
         let mut by_line = BTreeMap::new();
-        for &ip in ips {
-            let Some(&(start, _)) = self.funcs.iter().find(|(s, l)| ip >= *s && ip < s + l) else {
+        for chain in chains {
+            let Some((depth, &(ip, _))) = chain
+                .iter()
+                .enumerate()
+                .find(|(_, (ip, _))| self.func_of(*ip).is_some())
+            else {
                 continue;
             };
             total += 1;
-            let i = self.lines.partition_point(|&(a, _)| a <= ip);
-            let line = match i.checked_sub(1).map(|i| self.lines[i]) {
-                Some((addr, insn)) if addr >= start => sources
-                    .range(..=insn)
-                    .next_back()
-                    .map_or_else(|| format!("instruction {insn}"), |(_, s)| s.clone()),
-                _ => "(before the first line record)".to_owned(),
+            // A caller's frame holds the return address: the call is the
+            // instruction before it.
+            let at = if depth == 0 { ip } else { ip - 1 };
+            let line = self.line_of(at, sources);
+            let line = match depth {
+                0 => line,
+                _ => format!("{line}  -> {}", chain[depth - 1].1),
             };
             *by_line.entry(line).or_insert(0) += 1;
         }
         (total, by_line)
+    }
+
+    fn func_of(&self, ip: u64) -> Option<u64> {
+        self.funcs
+            .iter()
+            .find(|(s, l)| ip >= *s && ip < s + l)
+            .map(|&(s, _)| s)
+    }
+
+    fn line_of(&self, ip: u64, sources: &BTreeMap<u32, String>) -> String {
+        let Some(start) = self.func_of(ip) else {
+            return "(outside the program)".to_owned();
+        };
+        let i = self.lines.partition_point(|&(a, _)| a <= ip);
+        match i.checked_sub(1).map(|i| self.lines[i]) {
+            Some((addr, insn)) if addr >= start => sources
+                .range(..=insn)
+                .next_back()
+                .map_or_else(|| format!("instruction {insn}"), |(_, s)| s.clone()),
+            _ => "(before the first line record)".to_owned(),
+        }
     }
 }
 
@@ -453,14 +507,50 @@ i32 sl_connect4(struct bpf_sock_addr * ctx):
             funcs: vec![(1000, 100), (5000, 20)],
             lines: vec![(1000, 0), (1010, 1), (1050, 5), (5000, 4)],
         };
-        let ips = [999, 1000, 1009, 1010, 1049, 1050, 1099, 1100, 5010, 7000];
-        let (n, by) = layout.attribute(&ips, &sources);
-        assert_eq!(n, 7, "999, 1100 and 7000 are outside the program");
+        let leaf = |ip: u64| vec![(ip, "bpf_prog".to_owned()), (1, "caller".to_owned())];
+        let mut chains: Vec<Chain> = [999, 1000, 1009, 1010, 1049, 1050, 1099, 1100, 5010, 7000]
+            .into_iter()
+            .map(leaf)
+            .collect();
+        // Inside a kernel function the program called at 1010..1050: the
+        // return address 1050 names the call's line, 1049.
+        chains.push(vec![
+            (42, "__htab_map_lookup_elem".to_owned()),
+            (1050, "bpf_prog".to_owned()),
+            (1, "caller".to_owned()),
+        ]);
+        // Not under the program at all.
+        chains.push(vec![
+            (42, "tcp_v4_rcv".to_owned()),
+            (43, "ip_rcv".to_owned()),
+        ]);
+        let (n, by) = layout.attribute(&chains, &sources);
+        assert_eq!(
+            n, 8,
+            "999, 1100, 7000 and the last chain are outside the program"
+        );
         assert_eq!(by["main.rs:197  #[cgroup_sock_addr(connect4)]"], 2);
         assert_eq!(by["sock.rs:498  proto == IPPROTO_TCP"], 3);
         assert_eq!(
             by["iter/range.rs:900  if self.start < self.end {  (after sock.rs:498)"],
             2
         );
+        assert_eq!(
+            by["sock.rs:498  proto == IPPROTO_TCP  -> __htab_map_lookup_elem"],
+            1
+        );
+    }
+
+    #[test]
+    fn chains_are_split_at_blank_lines() {
+        let text = "\tffffffffc0026b70 bpf_prog_a_sl_ingress\n\tffffffff81eb6d67 __netif_receive_skb_core\n\n\tffffffff81531350 __htab_map_lookup_elem\n\t          101829 syscall\n";
+        let c = parse_chains(text);
+        assert_eq!(c.len(), 2);
+        assert_eq!(
+            c[0][0],
+            (0xffffffffc0026b70, "bpf_prog_a_sl_ingress".to_owned())
+        );
+        assert_eq!(c[0][1].1, "__netif_receive_skb_core");
+        assert_eq!(c[1][1], (0x101829, "syscall".to_owned()));
     }
 }

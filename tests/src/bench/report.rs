@@ -997,7 +997,7 @@ pub fn markdown(r: &Results) -> String {
         if !s.profiles.is_empty() {
             let _ = writeln!(
                 t,
-                "Where the programs' time goes ({} connections to the service under `perf record -e cpu-clock -a`, samples in each program's JITed code by source line; a cache miss shows on the line of its load or the next; helpers and kernel functions the programs call are not counted):\n",
+                "Where the programs' time goes ({} connections to the service under `perf record -e cpu-clock -a`, samples in each program's JITed code by source line, and in the helpers and kernel functions it called by the line of the call (`-> function`); a cache miss shows on the line of its load or the next):\n",
                 s.profiles[0].connects
             );
             t.push_str(&profile_table(&s.profiles));
