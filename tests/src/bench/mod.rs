@@ -202,7 +202,7 @@ impl Config {
             churn_min: 3,
             churn_budget: Duration::from_secs(3),
             events_rounds: 2,
-            profile_connects: 10_000,
+            profile_connects: 20_000,
             churn_rates: vec![500],
             churn_rate_window: Duration::from_secs(1),
             north_south: Some(north_south::NsConfig {

@@ -35,8 +35,8 @@ use super::{env::Env, services::ServiceSet, traffic};
 
 /// Samples per second and CPU (each with its call chain).
 const FREQUENCY: u32 = 10_000;
-/// A program with fewer samples is left out (it barely ran).
-const MIN_SAMPLES: u64 = 20;
+/// The report leaves out a program with fewer samples (it barely ran).
+pub const MIN_SAMPLES: u64 = 20;
 /// Source lines kept per program.
 const LINES: usize = 8;
 
@@ -92,14 +92,19 @@ pub fn measure(
             run.first_error.unwrap_or_default()
         );
     }
-    let chains = sample_chains(&data)?;
+    let (chains, total) = sample_chains(&data)?;
     let _ = fs::remove_file(&data);
     let mut out = Vec::new();
     for (&id, name) in ids {
-        let layout = JitLayout::of(id).with_context(|| format!("JIT layout of {name}"))?;
-        let sources = xlated_sources(id)?;
+        let (layout, sources) = match JitLayout::of(id).and_then(|l| Ok((l, xlated_sources(id)?))) {
+            Ok(found) => found,
+            Err(e) => {
+                eprintln!("  {} profile of {name}: {e:#}", env.variant.name());
+                continue;
+            }
+        };
         let (samples, lines) = layout.attribute(&chains, &sources);
-        if samples < MIN_SAMPLES {
+        if samples == 0 {
             continue;
         }
         let mut lines: Vec<_> = lines.into_iter().collect();
@@ -109,7 +114,7 @@ pub fn measure(
             variant: env.variant.name().to_owned(),
             program: name.clone(),
             samples,
-            total: chains.len() as u64,
+            total,
             connects,
             lines,
         });
@@ -133,8 +138,9 @@ impl Recorder {
             .stderr(Stdio::null())
             .spawn()
             .context("starting perf record")?;
-        // perf maps its buffers on every CPU before it records.
-        std::thread::sleep(Duration::from_millis(800));
+        // perf maps its buffers on every CPU and lists the running
+        // threads and programs before it records.
+        std::thread::sleep(Duration::from_millis(1500));
         Ok(Self { child })
     }
 
@@ -142,8 +148,9 @@ impl Recorder {
         // SAFETY: a signal to the child this value owns.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         let status = self.child.wait()?;
-        // perf exits with the signal's status once it wrote the file.
-        if !status.success() && status.code().is_some_and(|c| c != 130) {
+        // perf raises the signal again once it wrote the file.
+        use std::os::unix::process::ExitStatusExt;
+        if !status.success() && status.signal() != Some(libc::SIGINT) {
             bail!("perf record: {status}");
         }
         Ok(())
@@ -160,10 +167,11 @@ impl Drop for Recorder {
 /// One sample's call chain, innermost first: (address, symbol).
 type Chain = Vec<(u64, String)>;
 
-/// The call chain of every sample in `data`.
-fn sample_chains(data: &Path) -> Result<Vec<Chain>> {
+/// The call chains of the samples in `data` that passed through a BPF
+/// program, and how many samples there were in all.
+fn sample_chains(data: &Path) -> Result<(Vec<Chain>, u64)> {
     let out = Command::new("perf")
-        .args(["script", "-F", "ip,sym", "-i"])
+        .args(["script", "--no-inline", "-F", "ip,sym", "-i"])
         .arg(data)
         .output()
         .context("perf script")?;
@@ -177,15 +185,23 @@ fn sample_chains(data: &Path) -> Result<Vec<Chain>> {
 }
 
 /// `perf script -F ip,sym` of call-chain samples: one `ADDRESS SYMBOL`
-/// line per frame, innermost first, a blank line after each sample.
-fn parse_chains(text: &str) -> Vec<Chain> {
+/// line per frame, innermost first, a blank line after each sample. Only
+/// chains through a BPF program (`bpf_prog_*`) are kept; all are counted.
+fn parse_chains(text: &str) -> (Vec<Chain>, u64) {
     let mut out = Vec::new();
+    let mut total = 0;
     let mut chain = Chain::new();
+    let mut keep = |chain: Chain, out: &mut Vec<Chain>| {
+        total += 1;
+        if chain.iter().any(|(_, sym)| sym.starts_with("bpf_prog_")) {
+            out.push(chain);
+        }
+    };
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() {
             if !chain.is_empty() {
-                out.push(std::mem::take(&mut chain));
+                keep(std::mem::take(&mut chain), &mut out);
             }
             continue;
         }
@@ -195,9 +211,9 @@ fn parse_chains(text: &str) -> Vec<Chain> {
         }
     }
     if !chain.is_empty() {
-        out.push(chain);
+        keep(chain, &mut out);
     }
-    out
+    (out, total)
 }
 
 /// Where a loaded program's JITed code lies, and which verified
@@ -543,14 +559,22 @@ i32 sl_connect4(struct bpf_sock_addr * ctx):
 
     #[test]
     fn chains_are_split_at_blank_lines() {
-        let text = "\tffffffffc0026b70 bpf_prog_a_sl_ingress\n\tffffffff81eb6d67 __netif_receive_skb_core\n\n\tffffffff81531350 __htab_map_lookup_elem\n\t          101829 syscall\n";
-        let c = parse_chains(text);
-        assert_eq!(c.len(), 2);
+        let text = "\tffffffffc0026b70 bpf_prog_a_sl_ingress\n\tffffffff81eb6d67 __netif_receive_skb_core\n\n\tffffffff81531350 __htab_map_lookup_elem\n\t          101829 syscall\n\n\n\tffffffff81531350 __htab_map_lookup_elem\n\tffffffffc0028677 bpf_prog_b_sl_connect4\n";
+        let (c, total) = parse_chains(text);
+        assert_eq!(total, 3);
+        assert_eq!(
+            c.len(),
+            2,
+            "the chain through no program is counted, not kept"
+        );
         assert_eq!(
             c[0][0],
             (0xffffffffc0026b70, "bpf_prog_a_sl_ingress".to_owned())
         );
         assert_eq!(c[0][1].1, "__netif_receive_skb_core");
-        assert_eq!(c[1][1], (0x101829, "syscall".to_owned()));
+        assert_eq!(
+            c[1][1],
+            (0xffffffffc0028677, "bpf_prog_b_sl_connect4".to_owned())
+        );
     }
 }

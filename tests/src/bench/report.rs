@@ -763,7 +763,10 @@ pub fn profile_table(profiles: &[super::profile::ProgProfile]) -> String {
     let mut t = String::from(
         "| variant | program | samples (share of all) | source line | share of the program |\n|---|---|--:|---|--:|\n",
     );
-    for p in profiles.iter().filter(|p| p.samples > 0) {
+    for p in profiles
+        .iter()
+        .filter(|p| p.samples >= super::profile::MIN_SAMPLES)
+    {
         for (i, (line, n)) in p.lines.iter().enumerate() {
             let (variant, program, samples) = if i == 0 {
                 (
@@ -997,8 +1000,11 @@ pub fn markdown(r: &Results) -> String {
         if !s.profiles.is_empty() {
             let _ = writeln!(
                 t,
-                "Where the programs' time goes ({} connections to the service under `perf record -e cpu-clock -a`, samples in each program's JITed code by source line, and in the helpers and kernel functions it called by the line of the call (`-> function`); a cache miss shows on the line of its load or the next):\n",
-                s.profiles[0].connects
+                "Where the programs' time goes ({}connections to the service under `perf record -e cpu-clock -a -g`, samples in each program's JITed code by source line, and in the helpers and kernel functions it called by the line of the call (`-> function`); a cache miss shows on the line of its load or the next):\n",
+                match s.profiles[0].connects {
+                    0 => String::new(),
+                    n => format!("{n} "),
+                }
             );
             t.push_str(&profile_table(&s.profiles));
             t.push('\n');
