@@ -36,8 +36,9 @@ pub(crate) fn sys_bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> io::Result<i64
     Ok(rc)
 }
 
-pub(crate) fn put(attr: &mut [u8; 128], offset: usize, bytes: &[u8]) {
-    attr[offset..offset + bytes.len()].copy_from_slice(bytes);
+/// Writes `bytes` at `offset` of a `bpf_attr` or an info struct.
+pub(crate) fn put(buf: &mut [u8], offset: usize, bytes: &[u8]) {
+    buf[offset..offset + bytes.len()].copy_from_slice(bytes);
 }
 
 pub(crate) fn fd(rc: i64) -> io::Result<OwnedFd> {

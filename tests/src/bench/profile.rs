@@ -22,7 +22,7 @@
 use std::{
     collections::BTreeMap,
     fs,
-    os::fd::{FromRawFd, OwnedFd},
+    os::fd::OwnedFd,
     path::Path,
     process::{Child, Command, Stdio},
     time::Duration,
@@ -32,6 +32,10 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::{env::Env, services::ServiceSet, traffic};
+use crate::{
+    bpf::{prog_fd_by_id, put, sys_bpf},
+    netns::run,
+};
 
 /// Samples per second and CPU (each with its call chain).
 const FREQUENCY: u32 = 10_000;
@@ -170,17 +174,9 @@ type Chain = Vec<(u64, String)>;
 /// The call chains of the samples in `data` that passed through a BPF
 /// program, and how many samples there were in all.
 fn sample_chains(data: &Path) -> Result<(Vec<Chain>, u64)> {
-    let out = Command::new("perf")
+    let out = run(Command::new("perf")
         .args(["script", "--no-inline", "-F", "ip,sym", "-i"])
-        .arg(data)
-        .output()
-        .context("perf script")?;
-    if !out.status.success() {
-        bail!(
-            "perf script: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+        .arg(data))?;
     Ok(parse_chains(&String::from_utf8_lossy(&out.stdout)))
 }
 
@@ -226,7 +222,6 @@ struct JitLayout {
     lines: Vec<(u64, u32)>,
 }
 
-const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 /// `struct bpf_prog_info` up to `jited_line_info_rec_size` (uapi
 /// `linux/bpf.h`); the kernel fills what the caller's length covers.
@@ -242,30 +237,13 @@ const OFF_NR_JITED_LINE_INFO: usize = 168;
 const OFF_LINE_INFO_REC_SIZE: usize = 172;
 const OFF_JITED_LINE_INFO_REC_SIZE: usize = 176;
 
-fn bpf(cmd: libc::c_long, attr: &mut [u8; 16]) -> std::io::Result<libc::c_long> {
-    // SAFETY: `attr` is a `union bpf_attr` prefix of the length passed.
-    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(r)
-}
-
 fn get_u32(b: &[u8], off: usize) -> u32 {
     u32::from_ne_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
 
-fn put(b: &mut [u8], off: usize, bytes: &[u8]) {
-    b[off..off + bytes.len()].copy_from_slice(bytes);
-}
-
 impl JitLayout {
     fn of(id: u64) -> Result<Self> {
-        let mut attr = [0u8; 16];
-        put(&mut attr, 0, &(id as u32).to_ne_bytes());
-        let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr).context("BPF_PROG_GET_FD_BY_ID")?;
-        // SAFETY: a new descriptor the kernel just returned, owned here.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let fd = prog_fd_by_id(id)?;
         let mut info = [0u8; INFO_LEN];
         info_by_fd(&fd, &mut info)?;
         let nksyms = get_u32(&info, OFF_NR_JITED_KSYMS) as usize;
@@ -407,27 +385,25 @@ impl JitLayout {
 
 fn info_by_fd(fd: &OwnedFd, info: &mut [u8; INFO_LEN]) -> Result<()> {
     use std::os::fd::AsRawFd;
-    let mut attr = [0u8; 16];
+    let mut attr = [0u8; 128];
     put(&mut attr, 0, &(fd.as_raw_fd() as u32).to_ne_bytes());
     put(&mut attr, 4, &(INFO_LEN as u32).to_ne_bytes());
     put(&mut attr, 8, &(info.as_mut_ptr() as u64).to_ne_bytes());
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).context("BPF_OBJ_GET_INFO_BY_FD")?;
+    sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).context("BPF_OBJ_GET_INFO_BY_FD")?;
     Ok(())
 }
 
 /// Instruction index -> `file:line  source` of program `id`, from
 /// bpftool's `prog dump xlated linum`.
 fn xlated_sources(id: u64) -> Result<BTreeMap<u32, String>> {
-    let out = Command::new("bpftool")
-        .args(["prog", "dump", "xlated", "id", &id.to_string(), "linum"])
-        .output()
-        .context("bpftool prog dump xlated")?;
-    if !out.status.success() {
-        bail!(
-            "bpftool prog dump xlated: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    let out = run(Command::new("bpftool").args([
+        "prog",
+        "dump",
+        "xlated",
+        "id",
+        &id.to_string(),
+        "linum",
+    ]))?;
     Ok(parse_xlated(&String::from_utf8_lossy(&out.stdout)))
 }
 
