@@ -8,6 +8,9 @@
 //! handles it (a new connection replaces a closed entry); so must sluice,
 //! in both families, whether the old connection ended with a RST or FINs.
 //!
+//! A connection through the service on a finished flow's tuple to the same
+//! backend takes over that flow's conntrack entries in place.
+//!
 //! Source-port sharing between live connections: Linux lets connect()
 //! give one local port to several connections with different peers, so a
 //! client may hold two live connections from one port to two services
@@ -25,7 +28,10 @@ use std::{
 
 use anyhow::{Context, Result};
 use sluice::model::{BackendState, Proto};
-use sluice_common::Stat;
+use sluice_common::{
+    conntrack::{CT_F_SEEN_REPLY, CT_F_SNAT},
+    CtEntry, CtKind, Stat,
+};
 use sluice_tests::{
     lb::{cluster_ips, Lb},
     servers, Netns, Topology,
@@ -114,6 +120,130 @@ fn v6_a_port_reused_after_a_reset_service_connection_reaches_the_backend_directl
 #[test]
 fn v6_a_port_reused_after_a_closed_service_connection_reaches_the_backend_directly() -> Result<()> {
     reuse(true, false)
+}
+
+/// Every conntrack entry of the family, keys left out.
+fn entries(lb: &Lb, v6: bool) -> Result<Vec<CtEntry>> {
+    let maps = lb.maps()?;
+    Ok(if v6 {
+        sluice::conntrack::read_all6(&maps)?
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect()
+    } else {
+        sluice::conntrack::read_all(&maps)?
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect()
+    })
+}
+
+/// A client reconnecting through the service from the port of its
+/// finished connection reaches the same backend (one here): the new flow
+/// takes over the old flow's two conntrack entries in place (`ct_reused`,
+/// no insert), and they read as a new flow's: no closing bit left of the
+/// old one, fresh stamps, the frontend and client of this connection.
+fn taken_over(v6: bool, reset: bool) -> Result<()> {
+    let topo = Topology::new(1, 1)?;
+    if v6 {
+        topo.wait_ipv6_ready()?;
+    }
+    let b = &topo.backends[0];
+    let _server = if v6 {
+        servers::tcp_greeter6(&b.ns, 8080, &b.name)?
+    } else {
+        servers::tcp_greeter(&b.ns, 8080, &b.name)?
+    };
+    let mut lb = Lb::load(&topo)?;
+    let vip = if v6 {
+        IpAddr::V6(VIP6)
+    } else {
+        IpAddr::V4(VIP)
+    };
+    lb.set(cluster_ips(
+        "web",
+        &[vip],
+        80,
+        Proto::Tcp,
+        &[(b.addr(v6), 8080, BackendState::Active)],
+    ));
+    let service = SocketAddr::new(vip, 80);
+    let client = &topo.clients[0];
+    let port = 43_000u16;
+    assert_eq!(greet_from(&client.ns, port, service, reset)?, b.name);
+    let old = entries(&lb, v6)?;
+    assert_eq!(old.len(), 2, "the first flow's forward and reply entries");
+    assert!(
+        old.iter()
+            .any(|e| e.kind == CtKind::Forward as u8 && e.is_closing()),
+        "the first flow is over: {old:?}"
+    );
+    let old_stamp = old.iter().map(|e| e.last_seen_ns).max().unwrap_or(0);
+    let (reused, reselected) = (lb.stat(Stat::CtReused)?, lb.stat(Stat::Reselected)?);
+    // The datapath's stamps are the coarse clock's (a tick apart).
+    std::thread::sleep(Duration::from_millis(30));
+
+    let (stream, hello) = connect_from(&client.ns, port, service)?;
+    assert_eq!(hello, b.name);
+    echo(&stream, "again").context("the connection on the reused tuple")?;
+    assert_eq!(
+        lb.stat(Stat::Reselected)?,
+        reselected + 1,
+        "the SYN reselected"
+    );
+    assert_eq!(
+        lb.stat(Stat::CtReused)?,
+        reused + 1,
+        "the entries were taken over, not inserted"
+    );
+    let now = entries(&lb, v6)?;
+    assert_eq!(now.len(), 2, "still one flow's two entries: {now:?}");
+    let forward = now
+        .iter()
+        .find(|e| e.kind == CtKind::Forward as u8)
+        .context("a forward entry")?;
+    let reply = now
+        .iter()
+        .find(|e| e.kind == CtKind::Reply as u8)
+        .context("a reply entry")?;
+    for e in [forward, reply] {
+        assert!(!e.is_closing(), "a closing bit of the old flow left: {e:?}");
+        assert!(e.last_seen_ns > old_stamp, "stamped by the new flow: {e:?}");
+        assert_eq!(e.flags & CT_F_SNAT, 0, "not SNATed: {e:?}");
+    }
+    assert_ne!(
+        forward.flags & CT_F_SEEN_REPLY,
+        0,
+        "the new flow's replies are seen: {forward:?}"
+    );
+    let v4_in_16 = |a: IpAddr| match a {
+        IpAddr::V4(a) => {
+            let mut out = [0u8; 16];
+            out[..4].copy_from_slice(&a.octets());
+            out
+        }
+        IpAddr::V6(a) => a.octets(),
+    };
+    assert_eq!(reply.nat_addr, v4_in_16(vip), "replies come from the VIP");
+    assert_eq!(reply.nat_port, 80);
+    assert_eq!(reply.peer_addr, v4_in_16(client.addr(v6)));
+    assert_eq!(reply.peer_port, port);
+    drop(stream);
+    // And once more after this one ends.
+    assert_eq!(greet_from(&client.ns, port, service, reset)?, b.name);
+    Ok(())
+}
+
+#[test]
+fn a_service_connection_on_a_finished_flows_tuple_takes_over_its_entries() -> Result<()> {
+    taken_over(false, true)?;
+    taken_over(false, false)
+}
+
+#[test]
+fn v6_a_service_connection_on_a_finished_flows_tuple_takes_over_its_entries() -> Result<()> {
+    taken_over(true, true)?;
+    taken_over(true, false)
 }
 
 /// A live connection from local port `port` to `to` (the port may be

@@ -143,6 +143,10 @@ pub enum Stat {
     /// `sl_sockfe4`/`sl_sockfe6` (one lookup instead of three); also
     /// counted in `sock_connect`.
     SockPicked = 61,
+    /// A SYN reusing the tuple of a finished flow went to the same
+    /// backend: the flow's own conntrack entries were rewritten in place
+    /// instead of inserting new ones; also counted in `reselected`.
+    CtReused = 62,
 }
 
 /// Number of counters in `sl_stats` (its `max_entries`, fixed since ABI 4:
@@ -153,7 +157,7 @@ pub const STAT_COUNT: u32 = 23;
 pub const STATS2_MAX: u32 = 64;
 
 /// Number of counters in all.
-pub const STAT_TOTAL: usize = 43;
+pub const STAT_TOTAL: usize = 44;
 
 const _: () = assert!(STAT_TOTAL <= (STAT_COUNT + STATS2_MAX) as usize);
 
@@ -215,6 +219,7 @@ impl Stat {
         Stat::TupleClash,
         Stat::HostRouted,
         Stat::SockPicked,
+        Stat::CtReused,
     ];
 
     /// The counter with index `i`, if any.
@@ -268,6 +273,7 @@ impl Stat {
             Stat::TupleClash => "tuple_clash",
             Stat::HostRouted => "host_routed",
             Stat::SockPicked => "sock_picked",
+            Stat::CtReused => "ct_reused",
         }
     }
 }

@@ -219,6 +219,22 @@ pub fn clashes6(flow: &Flow6, backend: &[u8; 16], port: u16, key: &mut Ct6Key) -
         .is_some_and(|fwd| unsafe { live_forward(&*fwd, backend_id, flags) })
 }
 
+/// Whether a new flow through the frontend `frontend`:`port` may take over
+/// `reply`, found under its reply key, and `fwd`, under its forward key,
+/// in place (`snat::RECORD_REUSE`): they are the entries of an earlier
+/// flow on the same tuple, through the same frontend, to the same backend
+/// address and port (the reply key says so), neither SNATed. Whatever
+/// else is there is left to the inserts and their checks.
+#[inline(always)]
+pub fn reusable(reply: &CtEntry, fwd: &CtEntry, frontend: &[u8; 16], port: u16) -> bool {
+    reply.kind == CtKind::Reply as u8
+        && reply.flags & CT_F_SNAT == 0
+        && reply.nat_addr == *frontend
+        && reply.nat_port == port
+        && fwd.kind == CtKind::Forward as u8
+        && fwd.flags & CT_F_SNAT == 0
+}
+
 /// Whether `fwd` is the live forward entry of the flow whose reply entry
 /// names `backend_id` and carries `reply_flags`: the same flow (a forward
 /// entry to that backend, not masqueraded) that is not over.

@@ -26,7 +26,10 @@
 //!    client is its own backend (hairpin), or when a live flow of another
 //!    frontend holds the tuple this one would have after DNAT (one client
 //!    port shared by connections to two services on one backend:
-//!    `conntrack::clashes4`, counted `tuple_clash`).
+//!    `conntrack::clashes4`, counted `tuple_clash`). A reselected flow
+//!    (the tuple of a finished one) sent to the same backend takes over
+//!    that flow's two entries in place (`snat::RECORD_REUSE`, counted
+//!    `ct_reused`): no insert.
 
 use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
 use sluice_common::{
@@ -326,7 +329,10 @@ fn new_flow(
     let pod = maps::new_flow_from_v4(u32::from_ne_bytes(flow.src), unsafe {
         (*ctx.skb.skb).ingress_ifindex
     });
-    let options = if pod { snat::RECORD_POD } else { 0 };
+    let mut options = if pod { snat::RECORD_POD } else { 0 };
+    if reselected {
+        options |= snat::RECORD_REUSE;
+    }
     let to = u64::from(u32::from_ne_bytes(backend_addr)) | u64::from(backend.port) << 32;
     if snat::record(flow, &nf, to, options).taken()? {
         // Another entry holds the tuple this flow would have after DNAT.
@@ -344,7 +350,8 @@ fn new_flow(
             );
             return snat::new_flow(ctx.skb.skb, flow, &nf);
         }
-        snat::record(flow, &nf, to, options | snat::RECORD_REPLACE).taken()?;
+        let options = (options & !snat::RECORD_REUSE) | snat::RECORD_REPLACE;
+        snat::record(flow, &nf, to, options).taken()?;
     }
     if pod {
         maps::pod_flow_recorded();

@@ -297,7 +297,10 @@ fn try_new_flow(
     // SAFETY: reading the context's ingress device.
     let ifindex = unsafe { (*skb).ingress_ifindex };
     let pod = maps::new_flow_from_v6(&mut s.local_key, &s.flow.src, ifindex);
-    let options = if pod { crate::snat::RECORD_POD } else { 0 };
+    let mut options = if pod { crate::snat::RECORD_POD } else { 0 };
+    if reselected {
+        options |= crate::snat::RECORD_REUSE;
+    }
     if record(s, backend, master.svc_id, backend_id, options).taken()? {
         // Another entry holds this one's tuple after DNAT: a live flow of
         // another frontend keeps it and this one is masqueraded instead
@@ -312,7 +315,7 @@ fn try_new_flow(
             backend,
             master.svc_id,
             backend_id,
-            options | crate::snat::RECORD_REPLACE,
+            (options & !crate::snat::RECORD_REUSE) | crate::snat::RECORD_REPLACE,
         )
         .taken()?;
     }
@@ -378,6 +381,36 @@ fn record(
     key.dport = flow.sport;
     key.proto = flow.proto;
     key._pad = [0; 3];
+    if options & crate::snat::RECORD_REUSE != 0 {
+        // The finished flow's own entries, taken over in place (see
+        // `snat::record`).
+        if let Some(reply) = CONNTRACK_V6.get_ptr_mut(&*key) {
+            flow.ct_key_into(key);
+            if let Some(fwd) = CONNTRACK_V6.get_ptr_mut(&*key) {
+                // SAFETY: pointers from successful lookups, valid for this
+                // program run; only a packet of this tuple reads them.
+                unsafe {
+                    if crate::conntrack::reusable(&*reply, &*fwd, &flow.dst, flow.dport) {
+                        *reply = *e;
+                        crate::snat::forward_fields(
+                            e,
+                            tcp_bits_of(flow.proto, flow.tcp_flags) | mark,
+                        );
+                        *fwd = *e;
+                        count(Stat::CtReused);
+                        return Recorded::Done;
+                    }
+                }
+            }
+            // The reply key again, for the inserts.
+            key.src = backend.addr;
+            key.dst = flow.src;
+            key.sport = backend.port;
+            key.dport = flow.sport;
+            key.proto = flow.proto;
+            key._pad = [0; 3];
+        }
+    }
     let Some(reply_ok) = crate::snat::reply_inserted(CONNTRACK_V6.insert(
         &*key,
         &*e,
@@ -385,12 +418,7 @@ fn record(
     )) else {
         return Recorded::Taken;
     };
-    e.nat_addr = [0; 16];
-    e.peer_addr = [0; 16];
-    e.nat_port = 0;
-    e.peer_port = 0;
-    e.kind = CtKind::Forward as u8;
-    e.flags = tcp_bits_of(flow.proto, flow.tcp_flags) | mark;
+    crate::snat::forward_fields(e, tcp_bits_of(flow.proto, flow.tcp_flags) | mark);
     flow.ct_key_into(key);
     if !reply_ok || CONNTRACK_V6.insert(&*key, &*e, BPF_ANY as u64).is_err() {
         count(Stat::CtInsertFailed);

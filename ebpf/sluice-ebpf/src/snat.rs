@@ -32,7 +32,7 @@ use sluice_common::{
 
 use crate::events;
 use crate::{
-    conntrack::{note_reply, tcp_bits, v4, v4_in_16},
+    conntrack::{note_reply, reusable, tcp_bits, v4, v4_in_16},
     error::{Error, Verdict},
     flow::Flow4,
     headers::ETH_LEN,
@@ -270,11 +270,30 @@ fn fill(e: &mut CtEntry, flow: &Flow4, nf: &NewFlow, kind: CtKind, flags: u8) {
     e._pad = [0; 2];
 }
 
+/// Turns a new flow's reply entry `e` into its forward entry, `flags` its
+/// first ones (either family).
+#[inline(always)]
+pub fn forward_fields(e: &mut CtEntry, flags: u8) {
+    e.nat_addr = [0; 16];
+    e.peer_addr = [0; 16];
+    e.nat_port = 0;
+    e.peer_port = 0;
+    e.kind = CtKind::Forward as u8;
+    e.flags = flags;
+}
+
 /// `record`'s options: the flow is a pod's (`CT_F_POD`).
 pub const RECORD_POD: u8 = 1;
 /// `record`'s options: the reply tuple may be taken (the caller checked
 /// that the entry there is no live flow's, `conntrack::clashes4`).
 pub const RECORD_REPLACE: u8 = 2;
+
+/// `record`'s options: the flow reuses the tuple of a tracked flow that
+/// is over (the caller reselected it): when that flow's own entries are
+/// there, of this frontend and to this backend, unSNATed, they are
+/// rewritten in place (`conntrack::reusable`) instead of inserting two
+/// new elements and freeing the old ones.
+pub const RECORD_REUSE: u8 = 4;
 
 /// `EEXIST`, as a map insert with `BPF_NOEXIST` returns it.
 const EEXIST: i32 = -17;
@@ -344,7 +363,11 @@ impl Recorded {
 /// `BPF_NOEXIST` unless `RECORD_REPLACE`: `Taken` when another entry holds
 /// its tuple (nothing written; the caller asks `conntrack::clashes4`
 /// whether that entry is a live flow's). The insert does the lookup the
-/// check would have made, so most new flows pay for one, not two.
+/// check would have made, so most new flows pay for one, not two. With
+/// `RECORD_REUSE` the finished flow's entries on the same tuple and
+/// backend are taken over in place: an insert into the LRU map takes an
+/// element off its free lists and a replaced one goes back under the
+/// map's global lock, the largest cost of a new flow on the TC path.
 #[inline(never)]
 pub fn record(flow: &Flow4, nf: &NewFlow, backend: u64, options: u8) -> Recorded {
     let backend_addr = (backend as u32).to_ne_bytes();
@@ -356,17 +379,31 @@ pub fn record(flow: &Flow4, nf: &NewFlow, backend: u64, options: u8) -> Recorded
     let mark = record_mark(options);
     fill(e, flow, nf, CtKind::Reply, mark);
     let reply_key = Ct4Key::new(backend_addr, flow.src, backend_port, flow.sport, flow.proto);
+    if options & RECORD_REUSE != 0 {
+        if let (Some(reply), Some(fwd)) = (
+            CONNTRACK_V4.get_ptr_mut(&reply_key),
+            CONNTRACK_V4.get_ptr_mut(flow.ct_key()),
+        ) {
+            // SAFETY: pointers from successful lookups, valid for this
+            // program run. Only a packet of this tuple reads these entries
+            // meanwhile: the backend cannot answer before this SYN leaves.
+            unsafe {
+                if reusable(&*reply, &*fwd, &e.nat_addr, flow.dport) {
+                    *reply = *e;
+                    forward_fields(e, tcp_bits(flow) | mark);
+                    *fwd = *e;
+                    count(Stat::CtReused);
+                    return Recorded::Done;
+                }
+            }
+        }
+    }
     let Some(reply_ok) =
         reply_inserted(CONNTRACK_V4.insert(&reply_key, &*e, reply_insert_flag(options)))
     else {
         return Recorded::Taken;
     };
-    e.nat_addr = [0; 16];
-    e.peer_addr = [0; 16];
-    e.nat_port = 0;
-    e.peer_port = 0;
-    e.kind = CtKind::Forward as u8;
-    e.flags = tcp_bits(flow) | mark;
+    forward_fields(e, tcp_bits(flow) | mark);
     if !reply_ok
         || CONNTRACK_V4
             .insert(flow.ct_key(), &*e, BPF_ANY as u64)
