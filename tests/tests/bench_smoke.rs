@@ -200,6 +200,18 @@ fn quick_bench_runs_and_reports_every_variant() -> Result<()> {
             );
         }
     }
+    // The TC path's new flows, counted by how they started: the rounds'
+    // connections all went through sl_ingress, a SYN each.
+    for size in sizes {
+        let flows = size["flows"].as_array().context("flows")?;
+        let f = flows
+            .iter()
+            .find(|f| f["variant"] == "sluice")
+            .with_context(|| format!("no flow counts of sluice: {flows:?}"))?;
+        let count = |k: &str| f[k].as_u64().unwrap_or(0);
+        assert!(count("fresh") > 0, "{f}");
+        assert!(count("taken_over") <= count("reselected"), "{f}");
+    }
     // North-south: every variant forwarded through the NIC-like wire to
     // the sink, and sl_xdp dropped every denied source at the driver.
     let ns = &results["north_south"];

@@ -312,7 +312,38 @@ pub struct SizeResult {
     /// Where each program's time goes, by source line (`profile`).
     #[serde(default)]
     pub profiles: Vec<profile::ProgProfile>,
+    /// How the new flows of each sluice variant's rounds started
+    /// (datapath counters, read after the rounds).
+    #[serde(default)]
+    pub flows: Vec<FlowCounts>,
     pub seconds: f64,
+}
+
+/// A variant's new flows on the TC path during its rounds: on a fresh
+/// tuple (two conntrack inserts), or on the tuple of a finished flow
+/// (the bench's client resets each connection and reuses its ports
+/// within a run, with no agent collecting closed entries), and of those
+/// the ones that took over the finished flow's entries in place.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FlowCounts {
+    pub variant: String,
+    pub fresh: u64,
+    pub reselected: u64,
+    pub taken_over: u64,
+}
+
+impl FlowCounts {
+    /// The counters of `env`'s datapath, if it is sluice's.
+    fn of(env: &Env) -> Option<Self> {
+        let lb = env.lb.as_ref()?;
+        let stat = |s| lb.stat(s).ok();
+        Some(Self {
+            variant: env.variant.name().to_owned(),
+            fresh: stat(sluice_common::Stat::NewFlow)?,
+            reselected: stat(sluice_common::Stat::Reselected)?,
+            taken_over: stat(sluice_common::Stat::CtReused)?,
+        })
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -1012,6 +1043,13 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
     }
     // Per-program costs of the two sluice variants and of the empty
     // program, after the rounds.
+    let flows: Vec<_> = envs
+        .iter()
+        .zip(&accs)
+        .filter(|(_, acc)| acc.error.is_none())
+        .filter_map(|(env, _)| FlowCounts::of(env))
+        .filter(|f| f.fresh + f.reselected > 0)
+        .collect();
     let mut prog_costs = Vec::new();
     for (env, acc) in envs.iter().zip(&accs) {
         if acc.error.is_some()
@@ -1065,6 +1103,7 @@ fn run_size(n: usize, cfg: &Config, sizes: MapSizes, history: &mut History) -> R
         variants,
         prog_costs,
         profiles,
+        flows,
         seconds: started.elapsed().as_secs_f64(),
     })
 }

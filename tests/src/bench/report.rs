@@ -900,6 +900,32 @@ fn per_connection_ns(
 /// (the median time per connection of `direct` to the last target in this
 /// run): `bound` is the rate the path would read against its floor if the
 /// programs' extra time were all it added.
+/// How the sluice variants' new flows started during the rounds: which
+/// path of a new flow the rates measured.
+pub fn flows_line(flows: &[super::FlowCounts]) -> String {
+    if flows.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = flows
+        .iter()
+        .map(|f| {
+            let all = (f.fresh + f.reselected).max(1);
+            format!(
+                "{} {} fresh, {} on a finished flow's tuple ({:.0}%), {} of them taken over in place",
+                f.variant,
+                f.fresh,
+                f.reselected,
+                f.reselected as f64 * 100.0 / all as f64,
+                f.taken_over
+            )
+        })
+        .collect();
+    format!(
+        "New flows on the TC path in the rounds (the client resets each connection and reuses its ports; no agent collects closed entries): {}.\n\n",
+        parts.join("; ")
+    )
+}
+
 pub fn per_connection_table(size: &SizeResult) -> String {
     let mut t = String::new();
     let direct_ns = find(size, "direct")
@@ -997,6 +1023,7 @@ pub fn markdown(r: &Results) -> String {
                 t.push('\n');
             }
         }
+        t.push_str(&flows_line(&s.flows));
         if !s.profiles.is_empty() {
             let _ = writeln!(
                 t,
@@ -1448,6 +1475,21 @@ mod tests {
         assert!(!t.contains("TC path"), "{t}");
         size.prog_costs.clear();
         assert!(per_connection_table(&size).is_empty());
+    }
+
+    #[test]
+    fn the_flows_line_says_which_path_the_new_flows_took() {
+        assert!(flows_line(&[]).is_empty());
+        let t = flows_line(&[super::super::FlowCounts {
+            variant: "sluice".into(),
+            fresh: 250,
+            reselected: 750,
+            taken_over: 700,
+        }]);
+        assert!(
+            t.contains("sluice 250 fresh, 750 on a finished flow's tuple (75%), 700 of them taken over in place"),
+            "{t}"
+        );
     }
 
     #[test]
