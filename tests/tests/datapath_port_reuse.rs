@@ -29,7 +29,7 @@ use std::{
 use anyhow::{Context, Result};
 use sluice::model::{BackendState, Proto};
 use sluice_common::{
-    conntrack::{CT_F_SEEN_REPLY, CT_F_SNAT},
+    conntrack::{CT_F_SEEN_REPLY, CT_F_SNAT, CT_REUSE_IDLE_NS},
     CtEntry, CtKind, Stat,
 };
 use sluice_tests::{
@@ -143,6 +143,9 @@ fn entries(lb: &Lb, v6: bool) -> Result<Vec<CtEntry>> {
 /// takes over the old flow's two conntrack entries in place (`ct_reused`,
 /// no insert), and they read as a new flow's: no closing bit left of the
 /// old one, fresh stamps, the frontend and client of this connection.
+/// Not taken over: a reply entry another frontend's flow left on the
+/// same backend tuple, and entries idle past `CT_REUSE_IDLE_NS` (which the
+/// agent may be collecting); those reselected flows take the inserts.
 fn taken_over(v6: bool, reset: bool) -> Result<()> {
     let topo = Topology::new(1, 1)?;
     if v6 {
@@ -155,29 +158,35 @@ fn taken_over(v6: bool, reset: bool) -> Result<()> {
         servers::tcp_greeter(&b.ns, 8080, &b.name)?
     };
     let mut lb = Lb::load(&topo)?;
-    let vip = if v6 {
-        IpAddr::V6(VIP6)
+    let (vip, other) = if v6 {
+        (IpAddr::V6(VIP6), IpAddr::V6(OTHER6))
     } else {
-        IpAddr::V4(VIP)
+        (IpAddr::V4(VIP), IpAddr::V4(OTHER))
     };
-    lb.set(cluster_ips(
-        "web",
-        &[vip],
-        80,
-        Proto::Tcp,
-        &[(b.addr(v6), 8080, BackendState::Active)],
-    ));
+    let backend = [(b.addr(v6), 8080, BackendState::Active)];
+    lb.set(cluster_ips("web", &[vip], 80, Proto::Tcp, &backend));
+    lb.set(cluster_ips("api", &[other], 80, Proto::Tcp, &backend));
     let service = SocketAddr::new(vip, 80);
     let client = &topo.clients[0];
     let port = 43_000u16;
     assert_eq!(greet_from(&client.ns, port, service, reset)?, b.name);
-    let old = entries(&lb, v6)?;
+    // The RST or last ACK passes sl_ingress in the softirq after close().
+    let over = |lb: &Lb| -> Result<Vec<CtEntry>> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let now = entries(lb, v6)?;
+            let closing = now
+                .iter()
+                .any(|e| e.kind == CtKind::Forward as u8 && e.is_closing());
+            if closing || std::time::Instant::now() > deadline {
+                assert!(closing, "the first flow is over: {now:?}");
+                return Ok(now);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let old = over(&lb)?;
     assert_eq!(old.len(), 2, "the first flow's forward and reply entries");
-    assert!(
-        old.iter()
-            .any(|e| e.kind == CtKind::Forward as u8 && e.is_closing()),
-        "the first flow is over: {old:?}"
-    );
     let old_stamp = old.iter().map(|e| e.last_seen_ns).max().unwrap_or(0);
     let (reused, reselected) = (lb.stat(Stat::CtReused)?, lb.stat(Stat::Reselected)?);
     // The datapath's stamps are the coarse clock's (a tick apart).
@@ -228,9 +237,46 @@ fn taken_over(v6: bool, reset: bool) -> Result<()> {
     assert_eq!(reply.nat_port, 80);
     assert_eq!(reply.peer_addr, v4_in_16(client.addr(v6)));
     assert_eq!(reply.peer_port, port);
+    // Both FINs before the socket goes.
+    stream.shutdown(std::net::Shutdown::Write)?;
+    (&stream).read_to_end(&mut Vec::new())?;
     drop(stream);
-    // And once more after this one ends.
+
+    // The port to the other service on the same backend: the reply key is
+    // the same, its entry `web`'s. Then back to `web`, whose reply entry is
+    // now `api`'s: neither is taken over (another frontend's), both
+    // reselected flows take the inserts, and work.
+    let reused = lb.stat(Stat::CtReused)?;
+    assert_eq!(
+        greet_from(&client.ns, port, SocketAddr::new(other, 80), reset)?,
+        b.name
+    );
     assert_eq!(greet_from(&client.ns, port, service, reset)?, b.name);
+    assert_eq!(
+        lb.stat(Stat::CtReused)?,
+        reused,
+        "another frontend's reply entry is not taken over"
+    );
+    let reply = entries(&lb, v6)?
+        .into_iter()
+        .find(|e| e.kind == CtKind::Reply as u8 && e.nat_port == 80 && e.peer_port == port)
+        .context("the reply entry")?;
+    assert_eq!(reply.nat_addr, v4_in_16(vip), "the last flow's: {reply:?}");
+
+    // Entries idle for longer than the collector's shortest timeout allows
+    // may be being deleted: those take the inserts.
+    if reset {
+        over(&lb)?;
+        std::thread::sleep(Duration::from_nanos(CT_REUSE_IDLE_NS) + Duration::from_millis(500));
+        let (reused, reselected) = (lb.stat(Stat::CtReused)?, lb.stat(Stat::Reselected)?);
+        assert_eq!(greet_from(&client.ns, port, service, reset)?, b.name);
+        assert_eq!(lb.stat(Stat::Reselected)?, reselected + 1);
+        assert_eq!(
+            lb.stat(Stat::CtReused)?,
+            reused,
+            "idle entries are not taken over"
+        );
+    }
     Ok(())
 }
 

@@ -189,6 +189,15 @@ pub const CT_F_POD: u8 = 1 << 6;
 /// The datapath rewrites `last_seen_ns` at most this often per entry.
 pub const CT_REFRESH_NS: u64 = 1_000_000_000;
 
+/// A new flow takes over the entries of an earlier flow on its tuple in
+/// place only while both were used this recently: the agent's collector
+/// deletes a closed flow's entries once they are idle `TCP_CLOSING_S`
+/// (the shortest timeout), and an LRU map's deleted element goes back
+/// to its free lists at once, so a store through a pointer to an entry
+/// being collected could land in another flow's. Half the shortest
+/// timeout keeps the two apart; older entries take the inserts.
+pub const CT_REUSE_IDLE_NS: u64 = timeouts::TCP_CLOSING_S * 1_000_000_000 / 2;
+
 /// Idle timeouts the agent's garbage collector applies (seconds), after
 /// Cilium's defaults.
 pub mod timeouts {

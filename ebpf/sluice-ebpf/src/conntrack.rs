@@ -3,7 +3,7 @@
 use sluice_common::{
     conntrack::{
         CT_F_RST, CT_F_RX_CLOSING, CT_F_SEEN_REPLY, CT_F_SNAT, CT_F_SYN, CT_F_TX_CLOSING,
-        CT_REFRESH_NS,
+        CT_REFRESH_NS, CT_REUSE_IDLE_NS,
     },
     Ct4Key, Ct6Key, CtEntry, CtKind, IPPROTO_SCTP, IPPROTO_TCP,
 };
@@ -219,20 +219,25 @@ pub fn clashes6(flow: &Flow6, backend: &[u8; 16], port: u16, key: &mut Ct6Key) -
         .is_some_and(|fwd| unsafe { live_forward(&*fwd, backend_id, flags) })
 }
 
-/// Whether a new flow through the frontend `frontend`:`port` may take over
-/// `reply`, found under its reply key, and `fwd`, under its forward key,
-/// in place (`snat::RECORD_REUSE`): they are the entries of an earlier
-/// flow on the same tuple, through the same frontend, to the same backend
-/// address and port (the reply key says so), neither SNATed. Whatever
-/// else is there is left to the inserts and their checks.
+/// Whether a reselected flow through the frontend `frontend`:`port` may
+/// take over `reply`, found under its reply key, and `fwd`, under its
+/// forward key, in place (`snat::RECORD_REUSE`), at `now`: they are the
+/// entries an earlier flow on the same tuple left, through the same
+/// frontend, to the same backend address and port (the reply key says
+/// so), neither SNATed, both used within `CT_REUSE_IDLE_NS`. The end state
+/// is the one the inserts would leave (`clashes4/6` never calls the same
+/// frontend's entry a clash, and the retry replaces both); anything else
+/// is left to the inserts and their checks.
 #[inline(always)]
-pub fn reusable(reply: &CtEntry, fwd: &CtEntry, frontend: &[u8; 16], port: u16) -> bool {
+pub fn reusable(reply: &CtEntry, fwd: &CtEntry, frontend: &[u8; 16], port: u16, now: u64) -> bool {
     reply.kind == CtKind::Reply as u8
         && reply.flags & CT_F_SNAT == 0
         && reply.nat_addr == *frontend
         && reply.nat_port == port
         && fwd.kind == CtKind::Forward as u8
         && fwd.flags & CT_F_SNAT == 0
+        && now.saturating_sub(reply.last_seen_ns) < CT_REUSE_IDLE_NS
+        && now.saturating_sub(fwd.last_seen_ns) < CT_REUSE_IDLE_NS
 }
 
 /// Whether `fwd` is the live forward entry of the flow whose reply entry

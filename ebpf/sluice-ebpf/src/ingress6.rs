@@ -387,10 +387,11 @@ fn record(
         if let Some(reply) = CONNTRACK_V6.get_ptr_mut(&*key) {
             flow.ct_key_into(key);
             if let Some(fwd) = CONNTRACK_V6.get_ptr_mut(&*key) {
-                // SAFETY: pointers from successful lookups, valid for this
-                // program run; only a packet of this tuple reads them.
+                // SAFETY: pointers from successful lookups, to entries
+                // used within `CT_REUSE_IDLE_NS` (see `snat::record`).
                 unsafe {
-                    if crate::conntrack::reusable(&*reply, &*fwd, &flow.dst, flow.dport) {
+                    let now = e.last_seen_ns;
+                    if crate::conntrack::reusable(&*reply, &*fwd, &flow.dst, flow.dport, now) {
                         *reply = *e;
                         crate::snat::forward_fields(
                             e,

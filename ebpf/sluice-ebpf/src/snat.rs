@@ -288,11 +288,11 @@ pub const RECORD_POD: u8 = 1;
 /// that the entry there is no live flow's, `conntrack::clashes4`).
 pub const RECORD_REPLACE: u8 = 2;
 
-/// `record`'s options: the flow reuses the tuple of a tracked flow that
-/// is over (the caller reselected it): when that flow's own entries are
-/// there, of this frontend and to this backend, unSNATed, they are
-/// rewritten in place (`conntrack::reusable`) instead of inserting two
-/// new elements and freeing the old ones.
+/// `record`'s options: the flow was reselected on a tracked tuple (a SYN
+/// on a finished flow's, mostly): when the entries an earlier flow left
+/// there are this frontend's, to this backend, unSNATed and recently used,
+/// they are rewritten in place (`conntrack::reusable`) instead of
+/// inserting two new elements and freeing the old ones.
 pub const RECORD_REUSE: u8 = 4;
 
 /// `EEXIST`, as a map insert with `BPF_NOEXIST` returns it.
@@ -364,7 +364,7 @@ impl Recorded {
 /// its tuple (nothing written; the caller asks `conntrack::clashes4`
 /// whether that entry is a live flow's). The insert does the lookup the
 /// check would have made, so most new flows pay for one, not two. With
-/// `RECORD_REUSE` the finished flow's entries on the same tuple and
+/// `RECORD_REUSE` an earlier flow's entries on the same tuple and
 /// backend are taken over in place: an insert into the LRU map takes an
 /// element off its free lists and a replaced one goes back under the
 /// map's global lock, the largest cost of a new flow on the TC path.
@@ -380,20 +380,21 @@ pub fn record(flow: &Flow4, nf: &NewFlow, backend: u64, options: u8) -> Recorded
     fill(e, flow, nf, CtKind::Reply, mark);
     let reply_key = Ct4Key::new(backend_addr, flow.src, backend_port, flow.sport, flow.proto);
     if options & RECORD_REUSE != 0 {
-        if let (Some(reply), Some(fwd)) = (
-            CONNTRACK_V4.get_ptr_mut(&reply_key),
-            CONNTRACK_V4.get_ptr_mut(flow.ct_key()),
-        ) {
-            // SAFETY: pointers from successful lookups, valid for this
-            // program run. Only a packet of this tuple reads these entries
-            // meanwhile: the backend cannot answer before this SYN leaves.
-            unsafe {
-                if reusable(&*reply, &*fwd, &e.nat_addr, flow.dport) {
-                    *reply = *e;
-                    forward_fields(e, tcp_bits(flow) | mark);
-                    *fwd = *e;
-                    count(Stat::CtReused);
-                    return Recorded::Done;
+        if let Some(reply) = CONNTRACK_V4.get_ptr_mut(&reply_key) {
+            if let Some(fwd) = CONNTRACK_V4.get_ptr_mut(flow.ct_key()) {
+                // SAFETY: pointers from successful lookups, to entries
+                // used within `CT_REUSE_IDLE_NS` (not being collected).
+                // The backend cannot answer before this SYN leaves; a late
+                // packet of the earlier flow on another CPU may add its
+                // bits, as it would to inserted entries.
+                unsafe {
+                    if reusable(&*reply, &*fwd, &e.nat_addr, flow.dport, nf.now) {
+                        *reply = *e;
+                        forward_fields(e, tcp_bits(flow) | mark);
+                        *fwd = *e;
+                        count(Stat::CtReused);
+                        return Recorded::Done;
+                    }
                 }
             }
         }
