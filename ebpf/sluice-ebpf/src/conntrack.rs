@@ -188,12 +188,7 @@ pub fn clashes4(flow: &Flow4, backend: [u8; 4], port: u16) -> bool {
 #[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(never)]
 pub fn clashes6(flow: &Flow6, backend: &[u8; 16], port: u16, key: &mut Ct6Key) -> bool {
-    key.src = *backend;
-    key.dst = flow.src;
-    key.sport = port;
-    key.dport = flow.sport;
-    key.proto = flow.proto;
-    key._pad = [0; 3];
+    flow.reply_ct_key_into(key, backend, port);
     let Some(entry) = CONNTRACK_V6.get_ptr(&*key) else {
         return false;
     };

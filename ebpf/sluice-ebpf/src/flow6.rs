@@ -346,6 +346,18 @@ impl Flow6 {
         key._pad = [0; 3];
     }
 
+    /// Writes into `key` the conntrack key of the replies this flow gets
+    /// from `backend`:`port` after DNAT (backend -> client).
+    #[inline(always)]
+    pub fn reply_ct_key_into(&self, key: &mut Ct6Key, backend: &[u8; 16], port: u16) {
+        key.src = *backend;
+        key.dst = self.src;
+        key.sport = port;
+        key.dport = self.sport;
+        key.proto = self.proto;
+        key._pad = [0; 3];
+    }
+
     /// Writes the key of `slot` of this packet's frontend into `key`.
     #[inline(always)]
     pub fn svc_key_into(&self, key: &mut Svc6Key, slot: u16, scope: u8) {

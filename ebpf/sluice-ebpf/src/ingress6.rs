@@ -373,14 +373,8 @@ fn record(
     e.kind = CtKind::Reply as u8;
     e.flags = mark;
     e._pad = [0; 2];
-    // The reply key: backend -> client.
     let key = &mut s.ct_key;
-    key.src = backend.addr;
-    key.dst = flow.src;
-    key.sport = backend.port;
-    key.dport = flow.sport;
-    key.proto = flow.proto;
-    key._pad = [0; 3];
+    flow.reply_ct_key_into(key, &backend.addr, backend.port);
     if options & crate::snat::RECORD_REUSE != 0 {
         // The finished flow's own entries, taken over in place (see
         // `snat::record`).
@@ -404,12 +398,7 @@ fn record(
                 }
             }
             // The reply key again, for the inserts.
-            key.src = backend.addr;
-            key.dst = flow.src;
-            key.sport = backend.port;
-            key.dport = flow.sport;
-            key.proto = flow.proto;
-            key._pad = [0; 3];
+            flow.reply_ct_key_into(key, &backend.addr, backend.port);
         }
     }
     let Some(reply_ok) = crate::snat::reply_inserted(CONNTRACK_V6.insert(
