@@ -34,7 +34,8 @@ use sluice_common::{
 };
 use sluice_tests::{
     lb::{cluster_ips, Lb},
-    servers, Netns, Topology,
+    servers::{self, Server},
+    Netns, Topology,
 };
 use socket2::{Domain, Socket, Type};
 
@@ -58,23 +59,54 @@ fn greet_from(ns: &Netns, port: u16, to: SocketAddr, reset: bool) -> Result<Stri
     Ok(greeting)
 }
 
-fn reuse(v6: bool, reset: bool) -> Result<()> {
-    let topo = Topology::new(1, 1)?;
+/// One client, `backends` backend pods serving TCP on 8080 in the family
+/// `v6` (`whoami`: the greeting also names the source address the backend
+/// saw), and sluice loaded on them.
+struct Rig {
+    topo: Topology,
+    _servers: Vec<Server>,
+    lb: Lb,
+}
+
+fn rig(v6: bool, backends: usize, whoami: bool) -> Result<Rig> {
+    let topo = Topology::new(1, backends)?;
     if v6 {
         topo.wait_ipv6_ready()?;
     }
+    let mut servers = Vec::new();
+    for b in &topo.backends {
+        servers.push(match (v6, whoami) {
+            (false, false) => servers::tcp_greeter(&b.ns, 8080, &b.name)?,
+            (true, false) => servers::tcp_greeter6(&b.ns, 8080, &b.name)?,
+            (false, true) => servers::tcp_whoami(&b.ns, 8080, &b.name)?,
+            (true, true) => servers::tcp_whoami6(&b.ns, 8080, &b.name)?,
+        });
+    }
+    let lb = Lb::load(&topo)?;
+    Ok(Rig {
+        topo,
+        _servers: servers,
+        lb,
+    })
+}
+
+/// The two service addresses of the family: `VIP`'s and `OTHER`'s.
+fn vips(v6: bool) -> (IpAddr, IpAddr) {
+    if v6 {
+        (IpAddr::V6(VIP6), IpAddr::V6(OTHER6))
+    } else {
+        (IpAddr::V4(VIP), IpAddr::V4(OTHER))
+    }
+}
+
+fn reuse(v6: bool, reset: bool) -> Result<()> {
+    let Rig {
+        topo,
+        _servers,
+        mut lb,
+    } = rig(v6, 1, false)?;
     let b = &topo.backends[0];
-    let _server = if v6 {
-        servers::tcp_greeter6(&b.ns, 8080, &b.name)?
-    } else {
-        servers::tcp_greeter(&b.ns, 8080, &b.name)?
-    };
-    let mut lb = Lb::load(&topo)?;
-    let vip = if v6 {
-        IpAddr::V6(VIP6)
-    } else {
-        IpAddr::V4(VIP)
-    };
+    let (vip, _) = vips(v6);
     let backend = b.addr(v6);
     lb.set(cluster_ips(
         "web",
@@ -147,22 +179,13 @@ fn entries(lb: &Lb, v6: bool) -> Result<Vec<CtEntry>> {
 /// same backend tuple, and entries idle past `CT_REUSE_IDLE_NS` (which the
 /// agent may be collecting); those reselected flows take the inserts.
 fn taken_over(v6: bool, reset: bool) -> Result<()> {
-    let topo = Topology::new(1, 1)?;
-    if v6 {
-        topo.wait_ipv6_ready()?;
-    }
+    let Rig {
+        topo,
+        _servers,
+        mut lb,
+    } = rig(v6, 1, false)?;
     let b = &topo.backends[0];
-    let _server = if v6 {
-        servers::tcp_greeter6(&b.ns, 8080, &b.name)?
-    } else {
-        servers::tcp_greeter(&b.ns, 8080, &b.name)?
-    };
-    let mut lb = Lb::load(&topo)?;
-    let (vip, other) = if v6 {
-        (IpAddr::V6(VIP6), IpAddr::V6(OTHER6))
-    } else {
-        (IpAddr::V4(VIP), IpAddr::V4(OTHER))
-    };
+    let (vip, other) = vips(v6);
     let backend = [(b.addr(v6), 8080, BackendState::Active)];
     lb.set(cluster_ips("web", &[vip], 80, Proto::Tcp, &backend));
     lb.set(cluster_ips("api", &[other], 80, Proto::Tcp, &backend));
@@ -329,23 +352,14 @@ fn echo(stream: &std::net::TcpStream, line: &str) -> Result<()> {
 }
 
 fn shared(v6: bool) -> Result<()> {
-    let topo = Topology::new(1, 1)?;
-    if v6 {
-        topo.wait_ipv6_ready()?;
-    }
-    let b = &topo.backends[0];
     // The greeting names the backend and the source address it saw.
-    let _server = if v6 {
-        servers::tcp_whoami6(&b.ns, 8080, &b.name)?
-    } else {
-        servers::tcp_whoami(&b.ns, 8080, &b.name)?
-    };
-    let mut lb = Lb::load(&topo)?;
-    let (first, second) = if v6 {
-        (IpAddr::V6(VIP6), IpAddr::V6(OTHER6))
-    } else {
-        (IpAddr::V4(VIP), IpAddr::V4(OTHER))
-    };
+    let Rig {
+        topo,
+        _servers,
+        mut lb,
+    } = rig(v6, 1, true)?;
+    let b = &topo.backends[0];
+    let (first, second) = vips(v6);
     let backend = [(b.addr(v6), 8080, BackendState::Active)];
     lb.set(cluster_ips("web", &[first], 80, Proto::Tcp, &backend));
     lb.set(cluster_ips("api", &[second], 80, Proto::Tcp, &backend));
@@ -399,25 +413,13 @@ fn v6_two_live_connections_from_one_port_to_two_services_on_one_backend_both_wor
 /// now names a forward entry that is another flow's; a direct connection
 /// from that port to the first backend must not be taken for it.
 fn stale_after_reselection(v6: bool) -> Result<()> {
-    let topo = Topology::new(1, 2)?;
-    if v6 {
-        topo.wait_ipv6_ready()?;
-    }
+    let Rig {
+        topo,
+        _servers,
+        mut lb,
+    } = rig(v6, 2, false)?;
     let (b1, b2) = (&topo.backends[0], &topo.backends[1]);
-    let mut servers = Vec::new();
-    for b in [b1, b2] {
-        servers.push(if v6 {
-            servers::tcp_greeter6(&b.ns, 8080, &b.name)?
-        } else {
-            servers::tcp_greeter(&b.ns, 8080, &b.name)?
-        });
-    }
-    let mut lb = Lb::load(&topo)?;
-    let vip = if v6 {
-        IpAddr::V6(VIP6)
-    } else {
-        IpAddr::V4(VIP)
-    };
+    let (vip, _) = vips(v6);
     let service = SocketAddr::new(vip, 80);
     let client = &topo.clients[0];
     let port = 43_000;
