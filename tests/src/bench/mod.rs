@@ -335,8 +335,8 @@ pub struct FlowCounts {
 impl FlowCounts {
     /// The counters of `env`'s datapath, if it is sluice's.
     fn of(env: &Env) -> Option<Self> {
-        let lb = env.lb.as_ref()?;
-        let stat = |s| lb.stat(s).ok();
+        let maps = env.lb.as_ref()?.maps().ok()?;
+        let stat = |s| maps.stat(s).ok();
         Some(Self {
             variant: env.variant.name().to_owned(),
             fresh: stat(sluice_common::Stat::NewFlow)?,
